@@ -1,0 +1,2 @@
+//! Placeholder for the `lease` command-line tool.
+fn main() {}

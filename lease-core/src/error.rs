@@ -1,0 +1,242 @@
+//! The one error type of the crate family.
+//!
+//! Variants say *what happened*; [`Error::is_retryable`] answers the separate question
+//! *may a retry help?* Backend crates keep their own error types private and convert into
+//! [`Error`].
+
+use std::time::Duration;
+
+/// A boxed error from a store's client library, kept as the `source` of an [`Error`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Result alias used throughout the crate family.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong when talking to a lease store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The input was rejected before anything was sent to the store.
+    #[error("invalid input: {0}")]
+    InvalidInput(#[from] InvalidInput),
+
+    /// The store could not be reached (connection refused, reset, DNS, TLS ...).
+    #[error("{backend} store unreachable: {source}")]
+    Unavailable {
+        /// Short backend name (`redis`, `postgres`, `etcd`, `memory`, ...).
+        backend: &'static str,
+        /// The client library's error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// A call to the store did not finish within its timeout.
+    #[error("{operation} timed out after {after:?}")]
+    Timeout {
+        /// The primitive that timed out (`acquire`, `renew`, `release`, `inspect`, ...).
+        operation: &'static str,
+        /// The timeout that elapsed.
+        after: Duration,
+    },
+
+    /// The store answered with something the backend does not understand: a bug in the
+    /// backend or a store that is not what it claims to be. Retrying does not help.
+    #[error("{backend} store sent an unexpected reply: {detail}")]
+    UnexpectedReply {
+        /// Short backend name.
+        backend: &'static str,
+        /// What was wrong with the reply.
+        detail: String,
+    },
+
+    /// The store refused the request (permissions, authentication, read-only replica,
+    /// schema missing ...). Retrying the same call does not help.
+    #[error("{backend} store rejected the request: {source}")]
+    Rejected {
+        /// Short backend name.
+        backend: &'static str,
+        /// The client library's error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// Any other store error. `retryable` says whether the backend believes a retry may help.
+    #[error("{backend} store error: {source}")]
+    Backend {
+        /// Short backend name.
+        backend: &'static str,
+        /// Whether the backend believes a retry may help.
+        retryable: bool,
+        /// The client library's error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// Waiting for a held lease ran out of time.
+    #[error("lease {name} still held after waiting {waited:?}{}", holder_suffix(.holder))]
+    StillHeld {
+        /// The lease name (lossy UTF-8).
+        name: String,
+        /// How long the caller waited.
+        waited: Duration,
+        /// Who holds it, where the store can tell.
+        holder: Option<String>,
+    },
+
+    /// The operation needs a capability the backend does not have.
+    #[error("{backend} backend does not support {what}")]
+    Unsupported {
+        /// Short backend name.
+        backend: &'static str,
+        /// What is not supported.
+        what: &'static str,
+    },
+
+    /// No tokio runtime is running, so the client cannot start its heartbeat task.
+    #[error("no tokio runtime: lease clients must be used inside a tokio runtime")]
+    NoRuntime,
+
+    /// The URL names a store this build does not include.
+    #[error("store {scheme}:// is not compiled in: enable the `{feature}` feature of the `lease` crate")]
+    NotCompiledIn {
+        /// URL scheme.
+        scheme: String,
+        /// Cargo feature that adds it.
+        feature: &'static str,
+    },
+}
+
+fn holder_suffix(holder: &Option<String>) -> String {
+    match holder {
+        Some(h) => format!(" (held by {h})"),
+        None => String::new(),
+    }
+}
+
+impl Error {
+    /// May retrying the same call later succeed?
+    ///
+    /// `true` for transient conditions (store unreachable, timeout, lease still held,
+    /// transient backend errors); `false` for bad input, unexpected replies, rejections and
+    /// missing capabilities.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Unavailable { .. } | Error::Timeout { .. } | Error::StillHeld { .. } => true,
+            Error::Backend { retryable, .. } => *retryable,
+            Error::InvalidInput(_)
+            | Error::UnexpectedReply { .. }
+            | Error::Rejected { .. }
+            | Error::Unsupported { .. }
+            | Error::NoRuntime
+            | Error::NotCompiledIn { .. } => false,
+        }
+    }
+
+    /// Shorthand for an [`Error::UnexpectedReply`].
+    pub fn unexpected(backend: &'static str, detail: impl Into<String>) -> Self {
+        Error::UnexpectedReply {
+            backend,
+            detail: detail.into(),
+        }
+    }
+
+    /// Shorthand for an [`Error::Unavailable`].
+    pub fn unavailable(backend: &'static str, source: impl Into<BoxError>) -> Self {
+        Error::Unavailable {
+            backend,
+            source: source.into(),
+        }
+    }
+}
+
+/// Why an input was rejected. Every variant is checked before any call to a store.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum InvalidInput {
+    /// A lease name must not be empty.
+    #[error("lease name is empty")]
+    EmptyName,
+    /// A lease name is longer than [`crate::LeaseName::MAX_LEN`] bytes.
+    #[error("lease name is {len} bytes, more than the maximum of {max}")]
+    NameTooLong {
+        /// Length of the rejected name in bytes.
+        len: usize,
+        /// The maximum.
+        max: usize,
+    },
+    /// A lease name must not contain a NUL byte.
+    #[error("lease name contains a NUL byte at offset {offset}")]
+    NameContainsNul {
+        /// Byte offset of the first NUL.
+        offset: usize,
+    },
+    /// A holder label is empty, too long or contains control characters.
+    #[error("invalid holder label: {0}")]
+    HolderLabel(String),
+    /// The TTL is zero.
+    #[error("ttl must be greater than zero")]
+    TtlZero,
+    /// The TTL (or keep-for) exceeds the maximum.
+    #[error("{what} of {value:?} exceeds the maximum of {max:?}")]
+    TooLarge {
+        /// Which option.
+        what: &'static str,
+        /// The rejected value.
+        value: Duration,
+        /// The maximum.
+        max: Duration,
+    },
+    /// The renewal period must be greater than zero and below the TTL.
+    #[error("renewal period {renew_every:?} must be greater than zero and below the ttl {ttl:?}")]
+    RenewPeriod {
+        /// The rejected renewal period.
+        renew_every: Duration,
+        /// The TTL.
+        ttl: Duration,
+    },
+    /// The safety margin must leave room for at least one renewal retry.
+    #[error(
+        "safety margin {margin:?} must be below ttl {ttl:?} minus renewal period {renew_every:?}"
+    )]
+    SafetyMargin {
+        /// The rejected margin.
+        margin: Duration,
+        /// The TTL.
+        ttl: Duration,
+        /// The renewal period.
+        renew_every: Duration,
+    },
+    /// The per-call timeout must be greater than zero and below the TTL.
+    #[error("call timeout {timeout:?} must be greater than zero and below the ttl {ttl:?}")]
+    CallTimeout {
+        /// The rejected timeout.
+        timeout: Duration,
+        /// The TTL.
+        ttl: Duration,
+    },
+    /// Backoff bounds must satisfy `0 < min <= max`.
+    #[error("backoff must satisfy 0 < min ({min:?}) <= max ({max:?})")]
+    Backoff {
+        /// Lower bound.
+        min: Duration,
+        /// Upper bound.
+        max: Duration,
+    },
+    /// A period for a scheduled job must be greater than zero.
+    #[error("period must be greater than zero")]
+    PeriodZero,
+    /// A store URL or endpoint could not be parsed. The message never contains credentials.
+    #[error("malformed store address: {0}")]
+    MalformedUrl(String),
+    /// A renewal batch is larger than the backend accepts in one call.
+    #[error("batch of {len} exceeds the backend's maximum of {max}")]
+    BatchTooLarge {
+        /// Batch size.
+        len: usize,
+        /// Maximum.
+        max: usize,
+    },
+    /// Some other input was rejected.
+    #[error("{0}")]
+    Other(String),
+}

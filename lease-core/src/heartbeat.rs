@@ -1,0 +1,314 @@
+//! The one heartbeat task per client.
+//!
+//! It owns every held lease of its client, renews all due leases in one batched `renew`
+//! call per TTL per tick, retries failures with jittered backoff until each lease's local
+//! safety deadline, and signals a lease lost at that deadline (or as soon as the store
+//! says it is not ours). Unregistering a lease that is part of an in-flight renewal waits
+//! for that renewal to finish, so no renewal can reach the store after the release.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::backend::LeaseBackend;
+use crate::error::Error;
+use crate::guard::{GuardShared, LossReason};
+use crate::types::{LeaseName, OwnerToken, RenewItem, RenewOutcome};
+use crate::util::backoff_delay;
+
+/// What the heartbeat needs to keep one lease alive.
+pub(crate) struct Registration {
+    pub id: u64,
+    pub name: LeaseName,
+    pub token: OwnerToken,
+    pub ttl: Duration,
+    pub renew_every: Duration,
+    pub margin: Duration,
+    pub call_timeout: Duration,
+    pub backoff: (Duration, Duration),
+    pub sent_at: Instant,
+    pub shared: Arc<GuardShared>,
+}
+
+pub(crate) enum Command {
+    Register(Box<Registration>),
+    /// Stop renewing `id`; `ack` fires once no renewal for it is in flight.
+    Unregister {
+        id: u64,
+        ack: Option<oneshot::Sender<()>>,
+    },
+}
+
+struct Entry {
+    reg: Registration,
+    next_due: Instant,
+    deadline: Instant,
+    attempt: u32,
+    in_flight: bool,
+    lost: bool,
+    /// Set when unregistered during an in-flight renewal.
+    unregister_acks: Option<Vec<oneshot::Sender<()>>>,
+}
+
+type BatchFuture = Pin<Box<dyn Future<Output = BatchResult> + Send>>;
+
+struct BatchResult {
+    ids: Vec<u64>,
+    sent_at: Instant,
+    result: Result<Vec<RenewOutcome>, Error>,
+}
+
+/// Spawns the heartbeat task on the current runtime and returns its command channel.
+pub(crate) fn spawn(
+    backend: Arc<dyn LeaseBackend>,
+    max_batch: usize,
+) -> Result<mpsc::UnboundedSender<Command>, Error> {
+    let handle = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    handle.spawn(run(backend, max_batch.max(1), rx));
+    Ok(tx)
+}
+
+async fn run(
+    backend: Arc<dyn LeaseBackend>,
+    max_batch: usize,
+    mut rx: mpsc::UnboundedReceiver<Command>,
+) {
+    let mut entries: HashMap<u64, Entry> = HashMap::new();
+    let mut in_flight: FuturesUnordered<BatchFuture> = FuturesUnordered::new();
+    loop {
+        let now = Instant::now();
+        expire(&mut entries, now);
+        start_due(&backend, max_batch, &mut entries, &mut in_flight, now);
+        let wake = next_wake(&entries);
+        tokio::select! {
+            cmd = rx.recv() => match cmd {
+                Some(Command::Register(reg)) => {
+                    let deadline = reg.sent_at + reg.ttl.saturating_sub(reg.margin);
+                    reg.shared.set_deadline(deadline);
+                    let entry = Entry {
+                        next_due: reg.sent_at + reg.renew_every,
+                        deadline,
+                        attempt: 0,
+                        in_flight: false,
+                        lost: false,
+                        unregister_acks: None,
+                        reg: *reg,
+                    };
+                    entries.insert(entry.reg.id, entry);
+                }
+                Some(Command::Unregister { id, ack }) => unregister(&mut entries, id, ack),
+                None => break,
+            },
+            Some(done) = in_flight.next(), if !in_flight.is_empty() => {
+                finish(&mut entries, done);
+            }
+            _ = sleep_until_opt(wake) => {}
+        }
+    }
+    // The client and all its guards are gone; let in-flight renewals finish so that
+    // nothing is left running against the store.
+    while let Some(done) = in_flight.next().await {
+        finish(&mut entries, done);
+    }
+}
+
+async fn sleep_until_opt(t: Option<Instant>) {
+    match t {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn next_wake(entries: &HashMap<u64, Entry>) -> Option<Instant> {
+    entries
+        .values()
+        .filter(|e| !e.lost)
+        .map(|e| {
+            if e.in_flight {
+                e.deadline
+            } else {
+                e.next_due.min(e.deadline)
+            }
+        })
+        .min()
+}
+
+fn expire(entries: &mut HashMap<u64, Entry>, now: Instant) {
+    let mut gone = Vec::new();
+    for (id, e) in entries.iter_mut() {
+        if !e.lost && e.deadline <= now {
+            e.lost = true;
+            tracing::warn!(
+                lease = %e.reg.name,
+                holder = %e.reg.shared.holder(),
+                fencing = e.reg.shared.fencing().get(),
+                "lease lost: no renewal succeeded before the safety deadline"
+            );
+            e.reg.shared.mark_lost(LossReason::DeadlinePassed);
+            if !e.in_flight {
+                gone.push(*id);
+            }
+        }
+    }
+    for id in gone {
+        entries.remove(&id);
+    }
+}
+
+fn unregister(entries: &mut HashMap<u64, Entry>, id: u64, ack: Option<oneshot::Sender<()>>) {
+    match entries.get_mut(&id) {
+        Some(e) if e.in_flight => {
+            e.lost = true; // stop scheduling it
+            let acks = e.unregister_acks.get_or_insert_with(Vec::new);
+            acks.extend(ack);
+        }
+        Some(_) => {
+            entries.remove(&id);
+            if let Some(ack) = ack {
+                let _ = ack.send(());
+            }
+        }
+        None => {
+            if let Some(ack) = ack {
+                let _ = ack.send(());
+            }
+        }
+    }
+}
+
+fn start_due(
+    backend: &Arc<dyn LeaseBackend>,
+    max_batch: usize,
+    entries: &mut HashMap<u64, Entry>,
+    in_flight: &mut FuturesUnordered<BatchFuture>,
+    now: Instant,
+) {
+    // Group due leases by (ttl, call timeout): one renew call per group per tick. A lease
+    // due within a quarter of its renewal period is renewed early with the others, so
+    // leases acquired at slightly different times fall into step after one round.
+    let mut groups: HashMap<(Duration, Duration), Vec<u64>> = HashMap::new();
+    for (id, e) in entries.iter() {
+        if e.lost || e.in_flight {
+            continue;
+        }
+        if e.next_due <= now + e.reg.renew_every / 4 {
+            groups
+                .entry((e.reg.ttl, e.reg.call_timeout))
+                .or_default()
+                .push(*id);
+        }
+    }
+    for ((ttl, call_timeout), mut ids) in groups {
+        ids.sort_unstable();
+        for chunk in ids.chunks(max_batch) {
+            let mut items = Vec::with_capacity(chunk.len());
+            for id in chunk {
+                if let Some(e) = entries.get_mut(id) {
+                    e.in_flight = true;
+                    items.push(RenewItem {
+                        name: e.reg.name.clone(),
+                        token: e.reg.token,
+                    });
+                }
+            }
+            let ids = chunk.to_vec();
+            let backend = backend.clone();
+            tracing::debug!(leases = items.len(), ?ttl, "renewing batch");
+            in_flight.push(Box::pin(async move {
+                let sent_at = Instant::now();
+                let result =
+                    match tokio::time::timeout(call_timeout, backend.renew(&items, ttl)).await {
+                        Ok(r) => r,
+                        Err(_) => Err(Error::Timeout {
+                            operation: "renew",
+                            after: call_timeout,
+                        }),
+                    };
+                BatchResult {
+                    ids,
+                    sent_at,
+                    result,
+                }
+            }));
+        }
+    }
+}
+
+fn finish(entries: &mut HashMap<u64, Entry>, done: BatchResult) {
+    let now = Instant::now();
+    let BatchResult {
+        ids,
+        sent_at,
+        result,
+    } = done;
+    let result = match result {
+        Ok(outcomes) if outcomes.len() == ids.len() => Ok(outcomes),
+        Ok(outcomes) => Err(Error::unexpected(
+            "heartbeat",
+            format!(
+                "renew returned {} results for {} leases",
+                outcomes.len(),
+                ids.len()
+            ),
+        )),
+        Err(e) => Err(e),
+    };
+    for (i, id) in ids.iter().enumerate() {
+        let Some(e) = entries.get_mut(id) else {
+            continue;
+        };
+        e.in_flight = false;
+        if let Some(acks) = e.unregister_acks.take() {
+            for ack in acks {
+                let _ = ack.send(());
+            }
+            entries.remove(id);
+            continue;
+        }
+        if e.lost {
+            entries.remove(id);
+            continue;
+        }
+        match &result {
+            Ok(outcomes) => match outcomes.get(i) {
+                Some(RenewOutcome::Renewed) => {
+                    e.attempt = 0;
+                    e.deadline = sent_at + e.reg.ttl.saturating_sub(e.reg.margin);
+                    e.reg.shared.set_deadline(e.deadline);
+                    e.next_due = sent_at + e.reg.renew_every;
+                    tracing::trace!(lease = %e.reg.name, "renewed");
+                }
+                _ => {
+                    tracing::warn!(
+                        lease = %e.reg.name,
+                        holder = %e.reg.shared.holder(),
+                        fencing = e.reg.shared.fencing().get(),
+                        "lease lost: the store says it is no longer ours"
+                    );
+                    e.reg.shared.mark_lost(LossReason::NotOwner);
+                    entries.remove(id);
+                }
+            },
+            Err(err) => {
+                let delay = backoff_delay(e.reg.backoff.0, e.reg.backoff.1, e.attempt);
+                e.attempt = e.attempt.saturating_add(1);
+                e.next_due = (now + delay).min(e.deadline);
+                tracing::warn!(
+                    lease = %e.reg.name,
+                    holder = %e.reg.shared.holder(),
+                    error = %err,
+                    retry_in = ?delay,
+                    "renewal failed; retrying until the safety deadline"
+                );
+            }
+        }
+    }
+}

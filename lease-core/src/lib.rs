@@ -1,0 +1,25 @@
+#![doc = include_str!("../README.md")]
+
+mod backend;
+mod client;
+mod error;
+mod guard;
+mod heartbeat;
+mod memory;
+mod schedule;
+mod types;
+mod util;
+
+pub use async_trait::async_trait;
+pub use backend::LeaseBackend;
+pub use client::{LeaseClient, LeaseContext, RunOutcome, TryAcquire};
+pub use error::{BoxError, Error, InvalidInput, Result};
+pub use guard::{LeaseGuard, LossReason};
+pub use memory::MemoryBackend;
+pub use schedule::{JobRun, JobStats, ScheduledJob};
+pub use tokio_util::sync::CancellationToken;
+pub use types::{
+    AcquireOutcome, Capabilities, Fencing, FencingToken, HeldBy, HolderLabel, LeaseInfo,
+    LeaseName, LeaseOptions, LeaseOptionsBuilder, MAX_TTL, Owner, OwnerToken, ReleaseOutcome,
+    RenewItem, RenewOutcome,
+};

@@ -1,0 +1,158 @@
+//! Scheduled jobs: at most one run per period across all instances.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::client::{LeaseClient, LeaseContext, RunOutcome, TryAcquire, run_with_guard};
+use crate::error::{Error, InvalidInput};
+use crate::guard::LossReason;
+use crate::types::{HeldBy, LeaseName, LeaseOptions};
+
+/// What one tick of a [`ScheduledJob`] did.
+#[derive(Debug)]
+#[must_use]
+pub enum JobRun<T> {
+    /// This instance ran the job.
+    Ran(T),
+    /// Another instance holds the lease (running the job, or keeping it for keep-for).
+    Skipped(HeldBy),
+    /// The lease was lost while the job ran; the job was cancelled.
+    Lost(LossReason),
+    /// The store could not be asked; the run was skipped.
+    StoreError(Error),
+}
+
+/// Counts of what [`ScheduledJob::run`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct JobStats {
+    /// Ticks on which this instance ran the job.
+    pub ran: u64,
+    /// Ticks skipped because another instance held the lease.
+    pub skipped: u64,
+    /// Runs cancelled because the lease was lost.
+    pub lost: u64,
+    /// Ticks skipped because the store failed.
+    pub store_errors: u64,
+}
+
+/// A job that runs on every instance's schedule but at most once per period across all
+/// instances, ShedLock style.
+///
+/// The lease TTL is lockAtMostFor (how long a crashed runner blocks others; the heartbeat
+/// keeps it alive while the job runs, so it need not cover the job's duration), keep-for is
+/// lockAtLeastFor (how long after the start the lease stays taken even if the job finishes
+/// early, so an instance whose clock or schedule is a little behind does not run it again).
+/// Set keep-for a little below the period.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lease_core::Error> {
+/// use std::{sync::Arc, time::Duration};
+/// use lease_core::{JobRun, LeaseClient, LeaseOptions, MemoryBackend, ScheduledJob};
+///
+/// let client = LeaseClient::new(Arc::new(MemoryBackend::new()));
+/// let opts = LeaseOptions::builder(Duration::from_secs(30))
+///     .keep_for(Duration::from_secs(50))
+///     .build()?;
+/// let job = ScheduledJob::new(client, "outbox", Duration::from_secs(60), opts)?;
+/// let run = job.run_once(|ctx| async move { ctx.fencing }).await;
+/// assert!(matches!(run, JobRun::Ran(_)));
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ScheduledJob {
+    client: LeaseClient,
+    name: LeaseName,
+    period: Duration,
+    opts: LeaseOptions,
+}
+
+impl ScheduledJob {
+    /// A job named `name` run every `period` with the given lease options. The options'
+    /// `wait` is ignored: a tick never waits for another instance.
+    pub fn new(
+        client: LeaseClient,
+        name: impl AsRef<[u8]>,
+        period: Duration,
+        opts: LeaseOptions,
+    ) -> Result<Self, Error> {
+        if period.is_zero() {
+            return Err(InvalidInput::PeriodZero.into());
+        }
+        Ok(ScheduledJob {
+            client,
+            name: LeaseName::new(name)?,
+            period,
+            opts,
+        })
+    }
+
+    /// The lease name.
+    pub fn name(&self) -> &LeaseName {
+        &self.name
+    }
+
+    /// One tick: run the job if no other instance holds the lease. Never panics and never
+    /// returns an error: store failures are a skipped run.
+    pub async fn run_once<F, Fut, T>(&self, job: F) -> JobRun<T>
+    where
+        F: FnOnce(LeaseContext) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let span = tracing::info_span!("lease.job", lease = %self.name, holder = %self.client.label());
+        async move {
+        match self.client.try_acquire(&self.name, &self.opts).await {
+            Ok(TryAcquire::Acquired(guard)) => {
+                tracing::info!(lease = %self.name, fencing = guard.fencing().get(), "job starting");
+                match run_with_guard(guard, job).await {
+                    RunOutcome::Ran(t) => JobRun::Ran(t),
+                    RunOutcome::Lost(r) => JobRun::Lost(r),
+                    RunOutcome::Skipped(by) => JobRun::Skipped(by),
+                }
+            }
+            Ok(TryAcquire::Held(by)) => {
+                tracing::info!(lease = %self.name, held_by = %by, "job skipped: held by another instance");
+                JobRun::Skipped(by)
+            }
+            Err(e) => {
+                tracing::warn!(lease = %self.name, error = %e, retryable = e.is_retryable(), "job skipped: store error");
+                JobRun::StoreError(e)
+            }
+        }
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Runs the job on every tick of `period` until `shutdown` is cancelled; returns what
+    /// it did. The first tick is immediate; missed ticks are skipped, not bunched.
+    pub async fn run<F, Fut, T>(&self, shutdown: CancellationToken, mut job: F) -> JobStats
+    where
+        F: FnMut(LeaseContext) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let mut stats = JobStats::default();
+        let mut ticks = tokio::time::interval(self.period);
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return stats,
+                _ = ticks.tick() => {}
+            }
+            let run = tokio::select! {
+                _ = shutdown.cancelled() => return stats,
+                run = self.run_once(&mut job) => run,
+            };
+            match run {
+                JobRun::Ran(_) => stats.ran += 1,
+                JobRun::Skipped(_) => stats.skipped += 1,
+                JobRun::Lost(_) => stats.lost += 1,
+                JobRun::StoreError(_) => stats.store_errors += 1,
+            }
+        }
+    }
+}

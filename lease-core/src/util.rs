@@ -1,0 +1,32 @@
+//! Small helpers shared by the client and the heartbeat.
+
+use std::time::Duration;
+
+/// Exponential backoff with "equal jitter": the delay for `attempt` (0-based) is drawn
+/// uniformly from `[d/2, d]` where `d = min(max, min * 2^attempt)`.
+pub(crate) fn backoff_delay(min: Duration, max: Duration, attempt: u32) -> Duration {
+    let factor = 1u32.checked_shl(attempt.min(20)).unwrap_or(u32::MAX);
+    let d = min.saturating_mul(factor).min(max).max(min);
+    let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    let half = nanos / 2;
+    Duration::from_nanos(half + fastrand::u64(0..=nanos - half))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_stays_within_bounds_and_grows() {
+        let min = Duration::from_millis(10);
+        let max = Duration::from_millis(1000);
+        for attempt in 0..40 {
+            for _ in 0..100 {
+                let d = backoff_delay(min, max, attempt);
+                assert!(d >= min / 2 && d <= max, "attempt {attempt}: {d:?}");
+            }
+        }
+        // By attempt 10 the cap is reached: at least half of max.
+        assert!(backoff_delay(min, max, 10) >= max / 2);
+    }
+}

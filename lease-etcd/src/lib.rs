@@ -1,0 +1,1 @@
+//! Placeholder: this backend is built in a later step.
