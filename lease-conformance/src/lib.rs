@@ -1,1 +1,128 @@
-//! stub
+//! The conformance suite for `lease` backends, a fault-injecting decorator, and test
+//! servers.
+//!
+//! A backend proves itself by running every check in [`suite`] against a real store:
+//!
+//! ```ignore
+//! // tests/conformance.rs of a backend crate (needs `tokio` as a dev-dependency)
+//! async fn backend() -> lease_conformance::Fixture {
+//!     let server = lease_conformance::server::RedisServer::start().await.unwrap();
+//!     let backend = my_backend::connect(&server.url()).await.unwrap();
+//!     lease_conformance::Fixture::new(std::sync::Arc::new(backend)).keep(server)
+//! }
+//! lease_conformance::conformance_suite!(backend);
+//! ```
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a test suite: failures are assertions
+
+use std::any::Any;
+use std::sync::Arc;
+
+use lease_core::LeaseBackend;
+
+mod faulty;
+pub mod server;
+pub mod suite;
+
+pub use faulty::{Fault, FaultyBackend, Op, RenewCall};
+
+/// A backend under test, plus whatever must live as long as the test (a server handle).
+pub struct Fixture {
+    /// The backend under test.
+    pub backend: Arc<dyn LeaseBackend>,
+    keep: Vec<Box<dyn Any + Send>>,
+}
+
+impl Fixture {
+    /// A fixture for `backend`.
+    pub fn new(backend: Arc<dyn LeaseBackend>) -> Self {
+        Fixture {
+            backend,
+            keep: Vec::new(),
+        }
+    }
+
+    /// Keeps `value` (e.g. a server handle) alive until the test ends.
+    pub fn keep(mut self, value: impl Any + Send) -> Self {
+        self.keep.push(Box::new(value));
+        self
+    }
+}
+
+impl std::fmt::Debug for Fixture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fixture")
+            .field("backend", &self.backend)
+            .field("kept", &self.keep.len())
+            .finish()
+    }
+}
+
+/// Upper bound for one check; a check that runs longer fails instead of hanging.
+pub const CHECK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Runs one check with a fixture, failing the test if it exceeds [`CHECK_TIMEOUT`].
+pub async fn run_check<F, Fut>(fixture: Fixture, check: F)
+where
+    F: FnOnce(Arc<dyn LeaseBackend>) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let backend = fixture.backend.clone();
+    if tokio::time::timeout(CHECK_TIMEOUT, check(backend)).await.is_err() {
+        panic!("check did not finish within {CHECK_TIMEOUT:?}");
+    }
+    drop(fixture);
+}
+
+/// Turns every check of [`suite`] into a `#[tokio::test]`.
+///
+/// `$factory` is an `async fn() -> Fixture` (or a path to one). The calling crate needs
+/// `tokio` (with the `macros` and `rt-multi-thread` features) as a dev-dependency.
+#[macro_export]
+macro_rules! conformance_suite {
+    ($factory:path) => {
+        $crate::conformance_suite!(@checks $factory;
+            acquire_then_held,
+            fencing_increases_across_release,
+            fencing_increases_across_expiry,
+            fencing_unique_under_contention,
+            mutual_exclusion_64_contenders,
+            only_owner_renews,
+            only_owner_releases,
+            stale_release_is_noop,
+            stale_renew_is_lost,
+            renew_batch_mixed,
+            renew_empty_batch,
+            renew_extends_ttl,
+            unrenewed_lease_expires,
+            release_frees_immediately,
+            keep_for_holds_after_release,
+            keep_for_elapsed_frees,
+            inspect_reports_holder,
+            names_do_not_collide,
+            invalid_names_rejected,
+            invalid_options_rejected,
+            watchdog_long_work_not_run_twice,
+            run_exclusive_runs_long_work,
+            run_exclusive_skips_when_held,
+            lost_signal_before_store_expiry,
+            lost_signal_when_store_hangs,
+            run_exclusive_cancelled_on_loss,
+            no_renewal_after_release,
+            drop_releases,
+            acquire_waits_for_release,
+            acquire_wait_times_out,
+            scheduled_job_once_per_period,
+            store_down_typed_errors,
+            heartbeat_batches_renewals
+        );
+    };
+    (@checks $factory:path; $($check:ident),* $(,)?) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                let fixture = $factory().await;
+                $crate::run_check(fixture, $crate::suite::$check).await;
+            }
+        )*
+    };
+}

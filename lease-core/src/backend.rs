@@ -46,8 +46,12 @@ pub trait LeaseBackend: Send + Sync + std::fmt::Debug {
     /// - otherwise change nothing and return [`AcquireOutcome::Held`], with the holder's
     ///   label and remaining time where [`Capabilities::holder_info`] says so;
     /// - the check and the write are one atomic step on the store.
-    async fn acquire(&self, name: &LeaseName, owner: &Owner, ttl: Duration)
-    -> Result<AcquireOutcome>;
+    async fn acquire(
+        &self,
+        name: &LeaseName,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome>;
 
     /// Extends every lease in `leases` that is still held by the given token to `ttl` from
     /// the store's now.

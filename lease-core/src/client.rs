@@ -302,7 +302,9 @@ impl LeaseClient {
                     }
                 }
                 Ok(by) => {
-                    let pause = by.remaining.map_or(pause, |r| pause.min(r.max(opts.backoff_min())));
+                    let pause = by
+                        .remaining
+                        .map_or(pause, |r| pause.min(r.max(opts.backoff_min())));
                     tokio::time::sleep(pause).await;
                 }
                 Err(_) => tokio::time::sleep(pause).await,
@@ -350,7 +352,8 @@ impl LeaseClient {
     /// Reads the current holder of `name` from the store.
     pub async fn inspect(&self, name: impl AsRef<[u8]>) -> Result<Option<LeaseInfo>> {
         let name = LeaseName::new(name)?;
-        self.inspect_with_timeout(&name, Duration::from_secs(5)).await
+        self.inspect_with_timeout(&name, Duration::from_secs(5))
+            .await
     }
 
     /// Reads the current holder of `name`, bounded by `timeout`.

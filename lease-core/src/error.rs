@@ -97,7 +97,9 @@ pub enum Error {
     NoRuntime,
 
     /// The URL names a store this build does not include.
-    #[error("store {scheme}:// is not compiled in: enable the `{feature}` feature of the `lease` crate")]
+    #[error(
+        "store {scheme}:// is not compiled in: enable the `{feature}` feature of the `lease` crate"
+    )]
     NotCompiledIn {
         /// URL scheme.
         scheme: String,

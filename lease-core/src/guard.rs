@@ -253,12 +253,7 @@ pub(crate) async fn release_on_store(
     keep_for: Duration,
     call_timeout: Duration,
 ) -> Result<ReleaseOutcome> {
-    match tokio::time::timeout(
-        call_timeout,
-        client.backend.release(name, token, keep_for),
-    )
-    .await
-    {
+    match tokio::time::timeout(call_timeout, client.backend.release(name, token, keep_for)).await {
         Ok(r) => r,
         Err(_) => Err(Error::Timeout {
             operation: "release",

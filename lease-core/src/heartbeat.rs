@@ -191,22 +191,27 @@ fn start_due(
     in_flight: &mut FuturesUnordered<BatchFuture>,
     now: Instant,
 ) {
-    // Group due leases by (ttl, call timeout): one renew call per group per tick. A lease
-    // due within a quarter of its renewal period is renewed early with the others, so
-    // leases acquired at slightly different times fall into step after one round.
-    let mut groups: HashMap<(Duration, Duration), Vec<u64>> = HashMap::new();
+    // Group due leases by (ttl, call timeout): one renew call per group per tick. When
+    // any lease of a group is due, every lease of the group that is at least half-way to
+    // its own due time is renewed with it, so leases acquired at different times fall into
+    // step within a round or two and then cost one call per tick.
+    let mut groups: HashMap<(Duration, Duration), (bool, Vec<u64>)> = HashMap::new();
     for (id, e) in entries.iter() {
         if e.lost || e.in_flight {
             continue;
         }
-        if e.next_due <= now + e.reg.renew_every / 4 {
-            groups
-                .entry((e.reg.ttl, e.reg.call_timeout))
-                .or_default()
-                .push(*id);
+        let due = e.next_due <= now;
+        let half_way = e.next_due <= now + e.reg.renew_every / 2;
+        if half_way {
+            let group = groups.entry((e.reg.ttl, e.reg.call_timeout)).or_default();
+            group.0 |= due;
+            group.1.push(*id);
         }
     }
-    for ((ttl, call_timeout), mut ids) in groups {
+    for ((ttl, call_timeout), (any_due, mut ids)) in groups {
+        if !any_due {
+            continue;
+        }
         ids.sort_unstable();
         for chunk in ids.chunks(max_batch) {
             let mut items = Vec::with_capacity(chunk.len());

@@ -19,7 +19,7 @@ pub use memory::MemoryBackend;
 pub use schedule::{JobRun, JobStats, ScheduledJob};
 pub use tokio_util::sync::CancellationToken;
 pub use types::{
-    AcquireOutcome, Capabilities, Fencing, FencingToken, HeldBy, HolderLabel, LeaseInfo,
-    LeaseName, LeaseOptions, LeaseOptionsBuilder, MAX_TTL, Owner, OwnerToken, ReleaseOutcome,
-    RenewItem, RenewOutcome,
+    AcquireOutcome, Capabilities, Fencing, FencingToken, HeldBy, HolderLabel, LeaseInfo, LeaseName,
+    LeaseOptions, LeaseOptionsBuilder, MAX_TTL, Owner, OwnerToken, ReleaseOutcome, RenewItem,
+    RenewOutcome,
 };

@@ -103,7 +103,8 @@ impl ScheduledJob {
         F: FnOnce(LeaseContext) -> Fut,
         Fut: Future<Output = T>,
     {
-        let span = tracing::info_span!("lease.job", lease = %self.name, holder = %self.client.label());
+        let span =
+            tracing::info_span!("lease.job", lease = %self.name, holder = %self.client.label());
         async move {
         match self.client.try_acquire(&self.name, &self.opts).await {
             Ok(TryAcquire::Acquired(guard)) => {

@@ -543,9 +543,9 @@ impl LeaseOptionsBuilder {
             });
         }
         let backoff_min = self.backoff_min.unwrap_or(Duration::from_millis(10));
-        let backoff_max = self
-            .backoff_max
-            .unwrap_or_else(|| (ttl / 4).clamp(backoff_min, Duration::from_secs(1).max(backoff_min)));
+        let backoff_max = self.backoff_max.unwrap_or_else(|| {
+            (ttl / 4).clamp(backoff_min, Duration::from_secs(1).max(backoff_min))
+        });
         if backoff_min.is_zero() || backoff_min > backoff_max {
             return Err(InvalidInput::Backoff {
                 min: backoff_min,

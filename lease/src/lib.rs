@@ -1,1 +1,57 @@
-//! stub
+#![doc = include_str!("../README.md")]
+
+pub use lease_core::*;
+
+use std::sync::Arc;
+
+/// Opens a backend from a URL.
+///
+/// | scheme | store | feature |
+/// |---|---|---|
+/// | `memory://` | in this process (for trying things out) | always |
+/// | `redis://`, `rediss://` | Redis | `redis` |
+/// | `postgres://`, `postgresql://` | PostgreSQL | `postgres` |
+/// | `etcd://` | etcd | `etcd` |
+///
+/// A URL whose store was not compiled in gives [`Error::NotCompiledIn`]; a malformed URL
+/// gives [`InvalidInput::MalformedUrl`]. Error messages never contain credentials.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lease::Error> {
+/// let backend = lease::connect("memory://").await?;
+/// let client = lease::LeaseClient::new(backend);
+/// # let _ = client; Ok(()) }
+/// ```
+pub async fn connect(url: &str) -> Result<Arc<dyn LeaseBackend>> {
+    let Some((scheme, _rest)) = url.split_once("://") else {
+        return Err(InvalidInput::MalformedUrl(
+            "expected SCHEME://..., e.g. redis://127.0.0.1:6379".into(),
+        )
+        .into());
+    };
+    match scheme.to_ascii_lowercase().as_str() {
+        "memory" => Ok(Arc::new(MemoryBackend::new())),
+        "redis" | "rediss" => connect_redis(url).await,
+        "postgres" | "postgresql" => not_compiled(scheme, "postgres"),
+        "etcd" => not_compiled(scheme, "etcd"),
+        other => Err(InvalidInput::MalformedUrl(format!(
+            "unknown scheme {other:?}: expected memory, redis, rediss, postgres, postgresql or etcd"
+        ))
+        .into()),
+    }
+}
+
+#[cfg(not(feature = "redis"))]
+async fn connect_redis(url: &str) -> Result<Arc<dyn LeaseBackend>> {
+    let scheme = url.split("://").next().unwrap_or("redis");
+    not_compiled(scheme, "redis")
+}
+
+#[allow(dead_code)]
+fn not_compiled(scheme: &str, feature: &'static str) -> Result<Arc<dyn LeaseBackend>> {
+    Err(Error::NotCompiledIn {
+        scheme: scheme.to_owned(),
+        feature,
+    })
+}

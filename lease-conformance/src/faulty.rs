@@ -1,0 +1,206 @@
+//! [`FaultyBackend`]: wraps any backend and fails, delays or hangs its calls on demand,
+//! counting every call, so the client's error paths can be tested against real stores.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lease_core::{
+    AcquireOutcome, Capabilities, Error, LeaseBackend, LeaseInfo, LeaseName, Owner, OwnerToken,
+    ReleaseOutcome, RenewItem, RenewOutcome, Result,
+};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// A primitive of [`LeaseBackend`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// `acquire`
+    Acquire,
+    /// `renew`
+    Renew,
+    /// `release`
+    Release,
+    /// `inspect`
+    Inspect,
+    /// `wait_released`
+    WaitReleased,
+}
+
+/// What to do with calls of one [`Op`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Fault {
+    /// Pass the call through.
+    #[default]
+    Pass,
+    /// Fail at once with [`Error::Unavailable`] (as if the store were down).
+    Fail,
+    /// Never answer (as if the store hung).
+    Hang,
+    /// Pass the call through after a delay.
+    Delay(Duration),
+    /// `renew` only: answer [`RenewOutcome::Lost`] for every lease without asking the
+    /// store, as a store does after losing its data (other primitives pass through).
+    AnswerLost,
+}
+
+/// One recorded `renew` call.
+#[derive(Clone, Debug)]
+pub struct RenewCall {
+    /// When the call started.
+    pub started: Instant,
+    /// When it returned (`None` while in flight or if it never returned).
+    pub finished: Option<Instant>,
+    /// The leases in the batch.
+    pub names: Vec<LeaseName>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    faults: HashMap<Op, Fault>,
+    calls: HashMap<Op, u64>,
+    renew_log: Vec<RenewCall>,
+}
+
+/// A decorator that injects faults into any backend.
+#[derive(Debug, Clone)]
+pub struct FaultyBackend {
+    inner: Arc<dyn LeaseBackend>,
+    state: Arc<Mutex<State>>,
+    call_started: Arc<Notify>,
+}
+
+impl FaultyBackend {
+    /// Wraps `inner`; every call passes through until told otherwise.
+    pub fn new(inner: Arc<dyn LeaseBackend>) -> Self {
+        FaultyBackend {
+            inner,
+            state: Arc::default(),
+            call_started: Arc::new(Notify::new()),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sets the fault for one primitive.
+    pub fn set(&self, op: Op, fault: Fault) {
+        self.state().faults.insert(op, fault);
+    }
+
+    /// Sets the same fault for every primitive (the whole store down, hung or slow).
+    pub fn set_all(&self, fault: Fault) {
+        for op in [
+            Op::Acquire,
+            Op::Renew,
+            Op::Release,
+            Op::Inspect,
+            Op::WaitReleased,
+        ] {
+            self.set(op, fault);
+        }
+    }
+
+    /// How many calls of `op` have started.
+    pub fn calls(&self, op: Op) -> u64 {
+        self.state().calls.get(&op).copied().unwrap_or(0)
+    }
+
+    /// Every `renew` call so far.
+    pub fn renew_log(&self) -> Vec<RenewCall> {
+        self.state().renew_log.clone()
+    }
+
+    /// Waits until at least `n` calls of `op` have started.
+    pub async fn wait_for_calls(&self, op: Op, n: u64) {
+        loop {
+            let notified = self.call_started.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.calls(op) >= n {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    async fn enter(&self, op: Op) -> Result<()> {
+        let fault = {
+            let mut st = self.state();
+            *st.calls.entry(op).or_default() += 1;
+            st.faults.get(&op).copied().unwrap_or_default()
+        };
+        self.call_started.notify_waiters();
+        match fault {
+            Fault::Pass | Fault::AnswerLost => Ok(()),
+            Fault::Fail => Err(Error::unavailable("faulty", "injected fault: store down")),
+            Fault::Hang => std::future::pending().await,
+            Fault::Delay(d) => {
+                tokio::time::sleep(d).await;
+                Ok(())
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl LeaseBackend for FaultyBackend {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn acquire(
+        &self,
+        name: &LeaseName,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome> {
+        self.enter(Op::Acquire).await?;
+        self.inner.acquire(name, owner, ttl).await
+    }
+
+    async fn renew(&self, leases: &[RenewItem], ttl: Duration) -> Result<Vec<RenewOutcome>> {
+        let idx = {
+            let mut st = self.state();
+            st.renew_log.push(RenewCall {
+                started: Instant::now(),
+                finished: None,
+                names: leases.iter().map(|l| l.name.clone()).collect(),
+            });
+            st.renew_log.len() - 1
+        };
+        self.enter(Op::Renew).await?;
+        let answer_lost = self.state().faults.get(&Op::Renew) == Some(&Fault::AnswerLost);
+        let r = if answer_lost {
+            Ok(vec![RenewOutcome::Lost; leases.len()])
+        } else {
+            self.inner.renew(leases, ttl).await
+        };
+        if let Some(call) = self.state().renew_log.get_mut(idx) {
+            call.finished = Some(Instant::now());
+        }
+        r
+    }
+
+    async fn release(
+        &self,
+        name: &LeaseName,
+        token: &OwnerToken,
+        keep_for: Duration,
+    ) -> Result<ReleaseOutcome> {
+        self.enter(Op::Release).await?;
+        self.inner.release(name, token, keep_for).await
+    }
+
+    async fn inspect(&self, name: &LeaseName) -> Result<Option<LeaseInfo>> {
+        self.enter(Op::Inspect).await?;
+        self.inner.inspect(name).await
+    }
+
+    async fn wait_released(&self, name: &LeaseName, max_wait: Duration) -> Result<()> {
+        self.enter(Op::WaitReleased).await?;
+        self.inner.wait_released(name, max_wait).await
+    }
+}

@@ -1,0 +1,25 @@
+//! The conformance suite against the in-memory reference backend, directly and through
+//! `Box<dyn>` / `Arc<dyn>` forwarding.
+
+use std::sync::Arc;
+
+use lease_conformance::Fixture;
+use lease_core::{LeaseBackend, MemoryBackend};
+
+async fn memory() -> Fixture {
+    Fixture::new(Arc::new(MemoryBackend::new()))
+}
+
+lease_conformance::conformance_suite!(memory);
+
+mod forwarded {
+    use super::*;
+
+    async fn boxed() -> Fixture {
+        let boxed: Box<dyn LeaseBackend> = Box::new(MemoryBackend::new());
+        let arc_of_box: Arc<Box<dyn LeaseBackend>> = Arc::new(boxed);
+        Fixture::new(Arc::new(arc_of_box))
+    }
+
+    lease_conformance::conformance_suite!(boxed);
+}

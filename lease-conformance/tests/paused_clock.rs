@@ -1,0 +1,221 @@
+//! Timing of the shared layer under tokio's paused clock: exact, fast and not flaky.
+//! The in-memory backend follows the same clock, so "the store" expires leases exactly
+//! when the clock says.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_conformance::{Fault, FaultyBackend, Op};
+use lease_core::{
+    HolderLabel, JobStats, LeaseBackend, LeaseClient, LeaseOptions, LossReason, MemoryBackend,
+    ScheduledJob, TryAcquire,
+};
+use tokio::time::Instant;
+
+fn setup() -> (Arc<MemoryBackend>, Arc<FaultyBackend>, LeaseClient) {
+    let memory = Arc::new(MemoryBackend::new());
+    let faulty = Arc::new(FaultyBackend::new(memory.clone()));
+    let client = LeaseClient::with_label(faulty.clone(), HolderLabel::new("paused").unwrap());
+    (memory, faulty, client)
+}
+
+async fn held(client: &LeaseClient, name: &str, opts: &LeaseOptions) -> lease_core::LeaseGuard {
+    match client.try_acquire(name, opts).await.unwrap() {
+        TryAcquire::Acquired(g) => g,
+        TryAcquire::Held(by) => panic!("held by {by}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn thousand_leases_cost_one_renew_call_per_tick() {
+    let (_memory, faulty, client) = setup();
+    let opts = LeaseOptions::new(Duration::from_secs(30)).unwrap();
+    let mut guards = Vec::new();
+    for i in 0..1000 {
+        guards.push(held(&client, &format!("lease-{i}"), &opts).await);
+    }
+    // Five renewal periods (10 s each) and a little.
+    tokio::time::sleep(Duration::from_secs(51)).await;
+    let log = faulty.renew_log();
+    assert_eq!(log.len(), 5, "one renew call per tick");
+    assert!(log.iter().all(|c| c.names.len() == 1000));
+    assert!(guards.iter().all(|g| g.is_held()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn leases_acquired_apart_fall_into_step() {
+    let (_memory, faulty, client) = setup();
+    let opts = LeaseOptions::new(Duration::from_secs(30)).unwrap();
+    let mut guards = Vec::new();
+    for i in 0..100 {
+        guards.push(held(&client, &format!("lease-{i}"), &opts).await);
+        tokio::time::sleep(Duration::from_millis(70)).await; // spread over 7 s
+    }
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let settled = faulty.renew_log().len();
+    tokio::time::sleep(Duration::from_secs(50)).await;
+    let log = faulty.renew_log();
+    assert_eq!(
+        log.len() - settled,
+        5,
+        "after settling: one call per 10 s tick"
+    );
+    assert!(log[settled..].iter().all(|c| c.names.len() == 100));
+}
+
+#[tokio::test(start_paused = true)]
+async fn lost_signal_fires_exactly_at_the_safety_deadline() {
+    let (memory, faulty, client) = setup();
+    let opts = LeaseOptions::builder(Duration::from_secs(30))
+        .safety_margin(Duration::from_secs(3))
+        .build()
+        .unwrap();
+    let start = Instant::now();
+    let guard = held(&client, "job", &opts).await;
+    // Two renewals succeed (t = 10 s, 20 s), then the store goes down at 25 s.
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    faulty.set(Op::Renew, Fault::Fail);
+    assert_eq!(guard.deadline() - start, Duration::from_secs(20 + 27));
+    let reason = guard.lost().await;
+    assert_eq!(reason, LossReason::DeadlinePassed);
+    // Lost at last successful send (20 s) + ttl (30 s) - margin (3 s).
+    assert_eq!(start.elapsed(), Duration::from_secs(47));
+    // Retried with backoff in between (t = 30 s .. 47 s, at most 1 s apart).
+    let failed = faulty.renew_log().len() - 2;
+    assert!(failed >= 15, "only {failed} retries");
+    // The store still has it for another 3 s: nobody else can take it yet.
+    let other = LeaseClient::with_label(memory.clone(), HolderLabel::new("other").unwrap());
+    assert!(matches!(
+        other.try_acquire("job", &opts).await.unwrap(),
+        TryAcquire::Held(_)
+    ));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(matches!(
+        other.try_acquire("job", &opts).await.unwrap(),
+        TryAcquire::Acquired(_)
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn hung_store_times_out_and_loses_at_the_deadline() {
+    let (_memory, faulty, client) = setup();
+    let opts = LeaseOptions::new(Duration::from_secs(30)).unwrap();
+    assert_eq!(opts.call_timeout(), Duration::from_secs(5));
+    let start = Instant::now();
+    let guard = held(&client, "job", &opts).await;
+    faulty.set(Op::Renew, Fault::Hang);
+    assert_eq!(guard.lost().await, LossReason::DeadlinePassed);
+    assert_eq!(start.elapsed(), Duration::from_secs(27));
+    assert!(!guard.is_held());
+}
+
+#[tokio::test(start_paused = true)]
+async fn store_saying_lost_is_reported_as_not_owner_at_the_next_tick() {
+    let (_memory, faulty, client) = setup();
+    let opts = LeaseOptions::new(Duration::from_secs(30)).unwrap();
+    let start = Instant::now();
+    let guard = held(&client, "job", &opts).await;
+    let token = guard.lost_token();
+    faulty.set(Op::Renew, Fault::AnswerLost);
+    assert_eq!(guard.lost().await, LossReason::NotOwner);
+    assert_eq!(
+        start.elapsed(),
+        Duration::from_secs(10),
+        "at the first renewal"
+    );
+    assert!(token.is_cancelled());
+    assert!(!guard.is_held());
+    assert_eq!(guard.loss_reason(), Some(LossReason::NotOwner));
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_waits_for_in_flight_renewal() {
+    let (_memory, faulty, client) = setup();
+    let opts = LeaseOptions::new(Duration::from_secs(30)).unwrap();
+    faulty.set(Op::Renew, Fault::Delay(Duration::from_secs(2)));
+    let guard = held(&client, "job", &opts).await;
+    faulty.wait_for_calls(Op::Renew, 1).await; // t = 10 s, answers at 12 s
+    let t0 = Instant::now();
+    guard.release().await.unwrap();
+    assert_eq!(
+        t0.elapsed(),
+        Duration::from_secs(2),
+        "release waited for the renewal"
+    );
+    let renew_done = faulty.renew_log()[0].finished.unwrap();
+    assert!(renew_done <= Instant::now());
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(faulty.renew_log().len(), 1, "no renewal after release");
+}
+
+#[tokio::test(start_paused = true)]
+async fn scheduled_job_runs_once_per_period_across_instances() {
+    let memory: Arc<dyn LeaseBackend> = Arc::new(MemoryBackend::new());
+    let period = Duration::from_secs(60);
+    let opts = LeaseOptions::builder(Duration::from_secs(30))
+        .keep_for(Duration::from_secs(55))
+        .build()
+        .unwrap();
+    let shutdown = lease_core::CancellationToken::new();
+    let runs = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..3u64 {
+        let client =
+            LeaseClient::with_label(memory.clone(), HolderLabel::new(format!("i{i}")).unwrap());
+        let job = ScheduledJob::new(client, "report", period, opts.clone()).unwrap();
+        let (shutdown, runs) = (shutdown.clone(), runs.clone());
+        tasks.push(tokio::spawn(async move {
+            // Schedules a little apart, as on real hosts.
+            tokio::time::sleep(Duration::from_millis(700 * i)).await;
+            job.run(shutdown, move |ctx| {
+                let runs = runs.clone();
+                async move {
+                    // A fast job: done long before the next instance's tick.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    runs.lock()
+                        .unwrap()
+                        .push((Instant::now(), i, ctx.fencing.get()));
+                }
+            })
+            .await
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(10 * 60 - 5)).await;
+    shutdown.cancel();
+    let mut total = JobStats::default();
+    for t in tasks {
+        let s = t.await.unwrap();
+        total.ran += s.ran;
+        total.skipped += s.skipped;
+        total.store_errors += s.store_errors;
+    }
+    let runs = runs.lock().unwrap();
+    assert_eq!(runs.len(), 10, "one run per period in 10 periods: {runs:?}");
+    assert_eq!(total.ran, 10);
+    assert_eq!(total.skipped, 20);
+    assert_eq!(total.store_errors, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn scheduled_job_skips_runs_while_the_store_is_down() {
+    let memory = Arc::new(MemoryBackend::new());
+    let faulty = Arc::new(FaultyBackend::new(memory));
+    let client = LeaseClient::with_label(faulty.clone(), HolderLabel::new("solo").unwrap());
+    let opts = LeaseOptions::new(Duration::from_secs(30)).unwrap();
+    let job = ScheduledJob::new(client, "report", Duration::from_secs(60), opts).unwrap();
+    let shutdown = lease_core::CancellationToken::new();
+    let s2 = shutdown.clone();
+    let f2 = faulty.clone();
+    let driver = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(90)).await;
+        f2.set_all(Fault::Fail); // down for ticks at 120 s and 180 s
+        tokio::time::sleep(Duration::from_secs(120)).await;
+        f2.set_all(Fault::Pass);
+        tokio::time::sleep(Duration::from_secs(100)).await; // ticks 240 s, 300 s
+        s2.cancel();
+    });
+    let stats = job.run(shutdown, |_| async {}).await;
+    driver.await.unwrap();
+    assert_eq!(stats.ran, 4, "{stats:?}");
+    assert_eq!(stats.store_errors, 2, "{stats:?}");
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Sets up a new Debian machine for the test suite and runs every test.
+# Installs the store servers the tests start themselves (redis-server, PostgreSQL,
+# etcd) and protoc (needed to build the etcd client), then runs the workspace tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(redis-server redis-tools postgresql etcd-server etcd-client protobuf-compiler)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" -eq 0 ]; then sudo=""; else sudo="sudo"; fi
+  echo "installing: ${missing[*]}"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# No store may be started by the package manager for the tests: they start their own
+# servers on free loopback ports. Stop any that an install started.
+if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+  ${sudo:-} systemctl stop redis-server etcd postgresql >/dev/null 2>&1 || true
+fi
+
+cargo test --workspace
