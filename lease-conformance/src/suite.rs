@@ -735,7 +735,8 @@ pub async fn names_do_not_collide(backend: Arc<dyn LeaseBackend>) {
 pub async fn invalid_names_rejected(backend: Arc<dyn LeaseBackend>) {
     let c = client(&backend, "input");
     let o = opts(base_ttl(&*backend));
-    let cases: Vec<(Vec<u8>, fn(&InvalidInput) -> bool)> = vec![
+    type Check = fn(&InvalidInput) -> bool;
+    let cases: Vec<(Vec<u8>, Check)> = vec![
         (Vec::new(), |e| matches!(e, InvalidInput::EmptyName)),
         (vec![b'x'; LeaseName::MAX_LEN + 1], |e| {
             matches!(e, InvalidInput::NameTooLong { .. })

@@ -1,5 +1,6 @@
 //! The conformance suite against the in-memory reference backend, directly and through
 //! `Box<dyn>` / `Arc<dyn>` forwarding.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::sync::Arc;
 

@@ -1,6 +1,7 @@
 //! Timing of the shared layer under tokio's paused clock: exact, fast and not flaky.
 //! The in-memory backend follows the same clock, so "the store" expires leases exactly
 //! when the clock says.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::sync::Arc;
 use std::time::Duration;
