@@ -1,1 +1,744 @@
-//! Placeholder: this backend is built in a later step.
+#![doc = include_str!("../README.md")]
+
+mod error;
+mod keys;
+mod scripts;
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use lease_core::{
+    AcquireOutcome, Capabilities, Error, Fencing, FencingToken, HeldBy, InvalidInput, LeaseBackend,
+    LeaseInfo, LeaseName, MAX_TTL, Owner, OwnerToken, ReleaseOutcome, RenewItem, RenewOutcome,
+    Result,
+};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Client, RedisError, Value};
+
+use crate::error::{BACKEND, convert, unexpected};
+
+/// The `redis` client crate this backend is built on, for
+/// [`RedisBackend::from_client`] and [`RedisBackend::from_connection_manager`].
+pub use redis;
+
+/// Largest renewal batch sent as one script call; the client splits larger batches.
+/// One call of this size keeps the server busy for a few milliseconds.
+pub const MAX_RENEW_BATCH: usize = 10_000;
+
+/// Settings of a [`RedisBackend`].
+///
+/// ```
+/// use std::time::Duration;
+/// use lease_redis::RedisConfig;
+/// let config = RedisConfig {
+///     key_prefix: "billing:lease".into(),
+///     response_timeout: Duration::from_secs(2),
+///     ..RedisConfig::default()
+/// };
+/// assert_eq!(config.connect_timeout, Duration::from_secs(5));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// First part of every key (default `lease`). 1 to 256 bytes; no braces (they would
+    /// change the cluster hash slot), whitespace or control characters.
+    pub key_prefix: String,
+    /// Bound of every connection attempt, including reconnects (default 5 s).
+    pub connect_timeout: Duration,
+    /// Bound of every command's reply (default 5 s). A call may take up to
+    /// `connect_timeout + response_timeout` when it has to reconnect first.
+    pub response_timeout: Duration,
+    /// Whether fencing tokens survive a server restart. `None` (default): ask the server
+    /// once at connect (`CONFIG GET appendonly` / `appendfsync`): durable only with
+    /// `appendonly yes` and `appendfsync always`; volatile if `CONFIG` is not allowed.
+    /// `Some(_)` skips the question and trusts the operator.
+    pub persistent_fencing: Option<bool>,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        RedisConfig {
+            key_prefix: "lease".to_owned(),
+            connect_timeout: Duration::from_secs(5),
+            response_timeout: Duration::from_secs(5),
+            persistent_fencing: None,
+        }
+    }
+}
+
+impl RedisConfig {
+    fn validate(&self) -> std::result::Result<(), InvalidInput> {
+        keys::validate_prefix(&self.key_prefix)?;
+        for (what, value) in [
+            ("connect_timeout", self.connect_timeout),
+            ("response_timeout", self.response_timeout),
+        ] {
+            if value.is_zero() {
+                return Err(InvalidInput::Other(format!(
+                    "redis {what} must be greater than zero"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The bound of one call: a reconnect plus a reply.
+    fn call_timeout(&self) -> Duration {
+        self.connect_timeout.saturating_add(self.response_timeout)
+    }
+
+    fn manager_config(&self) -> ConnectionManagerConfig {
+        ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(Some(self.response_timeout))
+            // Fail fast while the server is down (each call triggers a new reconnect),
+            // and reconnect promptly once it is back.
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500))
+    }
+}
+
+/// A lease store on a single Redis (or Valkey) server.
+///
+/// Cheap to clone: clones share one multiplexed, self-reconnecting connection.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lease_core::Error> {
+/// use std::{sync::Arc, time::Duration};
+/// use lease_core::{LeaseClient, LeaseOptions};
+/// use lease_redis::RedisBackend;
+///
+/// let backend = RedisBackend::connect("redis://127.0.0.1:6379").await?;
+/// let client = LeaseClient::new(Arc::new(backend));
+/// let guard = client.acquire("nightly-report", &LeaseOptions::new(Duration::from_secs(30))?).await?;
+/// println!("fencing token {}", guard.fencing());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cm: ConnectionManager,
+    /// For dedicated pub/sub connections (release notification); `None` when built from a
+    /// bare connection manager.
+    client: Option<Client>,
+    config: RedisConfig,
+    caps: Capabilities,
+    /// Server address without credentials, for Debug and logs.
+    server: String,
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("server", &self.inner.server)
+            .field("key_prefix", &self.inner.config.key_prefix)
+            .field("fencing", &self.inner.caps.fencing)
+            .field(
+                "release_notification",
+                &self.inner.caps.release_notification,
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+impl RedisBackend {
+    /// Connects to `url` with the default [`RedisConfig`].
+    ///
+    /// URLs: `redis://[user][:password@]host[:port][/db]`, `rediss://...` (with the `tls`
+    /// feature), `redis+unix:///path?db=N&pass=...`, and the `valkey` spellings.
+    ///
+    /// Errors: [`InvalidInput::MalformedUrl`] (the message never shows the password),
+    /// [`Error::Unavailable`] or [`Error::Timeout`] when the server cannot be reached within
+    /// the connect timeout, [`Error::Rejected`] for bad credentials.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, RedisConfig::default()).await
+    }
+
+    /// Connects to `url` with `config`. See [`RedisBackend::connect`].
+    pub async fn connect_with(url: &str, config: RedisConfig) -> Result<Self> {
+        config.validate()?;
+        let client = Client::open(url).map_err(|e| error::malformed_url(url, &e))?;
+        Self::from_client(client, config).await
+    }
+
+    /// Connects with an already configured `redis` client (custom TLS settings, RESP3,
+    /// ...). The client is kept for the pub/sub connections of
+    /// [`LeaseBackend::wait_released`].
+    pub async fn from_client(client: Client, config: RedisConfig) -> Result<Self> {
+        config.validate()?;
+        #[cfg(feature = "tls")]
+        {
+            // rustls needs a process-wide crypto provider; install ring unless the
+            // application already chose one (then this is a no-op).
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let server = client.get_connection_info().addr().to_string();
+        let connect = ConnectionManager::new_with_config(client.clone(), config.manager_config());
+        let cm = bounded(
+            "connect",
+            config.connect_timeout,
+            config.response_timeout,
+            connect,
+        )
+        .await?;
+        Self::build(cm, Some(client), config, server).await
+    }
+
+    /// Wraps an existing connection manager. Its own timeouts apply to its connections;
+    /// every call is still bounded by `config.connect_timeout + config.response_timeout`.
+    ///
+    /// Without a [`Client`] there is no way to open a pub/sub connection, so the
+    /// capabilities say `release_notification: false` (waiters poll with backoff); use
+    /// [`RedisBackend::from_client`] to get notifications.
+    pub async fn from_connection_manager(
+        cm: ConnectionManager,
+        config: RedisConfig,
+    ) -> Result<Self> {
+        config.validate()?;
+        Self::build(cm, None, config, "(connection manager)".to_owned()).await
+    }
+
+    async fn build(
+        cm: ConnectionManager,
+        client: Option<Client>,
+        config: RedisConfig,
+        server: String,
+    ) -> Result<Self> {
+        let durable = match config.persistent_fencing {
+            Some(d) => d,
+            None => probe_persistence(&cm, &config).await?,
+        };
+        let mut caps = Capabilities::default();
+        caps.backend = BACKEND;
+        caps.fencing = if durable {
+            Fencing::Durable
+        } else {
+            Fencing::Volatile
+        };
+        caps.expires = true;
+        caps.min_ttl = Duration::from_millis(1);
+        caps.ttl_granularity = Duration::from_millis(1);
+        caps.holder_info = true;
+        caps.keep_for = true;
+        caps.release_notification = client.is_some();
+        caps.max_renew_batch = MAX_RENEW_BATCH;
+        tracing::debug!(%server, prefix = %config.key_prefix, fencing = ?caps.fencing, "redis lease backend ready");
+        Ok(RedisBackend {
+            inner: Arc::new(Inner {
+                cm,
+                client,
+                config,
+                caps,
+                server,
+            }),
+        })
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &RedisConfig {
+        &self.inner.config
+    }
+
+    fn conn(&self) -> ConnectionManager {
+        self.inner.cm.clone()
+    }
+
+    fn prefix(&self) -> &str {
+        &self.inner.config.key_prefix
+    }
+
+    /// Runs a script, bounded by the call timeout, converting errors. Returns the reply
+    /// and whether it came from a retry.
+    ///
+    /// The connection manager reports a dropped connection once (and reconnects in the
+    /// background), so the first call after a server restart or an idle disconnect would
+    /// fail although the server is fine. Such a call is retried once on the new
+    /// connection, within the same time budget. The scripts are safe to repeat: renew and
+    /// inspect are idempotent, a repeated acquire recognises its own token, and a repeated
+    /// release can at worst report `NotOwner` for a lease it did release.
+    async fn invoke(
+        &self,
+        operation: &'static str,
+        inv: &redis::ScriptInvocation<'_>,
+    ) -> Result<(Value, bool)> {
+        let cfg = &self.inner.config;
+        let budget = cfg.call_timeout();
+        let deadline = tokio::time::Instant::now() + budget;
+        let mut conn = self.conn();
+        let first =
+            match tokio::time::timeout_at(deadline, inv.invoke_async::<Value>(&mut conn)).await {
+                Err(_) => {
+                    return Err(Error::Timeout {
+                        operation,
+                        after: budget,
+                    });
+                }
+                Ok(Ok(v)) => return Ok((v, false)),
+                Ok(Err(e)) => e,
+            };
+        if !first.is_connection_dropped() {
+            return Err(convert(operation, cfg.response_timeout, first));
+        }
+        tracing::debug!(operation, error = %first, "redis connection dropped; retrying once");
+        match tokio::time::timeout_at(deadline, inv.invoke_async::<Value>(&mut conn)).await {
+            Ok(Ok(v)) => Ok((v, true)),
+            Ok(Err(e)) => Err(convert(operation, cfg.response_timeout, e)),
+            // Still no connection: the original error says more than the timeout.
+            Err(_) => Err(convert(operation, cfg.response_timeout, first)),
+        }
+    }
+
+    /// Runs one call to the server, bounded by the call timeout, converting errors.
+    async fn call<T>(
+        &self,
+        operation: &'static str,
+        fut: impl Future<Output = std::result::Result<T, RedisError>>,
+    ) -> Result<T> {
+        let cfg = &self.inner.config;
+        bounded(operation, cfg.call_timeout(), cfg.response_timeout, fut).await
+    }
+}
+
+/// Bounds `fut` by `after` ([`Error::Timeout`] when it elapses) and converts its error;
+/// `reply_timeout` is what an I/O timeout inside the client is reported as.
+async fn bounded<T>(
+    operation: &'static str,
+    after: Duration,
+    reply_timeout: Duration,
+    fut: impl Future<Output = std::result::Result<T, RedisError>>,
+) -> Result<T> {
+    match tokio::time::timeout(after, fut).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(convert(operation, reply_timeout, e)),
+        Err(_) => Err(Error::Timeout { operation, after }),
+    }
+}
+
+/// Asks the server whether writes survive a crash: `appendonly yes` and
+/// `appendfsync always`. A server that refuses `CONFIG` counts as volatile.
+async fn probe_persistence(cm: &ConnectionManager, config: &RedisConfig) -> Result<bool> {
+    let mut conn = cm.clone();
+    let mut pipe = redis::pipe();
+    pipe.cmd("CONFIG").arg("GET").arg("appendonly");
+    pipe.cmd("CONFIG").arg("GET").arg("appendfsync");
+    let reply = bounded(
+        "connect",
+        config.call_timeout(),
+        config.response_timeout,
+        pipe.query_async::<Vec<Value>>(&mut conn),
+    )
+    .await;
+    let values = match reply {
+        Ok(v) => v,
+        Err(e @ (Error::Unavailable { .. } | Error::Timeout { .. })) => return Err(e),
+        Err(e) => {
+            tracing::debug!(error = %e, "CONFIG GET refused; fencing tokens counted as volatile");
+            return Ok(false);
+        }
+    };
+    let mut appendonly = None;
+    let mut appendfsync = None;
+    for v in &values {
+        for (k, val) in config_pairs(v) {
+            match k.as_str() {
+                "appendonly" => appendonly = Some(val),
+                "appendfsync" => appendfsync = Some(val),
+                _ => {}
+            }
+        }
+    }
+    let durable = appendonly.as_deref() == Some("yes") && appendfsync.as_deref() == Some("always");
+    tracing::debug!(?appendonly, ?appendfsync, durable, "redis persistence");
+    Ok(durable)
+}
+
+/// The key/value pairs of a `CONFIG GET` reply (RESP2 flat array or RESP3 map).
+fn config_pairs(v: &Value) -> Vec<(String, String)> {
+    match v {
+        Value::Array(items) => items
+            .chunks_exact(2)
+            .filter_map(|p| Some((text(&p[0])?, text(&p[1])?)))
+            .collect(),
+        Value::Map(pairs) => pairs
+            .iter()
+            .filter_map(|(k, v)| Some((text(k)?, text(v)?)))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::VerbatimString { text, .. } => Some(text.clone()),
+        _ => None,
+    }
+}
+
+fn int(operation: &'static str, what: &str, v: &Value) -> Result<i64> {
+    match v {
+        Value::Int(i) => Ok(*i),
+        Value::BulkString(b) => std::str::from_utf8(b)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| unexpected(operation, format!("{what} is not an integer"))),
+        other => Err(unexpected(
+            operation,
+            format!("{what}: expected an integer, got {other:?}"),
+        )),
+    }
+}
+
+fn non_negative(operation: &'static str, what: &str, v: &Value) -> Result<u64> {
+    u64::try_from(int(operation, what, v)?)
+        .map_err(|_| unexpected(operation, format!("negative {what}")))
+}
+
+fn array(operation: &'static str, v: Value) -> Result<Vec<Value>> {
+    match v {
+        Value::Array(items) => Ok(items),
+        other => Err(unexpected(
+            operation,
+            format!("expected an array, got {other:?}"),
+        )),
+    }
+}
+
+/// A PTTL reply as a remaining time: `None` for "no expiry" (-1) or "no key" (-2).
+fn remaining(pttl: i64) -> Option<Duration> {
+    u64::try_from(pttl).ok().map(Duration::from_millis)
+}
+
+/// A duration in whole milliseconds, rounded up, at least 1 ms; rejects more than
+/// [`MAX_TTL`].
+fn ttl_millis(what: &'static str, d: Duration) -> std::result::Result<u64, InvalidInput> {
+    if d > MAX_TTL {
+        return Err(InvalidInput::TooLarge {
+            what,
+            value: d,
+            max: MAX_TTL,
+        });
+    }
+    let ms = d.as_nanos().div_ceil(1_000_000).max(1);
+    u64::try_from(ms).map_err(|_| InvalidInput::TooLarge {
+        what,
+        value: d,
+        max: MAX_TTL,
+    })
+}
+
+/// `keep_for` in whole milliseconds, rounded up; zero stays zero.
+fn keep_millis(d: Duration) -> std::result::Result<u64, InvalidInput> {
+    if d.is_zero() {
+        Ok(0)
+    } else {
+        ttl_millis("keep_for", d)
+    }
+}
+
+#[lease_core::async_trait]
+impl LeaseBackend for RedisBackend {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.caps.clone()
+    }
+
+    async fn acquire(
+        &self,
+        name: &LeaseName,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome> {
+        const OP: &str = "acquire";
+        let ttl_ms = ttl_millis("ttl", ttl)?;
+        let k = keys::keys(self.prefix(), name);
+        let mut inv = scripts::ACQUIRE_SCRIPT.prepare_invoke();
+        inv.key(&k.lock)
+            .key(&k.fence)
+            .arg(owner.token.to_string())
+            .arg(owner.label.as_str())
+            .arg(ttl_ms);
+        let (reply, retried) = self.invoke(OP, &inv).await?;
+        let items = array(OP, reply)?;
+        let (flag, rest) = match items.split_first() {
+            Some((flag, rest)) => (int(OP, "flag", flag)?, rest),
+            None => return Err(unexpected(OP, "empty reply")),
+        };
+        match (flag, rest) {
+            (1, [fencing, applied]) => {
+                let fencing = non_negative(OP, "fencing token", fencing)?;
+                let applied = non_negative(OP, "ttl", applied)?;
+                tracing::debug!(lease = %name, fencing, ttl_ms = applied, "redis lease acquired");
+                Ok(AcquireOutcome::Acquired {
+                    fencing: FencingToken(fencing),
+                    ttl: Duration::from_millis(applied),
+                })
+            }
+            // Our own acquisition, seen by the retry after a dropped connection.
+            (2, [_, pttl, fencing]) if retried => {
+                let fencing = non_negative(OP, "fencing token", fencing)?;
+                let pttl = non_negative(OP, "pttl", pttl)?;
+                tracing::debug!(lease = %name, fencing, ttl_ms = pttl, "redis lease acquired (confirmed by retry)");
+                Ok(AcquireOutcome::Acquired {
+                    fencing: FencingToken(fencing),
+                    ttl: Duration::from_millis(pttl),
+                })
+            }
+            (0, [holder, pttl]) | (2, [holder, pttl, _]) => {
+                let holder =
+                    text(holder).ok_or_else(|| unexpected(OP, "holder label is not a string"))?;
+                let pttl = int(OP, "pttl", pttl)?;
+                tracing::trace!(lease = %name, %holder, pttl, "redis lease held");
+                Ok(AcquireOutcome::Held(HeldBy {
+                    holder: (!holder.is_empty()).then_some(holder),
+                    remaining: remaining(pttl),
+                }))
+            }
+            (flag, rest) => Err(unexpected(
+                OP,
+                format!("flag {flag} with {} more items", rest.len()),
+            )),
+        }
+    }
+
+    async fn renew(&self, leases: &[RenewItem], ttl: Duration) -> Result<Vec<RenewOutcome>> {
+        const OP: &str = "renew";
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        if leases.len() > MAX_RENEW_BATCH {
+            return Err(InvalidInput::BatchTooLarge {
+                len: leases.len(),
+                max: MAX_RENEW_BATCH,
+            }
+            .into());
+        }
+        let ttl_ms = ttl_millis("ttl", ttl)?;
+        let prefix = self.prefix();
+        let mut inv = scripts::RENEW_SCRIPT.prepare_invoke();
+        inv.arg(ttl_ms);
+        for item in leases {
+            inv.key(keys::lock_key(prefix, &item.name))
+                .arg(item.token.to_string());
+        }
+        let (reply, _) = self.invoke(OP, &inv).await?;
+        let items = array(OP, reply)?;
+        if items.len() != leases.len() {
+            return Err(unexpected(
+                OP,
+                format!("{} results for {} leases", items.len(), leases.len()),
+            ));
+        }
+        let mut out = Vec::with_capacity(items.len());
+        for (item, v) in leases.iter().zip(&items) {
+            let outcome = match int(OP, "result", v)? {
+                1 => RenewOutcome::Renewed,
+                0 => RenewOutcome::Lost,
+                other => return Err(unexpected(OP, format!("result {other}"))),
+            };
+            if outcome == RenewOutcome::Lost {
+                tracing::debug!(lease = %item.name, "redis lease lost at renewal");
+            }
+            out.push(outcome);
+        }
+        tracing::trace!(count = leases.len(), "redis leases renewed");
+        Ok(out)
+    }
+
+    async fn release(
+        &self,
+        name: &LeaseName,
+        token: &OwnerToken,
+        keep_for: Duration,
+    ) -> Result<ReleaseOutcome> {
+        const OP: &str = "release";
+        let keep_ms = keep_millis(keep_for)?;
+        let k = keys::keys(self.prefix(), name);
+        let mut inv = scripts::RELEASE_SCRIPT.prepare_invoke();
+        inv.key(&k.lock)
+            .arg(token.to_string())
+            .arg(keep_ms)
+            .arg(&k.channel);
+        let (reply, _) = self.invoke(OP, &inv).await?;
+        match int(OP, "result", &reply)? {
+            1 => {
+                tracing::debug!(lease = %name, keep_for_ms = keep_ms, "redis lease released");
+                Ok(ReleaseOutcome::Released)
+            }
+            0 => {
+                tracing::debug!(lease = %name, "redis lease release: not the owner");
+                Ok(ReleaseOutcome::NotOwner)
+            }
+            other => Err(unexpected(OP, format!("result {other}"))),
+        }
+    }
+
+    async fn inspect(&self, name: &LeaseName) -> Result<Option<LeaseInfo>> {
+        const OP: &str = "inspect";
+        let lock = keys::lock_key(self.prefix(), name);
+        let mut inv = scripts::INSPECT_SCRIPT.prepare_invoke();
+        inv.key(&lock);
+        let (reply, _) = self.invoke(OP, &inv).await?;
+        let items = array(OP, reply)?;
+        match items.as_slice() {
+            [flag] if int(OP, "flag", flag)? == 0 => Ok(None),
+            [flag, holder, fencing, pttl] if int(OP, "flag", flag)? == 1 => {
+                let holder =
+                    text(holder).ok_or_else(|| unexpected(OP, "holder label is not a string"))?;
+                let fencing =
+                    text(fencing).ok_or_else(|| unexpected(OP, "fencing token is not a string"))?;
+                let fencing = if fencing.is_empty() {
+                    None
+                } else {
+                    Some(FencingToken(fencing.parse().map_err(|_| {
+                        unexpected(OP, format!("fencing token {fencing:?} is not a number"))
+                    })?))
+                };
+                let pttl = int(OP, "pttl", pttl)?;
+                if pttl == -2 {
+                    return Ok(None);
+                }
+                Ok(Some(LeaseInfo {
+                    holder: (!holder.is_empty()).then_some(holder),
+                    fencing,
+                    remaining: remaining(pttl),
+                }))
+            }
+            _ => Err(unexpected(
+                OP,
+                format!("unexpected reply of {} items", items.len()),
+            )),
+        }
+    }
+
+    /// Subscribes to the lease's release channel on a dedicated pub/sub connection, then
+    /// checks the lease, then waits for the release message, the lease's expiry (which
+    /// sends no message) or `max_wait`, whichever comes first.
+    async fn wait_released(&self, name: &LeaseName, max_wait: Duration) -> Result<()> {
+        const OP: &str = "wait_released";
+        let Some(client) = &self.inner.client else {
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                what: "release notification without a redis::Client",
+            });
+        };
+        let cfg = &self.inner.config;
+        let k = keys::keys(self.prefix(), name);
+        let mut pubsub = bounded(
+            OP,
+            cfg.connect_timeout,
+            cfg.response_timeout,
+            client.get_async_pubsub(),
+        )
+        .await?;
+        bounded(
+            OP,
+            cfg.response_timeout,
+            cfg.response_timeout,
+            pubsub.subscribe(&k.channel),
+        )
+        .await?;
+        // Subscribed first, checked second: a release in between is not missed.
+        let mut conn = self.conn();
+        let pttl: i64 = self
+            .call(OP, redis::cmd("PTTL").arg(&k.lock).query_async(&mut conn))
+            .await?;
+        let wait = match pttl {
+            -2 => return Ok(()),
+            p => remaining(p).map_or(max_wait, |r| r.min(max_wait)),
+        };
+        let mut messages = pubsub.on_message();
+        match tokio::time::timeout(wait, messages.next()).await {
+            Ok(Some(_)) | Err(_) => Ok(()),
+            Ok(None) => Err(Error::unavailable(
+                BACKEND,
+                "pub/sub connection closed while waiting for a release",
+            )),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn millis_round_up() {
+        assert_eq!(ttl_millis("ttl", Duration::ZERO).unwrap(), 1);
+        assert_eq!(ttl_millis("ttl", Duration::from_nanos(1)).unwrap(), 1);
+        assert_eq!(ttl_millis("ttl", Duration::from_micros(1001)).unwrap(), 2);
+        assert_eq!(ttl_millis("ttl", Duration::from_secs(3)).unwrap(), 3000);
+        assert!(ttl_millis("ttl", MAX_TTL + Duration::from_millis(1)).is_err());
+        assert_eq!(keep_millis(Duration::ZERO).unwrap(), 0);
+        assert_eq!(keep_millis(Duration::from_micros(1)).unwrap(), 1);
+    }
+
+    #[test]
+    fn config_defaults_and_validation() {
+        let c = RedisConfig::default();
+        assert_eq!(c.key_prefix, "lease");
+        assert!(c.validate().is_ok());
+        let bad = RedisConfig {
+            key_prefix: "a{b}".into(),
+            ..RedisConfig::default()
+        };
+        assert!(bad.validate().is_err());
+        let bad = RedisConfig {
+            response_timeout: Duration::ZERO,
+            ..RedisConfig::default()
+        };
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn parses_config_replies() {
+        let resp2 = Value::Array(vec![
+            Value::BulkString(b"appendonly".to_vec()),
+            Value::BulkString(b"yes".to_vec()),
+        ]);
+        assert_eq!(
+            config_pairs(&resp2),
+            vec![("appendonly".to_owned(), "yes".to_owned())]
+        );
+        let resp3 = Value::Map(vec![(
+            Value::BulkString(b"appendfsync".to_vec()),
+            Value::BulkString(b"always".to_vec()),
+        )]);
+        assert_eq!(
+            config_pairs(&resp3),
+            vec![("appendfsync".to_owned(), "always".to_owned())]
+        );
+    }
+
+    #[tokio::test]
+    async fn connect_rejects_bad_urls_without_echoing_passwords() {
+        let err = RedisBackend::connect("http://user:hunter2@localhost")
+            .await
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(
+            matches!(err, Error::InvalidInput(InvalidInput::MalformedUrl(_))),
+            "{text}"
+        );
+        assert!(!text.contains("hunter2"), "{text}");
+        #[cfg(not(feature = "tls"))]
+        {
+            let err = RedisBackend::connect("rediss://:hunter2@localhost")
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("`tls` feature"), "{err}");
+            assert!(!err.contains("hunter2"), "{err}");
+        }
+        let err = RedisBackend::connect("not a url at all :hunter2@")
+            .await
+            .unwrap_err();
+        assert!(!err.to_string().contains("hunter2"));
+    }
+}

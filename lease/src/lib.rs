@@ -2,6 +2,10 @@
 
 pub use lease_core::*;
 
+/// The Redis backend (feature `redis`).
+#[cfg(feature = "redis")]
+pub use lease_redis as redis;
+
 use std::sync::Arc;
 
 /// Opens a backend from a URL.
@@ -46,6 +50,11 @@ pub async fn connect(url: &str) -> Result<Arc<dyn LeaseBackend>> {
 async fn connect_redis(url: &str) -> Result<Arc<dyn LeaseBackend>> {
     let scheme = url.split("://").next().unwrap_or("redis");
     not_compiled(scheme, "redis")
+}
+
+#[cfg(feature = "redis")]
+async fn connect_redis(url: &str) -> Result<Arc<dyn LeaseBackend>> {
+    Ok(Arc::new(lease_redis::RedisBackend::connect(url).await?))
 }
 
 #[allow(dead_code)]

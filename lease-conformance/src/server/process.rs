@@ -1,0 +1,160 @@
+//! A server process the harness spawned and owns: signals, restart, reaping.
+
+use std::ffi::OsString;
+use std::fs::OpenOptions;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+use super::HarnessError;
+
+/// A child process with its command line kept for restarts and its output appended to a
+/// log file. Dropping it kills (SIGKILL) and reaps the process.
+#[derive(Debug)]
+pub(crate) struct ChildProcess {
+    binary: PathBuf,
+    args: Vec<OsString>,
+    log_path: PathBuf,
+    child: Option<Child>,
+}
+
+impl ChildProcess {
+    /// Spawns `binary args...` with stdout and stderr appended to `log_path`.
+    pub(crate) fn spawn(
+        binary: PathBuf,
+        args: Vec<OsString>,
+        log_path: PathBuf,
+    ) -> Result<Self, HarnessError> {
+        let mut p = ChildProcess {
+            binary,
+            args,
+            log_path,
+            child: None,
+        };
+        p.respawn()?;
+        Ok(p)
+    }
+
+    /// Starts the same command again. The previous process must have been reaped.
+    pub(crate) fn respawn(&mut self) -> Result<(), HarnessError> {
+        if self.is_running() {
+            return Err(HarnessError::Start(format!(
+                "{} is still running (pid {:?}); stop or kill it first",
+                self.binary.display(),
+                self.pid()
+            )));
+        }
+        let open_log = || {
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.log_path)
+                .map_err(|e| {
+                    HarnessError::io(format!("opening log {}", self.log_path.display()), e)
+                })
+        };
+        let stdout = open_log()?;
+        let stderr = open_log()?;
+        let child = Command::new(&self.binary)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(stdout)
+            .stderr(stderr)
+            .spawn()
+            .map_err(|e| HarnessError::io(format!("spawning {}", self.binary.display()), e))?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// The process id while the process has not been reaped.
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the process is alive (a stopped process counts as alive). Reaps it if it
+    /// exited.
+    pub(crate) fn is_running(&mut self) -> bool {
+        self.try_exit_status().is_none() && self.child.is_some()
+    }
+
+    /// The exit status if the process has exited (and reaps it), else `None`.
+    pub(crate) fn try_exit_status(&mut self) -> Option<ExitStatus> {
+        let child = self.child.as_mut()?;
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                self.child = None;
+                Some(status)
+            }
+            Ok(None) => None,
+            Err(_) => None,
+        }
+    }
+
+    /// Sends `signal` to the (unreaped, so not recycled) pid.
+    pub(crate) fn signal(&self, signal: Signal) -> Result<(), HarnessError> {
+        let pid = self.pid().ok_or_else(|| {
+            HarnessError::Start(format!(
+                "cannot send {signal}: {} is not running",
+                self.binary.display()
+            ))
+        })?;
+        let pid = i32::try_from(pid)
+            .map_err(|_| HarnessError::Start(format!("pid {pid} out of range")))?;
+        kill(Pid::from_raw(pid), signal).map_err(|errno| {
+            HarnessError::io(format!("sending {signal} to pid {pid}"), errno.into())
+        })
+    }
+
+    /// SIGTERM (plus SIGCONT, in case it is paused), then waits up to `grace` for it to
+    /// exit, then SIGKILL. Always reaps.
+    pub(crate) async fn terminate(&mut self, grace: Duration) -> Result<(), HarnessError> {
+        if !self.is_running() {
+            return Ok(());
+        }
+        self.signal(Signal::SIGTERM)?;
+        // A stopped process only acts on SIGTERM once continued.
+        let _ = self.signal(Signal::SIGCONT);
+        let deadline = Instant::now() + grace;
+        while Instant::now() < deadline {
+            if self.try_exit_status().is_some() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        self.kill()
+    }
+
+    /// SIGKILL and reap.
+    pub(crate) fn kill(&mut self) -> Result<(), HarnessError> {
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        // Fails only if it already exited; wait() reaps it either way.
+        let _ = child.kill();
+        child
+            .wait()
+            .map_err(|e| HarnessError::io(format!("reaping {}", self.binary.display()), e))?;
+        Ok(())
+    }
+
+    /// The last `lines` lines of the log.
+    pub(crate) fn log_tail(&self, lines: usize) -> String {
+        match std::fs::read(&self.log_path) {
+            Ok(bytes) => {
+                let text = String::from_utf8_lossy(&bytes);
+                let all: Vec<&str> = text.lines().collect();
+                all[all.len().saturating_sub(lines)..].join("\n")
+            }
+            Err(e) => format!("(no log at {}: {e})", self.log_path.display()),
+        }
+    }
+}
+
+impl Drop for ChildProcess {
+    fn drop(&mut self) {
+        let _ = self.kill();
+    }
+}

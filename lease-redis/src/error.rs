@@ -1,0 +1,182 @@
+//! Converting `redis` errors and malformed replies into [`lease_core::Error`].
+
+use std::time::Duration;
+
+use lease_core::{Error, InvalidInput};
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+pub(crate) const BACKEND: &str = "redis";
+
+/// Maps a `redis` error from `operation` to the error of the crate family.
+///
+/// - I/O errors (refused, reset, dropped, EOF) -> [`Error::Unavailable`];
+/// - I/O timeouts -> [`Error::Timeout`] with `timeout`;
+/// - authentication, missing permissions, `WRONGTYPE`, a read-only replica ->
+///   [`Error::Rejected`];
+/// - transient server states (`LOADING`, `BUSY`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`,
+///   `OOM`, a `NOSCRIPT` that survived the reload) -> [`Error::Backend`] retryable;
+/// - parse errors and unexpected reply types -> [`Error::UnexpectedReply`];
+/// - anything else -> [`Error::Backend`] not retryable.
+pub(crate) fn convert(operation: &'static str, timeout: Duration, e: RedisError) -> Error {
+    if e.is_timeout() {
+        return Error::Timeout {
+            operation,
+            after: timeout,
+        };
+    }
+    if e.is_connection_refusal() || e.is_connection_dropped() || e.is_io_error() {
+        return Error::unavailable(BACKEND, e);
+    }
+    let code = e.code().unwrap_or_default().to_owned();
+    match e.kind() {
+        ErrorKind::AuthenticationFailed => rejected(e),
+        ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {
+            Error::unexpected(BACKEND, format!("{operation}: {e}"))
+        }
+        ErrorKind::Server(
+            ServerErrorKind::BusyLoading
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::NoScript,
+        ) => backend(e, true),
+        ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::NoPerm) => rejected(e),
+        _ => match code.as_str() {
+            "WRONGTYPE" | "NOAUTH" | "WRONGPASS" | "NOPERM" | "READONLY" | "MISCONF" => rejected(e),
+            "BUSY" | "OOM" | "LOADING" | "MASTERDOWN" => backend(e, true),
+            _ => backend(e, false),
+        },
+    }
+}
+
+fn rejected(e: RedisError) -> Error {
+    Error::Rejected {
+        backend: BACKEND,
+        source: Box::new(e),
+    }
+}
+
+fn backend(e: RedisError, retryable: bool) -> Error {
+    Error::Backend {
+        backend: BACKEND,
+        retryable,
+        source: Box::new(e),
+    }
+}
+
+/// A reply of the wrong shape.
+pub(crate) fn unexpected(operation: &'static str, detail: impl std::fmt::Display) -> Error {
+    Error::unexpected(BACKEND, format!("{operation}: {detail}"))
+}
+
+/// A URL that could not be used, with the password (if any) removed from the message.
+pub(crate) fn malformed_url(url: &str, e: &RedisError) -> Error {
+    // The client's URL errors carry a fixed description (and at most the protocol
+    // parameter), never the input itself; the URL we echo is redacted.
+    let mut msg = format!("{}: {e}", redact_url(url));
+    if msg.contains("TLS") && !cfg!(feature = "tls") {
+        msg.push_str(" (enable the `tls` feature of lease-redis for rediss:// URLs)");
+    }
+    Error::InvalidInput(InvalidInput::MalformedUrl(msg))
+}
+
+/// The URL with any password (and `pass=` query parameter) replaced by `***`. A URL that
+/// does not even parse is not echoed at all, since we cannot tell where its secret is.
+pub(crate) fn redact_url(url: &str) -> String {
+    match url::Url::parse(url) {
+        Ok(mut u) => {
+            if u.password().is_some() {
+                // Cannot fail for URLs with a password (they have a host).
+                let _ = u.set_password(Some("***"));
+            }
+            if u.query_pairs().any(|(k, _)| k == "pass") {
+                let pairs: Vec<(String, String)> = u
+                    .query_pairs()
+                    .map(|(k, v)| {
+                        let v = if k == "pass" {
+                            "***".to_owned()
+                        } else {
+                            v.into_owned()
+                        };
+                        (k.into_owned(), v)
+                    })
+                    .collect();
+                u.query_pairs_mut().clear().extend_pairs(pairs);
+            }
+            u.to_string()
+        }
+        Err(e) => format!("<unparseable URL: {e}>"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_passwords() {
+        let r = redact_url("redis://user:s3cret@localhost:6379/0");
+        assert!(!r.contains("s3cret"), "{r}");
+        assert!(r.contains("user:***@localhost"), "{r}");
+        let r = redact_url("redis://:s3cret@localhost");
+        assert!(!r.contains("s3cret"), "{r}");
+        let r = redact_url("redis+unix:///tmp/redis.sock?db=1&pass=s3cret");
+        assert!(!r.contains("s3cret"), "{r}");
+        assert!(r.contains("db=1"), "{r}");
+        let r = redact_url("redis://u:s3cret@[::1");
+        assert!(!r.contains("s3cret"), "{r}");
+        assert_eq!(
+            redact_url("redis://localhost:6379"),
+            "redis://localhost:6379"
+        );
+    }
+
+    #[test]
+    fn malformed_url_hides_password() {
+        for url in [
+            "http://u:s3cret@localhost",
+            "redis://u:s3cret@localhost/notadb",
+            "redis://u:s3cret@0.0.0.0",
+            "redis://u:s3cret@[::1",
+        ] {
+            let e = match redis::Client::open(url) {
+                Err(e) => e,
+                Ok(_) => panic!("{url} parsed"),
+            };
+            let err = malformed_url(url, &e);
+            let text = err.to_string();
+            assert!(!text.contains("s3cret"), "{text}");
+            assert!(matches!(
+                err,
+                Error::InvalidInput(InvalidInput::MalformedUrl(_))
+            ));
+        }
+    }
+
+    #[test]
+    fn classifies_errors() {
+        let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(matches!(
+            convert("acquire", Duration::from_secs(1), io),
+            Error::Unavailable { .. }
+        ));
+        let t = RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        assert!(matches!(
+            convert("renew", Duration::from_secs(1), t),
+            Error::Timeout {
+                operation: "renew",
+                ..
+            }
+        ));
+        let parse = RedisError::from((ErrorKind::UnexpectedReturnType, "bad"));
+        assert!(matches!(
+            convert("inspect", Duration::from_secs(1), parse),
+            Error::UnexpectedReply { .. }
+        ));
+        let auth = RedisError::from((ErrorKind::AuthenticationFailed, "no"));
+        assert!(matches!(
+            convert("inspect", Duration::from_secs(1), auth),
+            Error::Rejected { .. }
+        ));
+    }
+}

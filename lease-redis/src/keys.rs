@@ -1,0 +1,213 @@
+//! Mapping lease names to Redis keys.
+//!
+//! Layout for a name `N` under prefix `P` (`hex(N)` is the lowercase hex of the name's
+//! bytes):
+//!
+//! - `P:{hex(N)}:lock`: the lease itself (a hash with a TTL);
+//! - `P:{hex(N)}:fence`: the fencing counter (a plain integer, no TTL);
+//! - `P:{hex(N)}:released`: the pub/sub channel announcing a release.
+//!
+//! Hex is injective and contains no braces or colons, and the prefix may not contain
+//! braces, so the first `{...}` of every key is exactly `{hex(N)}`: both keys of one name
+//! share a Redis Cluster hash slot, and no name can reach into another name's keys or out
+//! of the prefix.
+
+use lease_core::{InvalidInput, LeaseName};
+
+/// Longest accepted key prefix, in bytes.
+pub(crate) const MAX_PREFIX_LEN: usize = 256;
+
+/// Checks a key prefix: 1 to 256 bytes, no braces (they would change the hash tag), no
+/// control characters or whitespace (they make keys hard to handle with `redis-cli`).
+pub(crate) fn validate_prefix(prefix: &str) -> Result<(), InvalidInput> {
+    if prefix.is_empty() {
+        return Err(InvalidInput::Other("redis key prefix is empty".into()));
+    }
+    if prefix.len() > MAX_PREFIX_LEN {
+        return Err(InvalidInput::Other(format!(
+            "redis key prefix is {} bytes, more than the maximum of {MAX_PREFIX_LEN}",
+            prefix.len()
+        )));
+    }
+    if let Some(c) = prefix
+        .chars()
+        .find(|c| matches!(c, '{' | '}') || c.is_control() || c.is_whitespace())
+    {
+        return Err(InvalidInput::Other(format!(
+            "redis key prefix must not contain {c:?} (braces would change the cluster hash tag)"
+        )));
+    }
+    Ok(())
+}
+
+/// The keys and channel of one lease name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Keys {
+    /// The lease hash.
+    pub(crate) lock: String,
+    /// The fencing counter.
+    pub(crate) fence: String,
+    /// The release notification channel.
+    pub(crate) channel: String,
+}
+
+/// Lowercase hex of `bytes`.
+fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    out
+}
+
+/// The hash-tagged base `P:{hex(N)}` shared by all keys of a name.
+fn base(prefix: &str, name: &[u8]) -> String {
+    let mut s = String::with_capacity(prefix.len() + 3 + name.len() * 2 + 9);
+    s.push_str(prefix);
+    s.push_str(":{");
+    s.push_str(&hex(name));
+    s.push('}');
+    s
+}
+
+/// The lock key of `name` (used for renew batches, where only that one is needed).
+pub(crate) fn lock_key(prefix: &str, name: &LeaseName) -> String {
+    let mut s = base(prefix, name.as_bytes());
+    s.push_str(":lock");
+    s
+}
+
+/// All keys of `name`.
+pub(crate) fn keys(prefix: &str, name: &LeaseName) -> Keys {
+    let b = base(prefix, name.as_bytes());
+    Keys {
+        lock: format!("{b}:lock"),
+        fence: format!("{b}:fence"),
+        channel: format!("{b}:released"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    /// The part of a key Redis Cluster hashes (the hash tag rule of the cluster spec).
+    fn hash_tag(key: &str) -> &str {
+        let Some(open) = key.find('{') else {
+            return key;
+        };
+        match key[open + 1..].find('}') {
+            Some(len) if len > 0 => &key[open + 1..open + 1 + len],
+            _ => key,
+        }
+    }
+
+    fn name(b: &[u8]) -> LeaseName {
+        LeaseName::new(b).unwrap()
+    }
+
+    fn tricky_names() -> Vec<Vec<u8>> {
+        let mut v: Vec<Vec<u8>> = vec![
+            b"a".to_vec(),
+            b"a:b".to_vec(),
+            b"a:".to_vec(),
+            b":a".to_vec(),
+            b"b".to_vec(),
+            b"{x}".to_vec(),
+            b"{".to_vec(),
+            b"}".to_vec(),
+            b"}{".to_vec(),
+            b"x}:lock".to_vec(),
+            b"lease:{61}:lock".to_vec(),
+            b"61".to_vec(),
+            b"A".to_vec(),
+            b"\xff".to_vec(),
+            b"\xff\xfe\x01".to_vec(),
+            b"\x01".to_vec(),
+            b"\x01\x01".to_vec(),
+            b"\x10".to_vec(),
+            "\u{e9}t\u{e9}".as_bytes().to_vec(),
+            b" ".to_vec(),
+            b"*".to_vec(),
+            b"a b".to_vec(),
+            vec![b'z'; LeaseName::MAX_LEN],
+        ];
+        for b in 1..=255u8 {
+            v.push(vec![b]);
+            v.push(vec![b, b]);
+        }
+        v
+    }
+
+    #[test]
+    fn encoding_is_injective_and_keeps_keys_apart() {
+        let mut seen = HashSet::new();
+        let mut names = tricky_names();
+        names.sort();
+        names.dedup();
+        for n in &names {
+            let k = keys("lease", &name(n));
+            // Every key of every name is distinct from every key of any other name.
+            assert!(seen.insert(k.lock.clone()), "collision on {n:?}");
+            assert!(seen.insert(k.fence.clone()), "collision on {n:?}");
+            assert!(seen.insert(k.channel.clone()), "collision on {n:?}");
+        }
+    }
+
+    #[test]
+    fn lock_and_fence_share_a_hash_tag() {
+        let mut tags = HashSet::new();
+        for n in tricky_names() {
+            let k = keys("lease", &name(&n));
+            let tag = hash_tag(&k.lock).to_owned();
+            assert_eq!(tag, hash_tag(&k.fence), "name {n:?}");
+            assert_eq!(tag, hash_tag(&k.channel), "name {n:?}");
+            assert_eq!(tag, hex(&n));
+            assert!(tag.bytes().all(|b| b.is_ascii_hexdigit()));
+            tags.insert(tag);
+        }
+        assert!(tags.len() > 500);
+    }
+
+    #[test]
+    fn known_layout() {
+        let k = keys("lease", &name(b"a:{b}"));
+        assert_eq!(k.lock, "lease:{613a7b627d}:lock");
+        assert_eq!(k.fence, "lease:{613a7b627d}:fence");
+        assert_eq!(k.channel, "lease:{613a7b627d}:released");
+        assert_eq!(lock_key("lease", &name(b"a:{b}")), k.lock);
+        assert_eq!(keys("p", &name(b"\xff")).lock, "p:{ff}:lock");
+    }
+
+    #[test]
+    fn prefixes_never_overlap() {
+        // Distinct valid prefixes give distinct keys for any names: the prefix ends right
+        // before the first brace.
+        let prefixes = ["lease", "lease:", "lease:x", "a", "a:b", "app1:lease"];
+        let mut seen = HashSet::new();
+        let mut names = tricky_names();
+        names.sort();
+        names.dedup();
+        for p in prefixes {
+            validate_prefix(p).unwrap();
+            for n in &names {
+                assert!(seen.insert(keys(p, &name(n)).lock), "{p} {n:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn prefix_validation() {
+        assert!(validate_prefix("lease").is_ok());
+        assert!(validate_prefix("my-app:leases").is_ok());
+        assert!(validate_prefix("").is_err());
+        assert!(validate_prefix("a{b").is_err());
+        assert!(validate_prefix("a}b").is_err());
+        assert!(validate_prefix("a b").is_err());
+        assert!(validate_prefix("a\nb").is_err());
+        assert!(validate_prefix(&"x".repeat(MAX_PREFIX_LEN + 1)).is_err());
+    }
+}

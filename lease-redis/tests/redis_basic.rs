@@ -1,0 +1,537 @@
+//! Smoke tests of the Redis backend against a real server from the harness
+//! (`LEASE_TEST_REDIS_URL`, or a throwaway local `redis-server`).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failures are assertions
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lease_conformance::server::RedisServer;
+use lease_core::{
+    AcquireOutcome, Error, Fencing, FencingToken, HolderLabel, LeaseBackend, LeaseClient,
+    LeaseName, LeaseOptions, Owner, ReleaseOutcome, RenewItem, RenewOutcome,
+};
+use lease_redis::{RedisBackend, RedisConfig, redis};
+
+fn prefix() -> String {
+    format!("test-{}", uuid::Uuid::new_v4().simple())
+}
+
+async fn backend(server: &RedisServer) -> RedisBackend {
+    backend_with(server, |_| {}).await
+}
+
+async fn backend_with(server: &RedisServer, f: impl FnOnce(&mut RedisConfig)) -> RedisBackend {
+    let mut config = RedisConfig {
+        key_prefix: prefix(),
+        ..RedisConfig::default()
+    };
+    f(&mut config);
+    RedisBackend::connect_with(&server.url(), config)
+        .await
+        .unwrap()
+}
+
+fn owner(label: &str) -> Owner {
+    Owner::new(HolderLabel::new(label).unwrap())
+}
+
+fn name(bytes: &[u8]) -> LeaseName {
+    LeaseName::new(bytes).unwrap()
+}
+
+async fn acquired(b: &RedisBackend, n: &LeaseName, o: &Owner, ttl: Duration) -> FencingToken {
+    match b.acquire(n, o, ttl).await.unwrap() {
+        AcquireOutcome::Acquired {
+            fencing,
+            ttl: applied,
+        } => {
+            assert_eq!(applied, ttl);
+            fencing
+        }
+        AcquireOutcome::Held(by) => panic!("{n:?} unexpectedly held by {by}"),
+    }
+}
+
+#[tokio::test]
+async fn primitives() {
+    let server = RedisServer::start().await.unwrap();
+    let b = backend(&server).await;
+    let caps = b.capabilities();
+    assert_eq!(caps.backend, "redis");
+    assert!(caps.release_notification && caps.keep_for && caps.holder_info);
+    if server.owns_process() {
+        assert_eq!(caps.fencing, Fencing::Volatile);
+    }
+    assert!(format!("{b:?}").contains("RedisBackend"));
+
+    let n = name(b"job");
+    let (a, other) = (owner("host-a:1"), owner("host-b:2"));
+    let ttl = Duration::from_secs(5);
+
+    // acquire / held
+    let f1 = acquired(&b, &n, &a, ttl).await;
+    assert_eq!(f1, FencingToken(1));
+    match b.acquire(&n, &other, ttl).await.unwrap() {
+        AcquireOutcome::Held(by) => {
+            assert_eq!(by.holder.as_deref(), Some("host-a:1"));
+            let r = by.remaining.unwrap();
+            assert!(r <= ttl && r > Duration::from_secs(4), "{r:?}");
+        }
+        AcquireOutcome::Acquired { .. } => panic!("double acquisition"),
+    }
+
+    // The same token acquiring again is "held" too (the trait's semantics; only the
+    // backend's internal retry after a dropped connection treats it as its own success).
+    assert!(matches!(
+        b.acquire(&n, &a, ttl).await.unwrap(),
+        AcquireOutcome::Held(_)
+    ));
+
+    // inspect
+    let info = b.inspect(&n).await.unwrap().unwrap();
+    assert_eq!(info.holder.as_deref(), Some("host-a:1"));
+    assert_eq!(info.fencing, Some(f1));
+    assert!(info.remaining.unwrap() <= ttl);
+    assert!(b.inspect(&name(b"nobody")).await.unwrap().is_none());
+
+    // renew: one batch with ours, a foreign token, a free name, and ours again
+    let batch = vec![
+        RenewItem {
+            name: n.clone(),
+            token: a.token,
+        },
+        RenewItem {
+            name: n.clone(),
+            token: other.token,
+        },
+        RenewItem {
+            name: name(b"free"),
+            token: a.token,
+        },
+        RenewItem {
+            name: n.clone(),
+            token: a.token,
+        },
+    ];
+    let out = b.renew(&batch, Duration::from_secs(20)).await.unwrap();
+    assert_eq!(
+        out,
+        vec![
+            RenewOutcome::Renewed,
+            RenewOutcome::Lost,
+            RenewOutcome::Lost,
+            RenewOutcome::Renewed
+        ]
+    );
+    assert!(b.inspect(&n).await.unwrap().unwrap().remaining.unwrap() > Duration::from_secs(19));
+    assert!(b.renew(&[], ttl).await.unwrap().is_empty());
+
+    // release: stranger, owner, twice
+    assert_eq!(
+        b.release(&n, &other.token, Duration::ZERO).await.unwrap(),
+        ReleaseOutcome::NotOwner
+    );
+    assert_eq!(
+        b.release(&n, &a.token, Duration::ZERO).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    assert_eq!(
+        b.release(&n, &a.token, Duration::ZERO).await.unwrap(),
+        ReleaseOutcome::NotOwner
+    );
+    assert!(b.inspect(&n).await.unwrap().is_none());
+    let out = b.renew(&batch[..1], ttl).await.unwrap();
+    assert_eq!(out, vec![RenewOutcome::Lost]);
+
+    // fencing grows across release
+    let f2 = acquired(&b, &n, &other, ttl).await;
+    assert!(f2 > f1);
+    assert_eq!(
+        b.release(&n, &other.token, Duration::ZERO).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+
+    // ... and across expiry
+    let short = owner("short");
+    let f3 = acquired(&b, &n, &short, Duration::from_millis(100)).await;
+    assert!(f3 > f2);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(b.inspect(&n).await.unwrap().is_none());
+    let f4 = acquired(&b, &n, &a, ttl).await;
+    assert!(f4 > f3);
+    let out = b
+        .renew(
+            &[RenewItem {
+                name: n.clone(),
+                token: short.token,
+            }],
+            ttl,
+        )
+        .await
+        .unwrap();
+    assert_eq!(out, vec![RenewOutcome::Lost]);
+    assert_eq!(
+        b.release(&n, &short.token, Duration::ZERO).await.unwrap(),
+        ReleaseOutcome::NotOwner
+    );
+    assert_eq!(b.inspect(&n).await.unwrap().unwrap().fencing, Some(f4));
+}
+
+#[tokio::test]
+async fn keep_for() {
+    let server = RedisServer::start().await.unwrap();
+    let b = backend(&server).await;
+    let n = name(b"keep");
+    let a = owner("a");
+    let f1 = acquired(&b, &n, &a, Duration::from_secs(10)).await;
+
+    // Released with keep-for: stays taken until locked_at + keep_for, cannot be renewed.
+    let released_at = Instant::now();
+    assert_eq!(
+        b.release(&n, &a.token, Duration::from_millis(400))
+            .await
+            .unwrap(),
+        ReleaseOutcome::Released
+    );
+    let info = b.inspect(&n).await.unwrap().unwrap();
+    assert!(info.remaining.unwrap() <= Duration::from_millis(400));
+    let out = b
+        .renew(
+            &[RenewItem {
+                name: n.clone(),
+                token: a.token,
+            }],
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out, vec![RenewOutcome::Lost]);
+    assert_eq!(
+        b.release(&n, &a.token, Duration::ZERO).await.unwrap(),
+        ReleaseOutcome::NotOwner,
+        "a released lease cannot be released again"
+    );
+    let c = owner("c");
+    assert!(matches!(
+        b.acquire(&n, &c, Duration::from_secs(1)).await.unwrap(),
+        AcquireOutcome::Held(_)
+    ));
+    tokio::time::sleep(Duration::from_millis(450).saturating_sub(released_at.elapsed())).await;
+    let f2 = acquired(&b, &n, &c, Duration::from_secs(10)).await;
+    assert!(f2 > f1);
+
+    // keep-for already over: freed at once.
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(
+        b.release(&n, &c.token, Duration::from_millis(20))
+            .await
+            .unwrap(),
+        ReleaseOutcome::Released
+    );
+    assert!(b.inspect(&n).await.unwrap().is_none());
+
+    // keep-for longer than the TTL extends the lease (ShedLock's lockAtLeastFor).
+    let d = owner("d");
+    acquired(&b, &n, &d, Duration::from_millis(200)).await;
+    assert_eq!(
+        b.release(&n, &d.token, Duration::from_secs(3))
+            .await
+            .unwrap(),
+        ReleaseOutcome::Released
+    );
+    let r = b.inspect(&n).await.unwrap().unwrap().remaining.unwrap();
+    assert!(r > Duration::from_secs(2), "{r:?}");
+}
+
+#[tokio::test]
+async fn names_never_collide() {
+    let server = RedisServer::start().await.unwrap();
+    let b = backend(&server).await;
+    let names: Vec<LeaseName> = [
+        &b"a"[..],
+        b"a:b",
+        b"a:",
+        b"{x}",
+        b"{",
+        b"}",
+        b"x}:lock",
+        b"\xff\x7b\x7d\x01",
+        b"\xff",
+        "\u{1F512} lock".as_bytes(),
+        &[b'n'; LeaseName::MAX_LEN],
+    ]
+    .iter()
+    .map(|n| name(n))
+    .collect();
+    let mut owners = Vec::new();
+    for n in &names {
+        let o = owner("x");
+        // Each name has its own counter and lock: every first acquisition gets token 1.
+        assert_eq!(
+            acquired(&b, n, &o, Duration::from_secs(5)).await,
+            FencingToken(1),
+            "{n:?}"
+        );
+        owners.push(o);
+    }
+    let batch: Vec<RenewItem> = names
+        .iter()
+        .zip(&owners)
+        .map(|(n, o)| RenewItem {
+            name: n.clone(),
+            token: o.token,
+        })
+        .collect();
+    let out = b.renew(&batch, Duration::from_secs(5)).await.unwrap();
+    assert!(out.iter().all(|o| *o == RenewOutcome::Renewed));
+    for (n, o) in names.iter().zip(&owners) {
+        assert_eq!(
+            b.release(n, &o.token, Duration::ZERO).await.unwrap(),
+            ReleaseOutcome::Released
+        );
+    }
+
+    // Keys live under the prefix only, and a name's two keys share a hash tag.
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}:*", b.config().key_prefix))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        keys.len(),
+        names.len(),
+        "only the fencing counters remain: {keys:?}"
+    );
+    assert!(keys.iter().all(|k| k.ends_with("}:fence")));
+}
+
+#[tokio::test]
+async fn foreign_keys_are_handled() {
+    let server = RedisServer::start().await.unwrap();
+    let b = backend(&server).await;
+    let n = name(b"typed");
+    // Someone wrote a plain string where the lease hash would be.
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let lock = format!("{}:{{7479706564}}:lock", b.config().key_prefix);
+    let () = redis::cmd("SET")
+        .arg(&lock)
+        .arg("x")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let a = owner("a");
+    assert!(matches!(
+        b.acquire(&n, &a, Duration::from_secs(1)).await.unwrap(),
+        AcquireOutcome::Held(_)
+    ));
+    let out = b
+        .renew(
+            &[RenewItem {
+                name: n.clone(),
+                token: a.token,
+            }],
+            Duration::from_secs(1),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out, vec![RenewOutcome::Lost]);
+    assert_eq!(
+        b.release(&n, &a.token, Duration::ZERO).await.unwrap(),
+        ReleaseOutcome::NotOwner
+    );
+    let info = b.inspect(&n).await.unwrap().unwrap();
+    assert_eq!(info.holder, None);
+    assert_eq!(info.remaining, None);
+}
+
+#[tokio::test]
+async fn wait_released_by_notification() {
+    let server = RedisServer::start().await.unwrap();
+    let b = backend(&server).await;
+    let n = name(b"waited");
+    let a = owner("a");
+
+    // Free: returns at once.
+    let t = Instant::now();
+    b.wait_released(&n, Duration::from_secs(5)).await.unwrap();
+    assert!(t.elapsed() < Duration::from_secs(1));
+
+    // Released: the waiter wakes up long before its maximum.
+    acquired(&b, &n, &a, Duration::from_secs(30)).await;
+    let waiter = {
+        let b = b.clone();
+        let n = n.clone();
+        tokio::spawn(async move {
+            let t = Instant::now();
+            b.wait_released(&n, Duration::from_secs(10)).await.unwrap();
+            t.elapsed()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        b.release(&n, &a.token, Duration::ZERO).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let waited = waiter.await.unwrap();
+    assert!(
+        waited >= Duration::from_millis(150) && waited < Duration::from_secs(2),
+        "{waited:?}"
+    );
+
+    // Expiry publishes nothing: the wait is capped by the lease's remaining time.
+    acquired(&b, &n, &a, Duration::from_millis(300)).await;
+    let t = Instant::now();
+    b.wait_released(&n, Duration::from_secs(10)).await.unwrap();
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+
+    // Through the client: a waiting acquire gets the lease right after the release.
+    let client = LeaseClient::new(Arc::new(b.clone()));
+    let opts = LeaseOptions::builder(Duration::from_secs(3))
+        .wait(Duration::from_secs(10))
+        .backoff(Duration::from_secs(2), Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let first = client.acquire("via-client", &opts).await.unwrap();
+    let second = {
+        let client = client.clone();
+        let opts = opts.clone();
+        tokio::spawn(async move {
+            let t = Instant::now();
+            let g = client.acquire("via-client", &opts).await.unwrap();
+            (g, t.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let f1 = first.fencing();
+    first.release().await.unwrap();
+    let (g, waited) = second.await.unwrap();
+    // Well under the 2 s polling backoff: woken by the notification.
+    assert!(waited < Duration::from_millis(1500), "{waited:?}");
+    assert!(g.fencing() > f1);
+    g.release().await.unwrap();
+}
+
+#[tokio::test]
+async fn outage_restart_and_pause() {
+    let mut server = RedisServer::start().await.unwrap();
+    if !server.owns_process() {
+        eprintln!("skipped: needs a server the harness owns");
+        return;
+    }
+    let b = backend_with(&server, |c| {
+        c.connect_timeout = Duration::from_millis(300);
+        c.response_timeout = Duration::from_millis(300);
+    })
+    .await;
+    let n = name(b"outage");
+    let a = owner("a");
+    let f1 = acquired(&b, &n, &a, Duration::from_secs(30)).await;
+
+    // Stopped: typed, retryable errors, bounded in time.
+    server.stop().await.unwrap();
+    let t = Instant::now();
+    let err = b.acquire(&n, &a, Duration::from_secs(1)).await.unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    assert!(
+        matches!(err, Error::Unavailable { .. } | Error::Timeout { .. }),
+        "{err}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+
+    // Restarted (no persistence): the very next call reconnects (the dropped connection
+    // is retried once inside the call); the data is gone, the counter restarted.
+    server.start_again().await.unwrap();
+    let f = acquired(&b, &n, &a, Duration::from_secs(30)).await;
+    assert_eq!(
+        f,
+        FencingToken(1),
+        "volatile: the counter restarted (was {f1})"
+    );
+
+    // Paused: calls time out instead of hanging.
+    server.pause().unwrap();
+    let t = Instant::now();
+    let err = b.inspect(&n).await.unwrap_err();
+    assert!(matches!(err, Error::Timeout { .. }), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    server.resume().unwrap();
+    let mut info = None;
+    for _ in 0..50 {
+        if let Ok(i) = b.inspect(&n).await {
+            info = i;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(info.unwrap().fencing, Some(FencingToken(1)));
+
+    // Killed: same as stopped.
+    server.kill().unwrap();
+    assert!(b.inspect(&n).await.unwrap_err().is_retryable());
+}
+
+#[tokio::test]
+async fn persistent_fencing_survives_a_crash() {
+    let mut server = RedisServer::start_persistent().await.unwrap();
+    assert!(server.is_persistent());
+    let b = backend(&server).await;
+    assert_eq!(b.capabilities().fencing, Fencing::Durable);
+    let n = name(b"durable");
+    let a = owner("a");
+    let f1 = acquired(&b, &n, &a, Duration::from_secs(30)).await;
+    server.kill().unwrap();
+    server.start_again().await.unwrap();
+    // The lock came back with the AOF too; take it over once it lapses or is released.
+    let mut released = None;
+    for _ in 0..50 {
+        match b.release(&n, &a.token, Duration::ZERO).await {
+            Ok(r) => {
+                released = Some(r);
+                break;
+            }
+            Err(e) => {
+                assert!(e.is_retryable(), "{e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    assert_eq!(released, Some(ReleaseOutcome::Released));
+    let f2 = acquired(&b, &n, &owner("b"), Duration::from_secs(30)).await;
+    assert!(f2 > f1, "{f2} after {f1}");
+
+    // The override wins over the server's answer.
+    let volatile = backend_with(&server, |c| c.persistent_fencing = Some(false)).await;
+    assert_eq!(volatile.capabilities().fencing, Fencing::Volatile);
+}
+
+#[tokio::test]
+async fn unreachable_server_fails_fast() {
+    let port = lease_conformance::server::free_port().unwrap();
+    let config = RedisConfig {
+        connect_timeout: Duration::from_millis(500),
+        ..RedisConfig::default()
+    };
+    let t = Instant::now();
+    let err = RedisBackend::connect_with(&format!("redis://127.0.0.1:{port}"), config)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Unavailable { .. } | Error::Timeout { .. }),
+        "{err}"
+    );
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+
+    let err = RedisBackend::connect_with(
+        "redis://127.0.0.1:6379",
+        RedisConfig {
+            key_prefix: "bad{prefix}".into(),
+            ..RedisConfig::default()
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, Error::InvalidInput(_)), "{err}");
+}

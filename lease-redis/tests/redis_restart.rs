@@ -1,0 +1,182 @@
+//! Redis-specific behaviour under restarts and outages, on real redis-server processes.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_conformance::server::RedisServer;
+use lease_core::{
+    AcquireOutcome, Error, Fencing, HolderLabel, LeaseBackend, LeaseClient, LeaseName,
+    LeaseOptions, LossReason, Owner, TryAcquire,
+};
+use lease_redis::RedisBackend;
+use tokio::time::Instant;
+
+fn owner() -> Owner {
+    Owner::new(HolderLabel::new("restart-test").unwrap())
+}
+
+async fn take(b: &dyn LeaseBackend, name: &LeaseName) -> u64 {
+    match b
+        .acquire(name, &owner(), Duration::from_secs(30))
+        .await
+        .unwrap()
+    {
+        AcquireOutcome::Acquired { fencing, .. } => fencing.get(),
+        AcquireOutcome::Held(by) => panic!("held by {by}"),
+    }
+}
+
+/// Without persistence a restart loses every lease: the holder is told at its next
+/// renewal (or at its deadline), and the fencing sequence starts again, which is exactly
+/// what `Fencing::Volatile` claims.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_without_persistence_loses_leases_and_fencing_is_volatile() {
+    let mut server = RedisServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let backend: Arc<dyn LeaseBackend> =
+        Arc::new(RedisBackend::connect(&server.url()).await.unwrap());
+    assert_eq!(backend.capabilities().fencing, Fencing::Volatile);
+    let client = LeaseClient::with_label(backend.clone(), HolderLabel::new("holder").unwrap());
+    let opts = LeaseOptions::new(Duration::from_secs(2)).unwrap();
+    let guarded = LeaseName::new("restart/guarded").unwrap();
+    let guard = match client.try_acquire(&guarded, &opts).await.unwrap() {
+        TryAcquire::Acquired(g) => g,
+        TryAcquire::Held(by) => panic!("held by {by}"),
+    };
+    let before = guard.fencing().get();
+    server.stop().await.unwrap();
+    server.start_again().await.unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(4), guard.lost())
+        .await
+        .expect("the holder was not told its lease vanished");
+    assert!(
+        matches!(reason, LossReason::NotOwner | LossReason::DeadlinePassed),
+        "{reason:?}"
+    );
+    // The data is gone: the name is free and the sequence restarted.
+    let after = take(&*backend, &guarded).await;
+    assert!(
+        after <= before,
+        "volatile fencing restarted: {after} after {before}"
+    );
+    eprintln!(
+        "no persistence: token {before} before the restart, {after} after (sequence restarted, as Fencing::Volatile says)"
+    );
+}
+
+/// With `appendonly yes` + `appendfsync always`, fencing tokens keep growing across a
+/// restart, and the backend says `Fencing::Durable`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aof_fencing_survives_restart() {
+    let mut server = RedisServer::start_persistent()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    assert_eq!(backend.capabilities().fencing, Fencing::Durable);
+    let name = LeaseName::new("restart/{durable}:x").unwrap();
+    let mut last = 0;
+    for _ in 0..3 {
+        let o = owner();
+        let t = match backend
+            .acquire(&name, &o, Duration::from_secs(30))
+            .await
+            .unwrap()
+        {
+            AcquireOutcome::Acquired { fencing, .. } => fencing.get(),
+            AcquireOutcome::Held(by) => panic!("held by {by}"),
+        };
+        assert!(t > last);
+        last = t;
+        backend
+            .release(&name, &o.token, Duration::ZERO)
+            .await
+            .unwrap();
+    }
+    server.stop().await.unwrap();
+    server.start_again().await.unwrap();
+    let after = take(&backend, &name).await;
+    assert!(after > last, "token {after} after restart, {last} before");
+    eprintln!("appendonly: token {last} before the restart, {after} after");
+}
+
+/// The server stopped for 2x the TTL: typed errors without hangs, the lost signal at the
+/// deadline, and recovery when the server is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_down_for_twice_the_ttl() {
+    let mut server = RedisServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    if !server.owns_process() {
+        eprintln!("skipped: needs a server process the harness owns");
+        return;
+    }
+    let backend: Arc<dyn LeaseBackend> =
+        Arc::new(RedisBackend::connect(&server.url()).await.unwrap());
+    let client = LeaseClient::with_label(backend.clone(), HolderLabel::new("holder").unwrap());
+    let ttl = Duration::from_secs(1);
+    let opts = LeaseOptions::new(ttl).unwrap();
+    let guard = match client.try_acquire("down/held", &opts).await.unwrap() {
+        TryAcquire::Acquired(g) => g,
+        TryAcquire::Held(by) => panic!("held by {by}"),
+    };
+    let acquired_at = Instant::now();
+    let token = guard.fencing().get();
+    server.stop().await.unwrap();
+    let stopped_at = Instant::now();
+
+    // A new acquisition fails with a typed, retryable error within the call timeout.
+    let t0 = Instant::now();
+    match client.try_acquire("down/other", &opts).await {
+        Err(e) => {
+            assert!(e.is_retryable(), "{e}");
+            assert!(
+                matches!(e, Error::Unavailable { .. } | Error::Timeout { .. }),
+                "{e:?}"
+            );
+        }
+        Ok(other) => panic!("acquired while the server is down: {other:?}"),
+    }
+    assert!(
+        t0.elapsed() <= opts.call_timeout() + Duration::from_millis(200),
+        "took {:?}",
+        t0.elapsed()
+    );
+
+    // The holder is told at its deadline: last successful renewal + ttl - margin, so at
+    // most ttl - margin after the stop (plus scheduling slack).
+    let reason = tokio::time::timeout(ttl * 2, guard.lost())
+        .await
+        .expect("no lost signal");
+    assert_eq!(reason, LossReason::DeadlinePassed);
+    let lost_after = acquired_at.elapsed();
+    assert!(
+        stopped_at.elapsed() <= ttl - opts.safety_margin() + Duration::from_millis(150),
+        "lost signal {:?} after the stop",
+        stopped_at.elapsed()
+    );
+    eprintln!(
+        "lost signal {lost_after:?} after acquisition, {:?} after the server stopped",
+        stopped_at.elapsed()
+    );
+
+    // Stay down for 2x ttl in total, then come back: work resumes.
+    let down_for = ttl * 2;
+    if let Some(rest) = down_for.checked_sub(stopped_at.elapsed()) {
+        tokio::time::sleep(rest).await;
+    }
+    server.start_again().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let g = loop {
+        match client.try_acquire("down/held", &opts).await {
+            Ok(TryAcquire::Acquired(g)) => break g,
+            Ok(TryAcquire::Held(by)) => {
+                panic!("still held after a restart without persistence: {by}")
+            }
+            Err(e) => {
+                assert!(e.is_retryable(), "{e}");
+                assert!(Instant::now() < deadline, "no recovery within 5 s: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    eprintln!("recovered: new token {} (was {token})", g.fencing());
+    g.release().await.unwrap();
+}

@@ -1,0 +1,43 @@
+//! `connect(url)`: schemes, stores not compiled in, malformed URLs.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use lease::{Error, InvalidInput};
+
+#[tokio::test]
+async fn memory_url_connects() {
+    let b = lease::connect("memory://").await.unwrap();
+    assert_eq!(b.capabilities().backend, "memory");
+}
+
+#[tokio::test]
+async fn unknown_scheme_and_malformed_urls_are_typed_errors() {
+    for url in ["ftp://x", "no-scheme-here", ""] {
+        match lease::connect(url).await {
+            Err(Error::InvalidInput(InvalidInput::MalformedUrl(msg))) => assert!(!msg.is_empty()),
+            other => panic!("{url}: expected MalformedUrl, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn errors_never_contain_the_password() {
+    for url in [
+        "redis://user:s3cret@[bad-host:1/",
+        "postgres://u:s3cret@:bad/db",
+        "etcd://u:s3cret@",
+    ] {
+        if let Err(e) = lease::connect(url).await {
+            assert!(!e.to_string().contains("s3cret"), "{e}");
+            assert!(!format!("{e:?}").contains("s3cret"), "{e:?}");
+        }
+    }
+}
+
+#[cfg(not(feature = "etcd"))]
+#[tokio::test]
+async fn store_not_compiled_in_names_the_feature() {
+    match lease::connect("etcd://127.0.0.1:2379").await {
+        Err(Error::NotCompiledIn { feature, .. }) => assert_eq!(feature, "etcd"),
+        other => panic!("expected NotCompiledIn, got {other:?}"),
+    }
+}
