@@ -199,6 +199,11 @@ impl LeaseBackend for FaultyBackend {
         self.inner.inspect(name).await
     }
 
+    async fn force_release(&self, name: &LeaseName) -> Result<bool> {
+        self.enter(Op::Release).await?;
+        self.inner.force_release(name).await
+    }
+
     async fn wait_released(&self, name: &LeaseName, max_wait: Duration) -> Result<()> {
         self.enter(Op::WaitReleased).await?;
         self.inner.wait_released(name, max_wait).await

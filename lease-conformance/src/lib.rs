@@ -113,7 +113,8 @@ macro_rules! conformance_suite {
             acquire_wait_times_out,
             scheduled_job_once_per_period,
             store_down_typed_errors,
-            heartbeat_batches_renewals
+            heartbeat_batches_renewals,
+            force_release_frees_and_holder_learns
         );
     };
     (@checks $factory:path; $($check:ident),* $(,)?) => {

@@ -1281,3 +1281,40 @@ pub async fn heartbeat_batches_renewals(backend: Arc<dyn LeaseBackend>) {
         g.release().await.expect("release");
     }
 }
+
+/// An operator's force release frees the lease, keeps the fencing sequence, and the
+/// former holder learns at its next renewal. Skipped where the backend does not support it.
+pub async fn force_release_frees_and_holder_learns(backend: Arc<dyn LeaseBackend>) {
+    let ns = namespace();
+    let n = name(&ns, "force");
+    let ttl = base_ttl(&*backend);
+    match backend.force_release(&n).await {
+        Err(Error::Unsupported { .. }) => return,
+        Ok(freed) => assert!(!freed, "nothing was held"),
+        Err(e) => panic!("force_release on a free name: {e}"),
+    }
+    let c = client(&backend, "victim");
+    let guard = match c.try_acquire(&n, &opts(ttl)).await.expect("acquire") {
+        TryAcquire::Acquired(g) => g,
+        TryAcquire::Held(by) => panic!("held by {by}"),
+    };
+    assert!(backend.force_release(&n).await.expect("force_release"));
+    let reason = tokio::time::timeout(ttl * 2, guard.lost())
+        .await
+        .expect("the holder never learnt of the force release");
+    assert_eq!(reason, LossReason::NotOwner);
+    let o = owner("next");
+    let f = raw_acquire(&*backend, &n, &o, ttl).await;
+    assert!(
+        f > guard.fencing(),
+        "fencing sequence reset by force release"
+    );
+    assert_eq!(
+        guard.release().await.expect("release"),
+        ReleaseOutcome::NotOwner
+    );
+    backend
+        .release(&n, &o.token, Duration::ZERO)
+        .await
+        .expect("release");
+}

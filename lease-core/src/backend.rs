@@ -86,6 +86,20 @@ pub trait LeaseBackend: Send + Sync + std::fmt::Debug {
     /// The current holder of `name`, or `None` if it is free.
     async fn inspect(&self, name: &LeaseName) -> Result<Option<LeaseInfo>>;
 
+    /// Frees `name` whoever holds it: an operator's manual release (`lease release
+    /// --force`). Returns `true` if a live lease was freed, `false` if it was free.
+    ///
+    /// Must guarantee: the fencing sequence for `name` is kept, and the former holder's
+    /// next renewal answers [`RenewOutcome::Lost`]. The default returns
+    /// [`Error::Unsupported`].
+    async fn force_release(&self, name: &LeaseName) -> Result<bool> {
+        let _ = name;
+        Err(Error::Unsupported {
+            backend: self.capabilities().backend,
+            what: "force release",
+        })
+    }
+
     /// Waits until `name` may have become free, or `max_wait` has passed, whichever comes
     /// first. Returning early without a release is allowed (the caller retries `acquire`).
     ///
@@ -135,6 +149,9 @@ macro_rules! forward_backend {
             }
             async fn wait_released(&self, name: &LeaseName, max_wait: Duration) -> Result<()> {
                 (**self).wait_released(name, max_wait).await
+            }
+            async fn force_release(&self, name: &LeaseName) -> Result<bool> {
+                (**self).force_release(name).await
             }
         }
     };

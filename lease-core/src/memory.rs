@@ -195,6 +195,18 @@ impl LeaseBackend for MemoryBackend {
             }))
     }
 
+    async fn force_release(&self, name: &LeaseName) -> Result<bool> {
+        let now = Instant::now();
+        let mut slots = self.lock();
+        let Some(slot) = slots.get_mut(name) else {
+            return Ok(false);
+        };
+        let was_live = slot.live_holder(now).is_some();
+        slot.holder = None;
+        slot.notify.notify_waiters();
+        Ok(was_live)
+    }
+
     async fn wait_released(&self, name: &LeaseName, max_wait: Duration) -> Result<()> {
         let (notify, expires_at) = {
             let now = Instant::now();

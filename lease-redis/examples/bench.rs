@@ -16,7 +16,7 @@ use lease_core::{
 };
 use lease_redis::RedisBackend;
 
-const CYCLES: usize = 20_000;
+const CYCLES: usize = 10_000;
 const TASKS: usize = 32;
 
 const CAD: &str = r#"if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end"#;
@@ -124,39 +124,55 @@ async fn main() {
     lib_cycles(backend.clone(), format!("warm-lib-{run}"), 500).await;
     client_cycles(lease_client.clone(), format!("warm-client-{run}"), 500).await;
 
-    println!("Redis benchmark, {CYCLES} acquire+release cycles per row, one connection\n");
+    // Rounds alternate the cases so that noise from the machine hits them alike; each
+    // figure is the median over the rounds.
+    const ROUNDS: usize = 5;
+    let labels = [
+        "bare SET NX PX + Lua compare-and-delete",
+        "library backend acquire + release",
+        "library LeaseClient try_acquire + release",
+    ];
+    let mut samples = vec![vec![Vec::new(); 2]; labels.len()];
+    for round in 0..ROUNDS {
+        for (ti, tasks) in [1, TASKS].into_iter().enumerate() {
+            for (which, label) in labels.iter().enumerate() {
+                let per = CYCLES / tasks;
+                let start = Instant::now();
+                let mut handles = Vec::new();
+                for t in 0..tasks {
+                    let prefix = format!("{which}-{run}-{round}-{tasks}-{t}");
+                    let h = match which {
+                        0 => tokio::spawn(bare_cycles(bare_conn.clone(), prefix, per)),
+                        1 => tokio::spawn(lib_cycles(backend.clone(), prefix, per)),
+                        _ => tokio::spawn(client_cycles(lease_client.clone(), prefix, per)),
+                    };
+                    handles.push(h);
+                }
+                for h in handles {
+                    h.await.unwrap();
+                }
+                let _ = label;
+                samples[which][ti].push(rate(per * tasks, start.elapsed()));
+            }
+        }
+    }
+    let median = |v: &Vec<f64>| {
+        let mut v = v.clone();
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    println!(
+        "Redis benchmark: {CYCLES} acquire+release cycles per case and round, one connection, \
+         median of {ROUNDS} alternating rounds\n"
+    );
     println!("| case | 1 task cycles/s | {TASKS} tasks cycles/s |");
     println!("|---|---:|---:|");
-    let mut rows = Vec::new();
-    for (label, which) in [
-        ("bare SET NX PX + Lua compare-and-delete", 0),
-        ("library backend acquire + release", 1),
-        (
-            "library LeaseClient try_acquire + release (heartbeat registered)",
-            2,
-        ),
-    ] {
-        let mut results = Vec::new();
-        for tasks in [1, TASKS] {
-            let per = CYCLES / tasks;
-            let start = Instant::now();
-            let mut handles = Vec::new();
-            for t in 0..tasks {
-                let prefix = format!("{label}-{run}-{tasks}-{t}").replace(' ', "_");
-                let h = match which {
-                    0 => tokio::spawn(bare_cycles(bare_conn.clone(), prefix, per)),
-                    1 => tokio::spawn(lib_cycles(backend.clone(), prefix, per)),
-                    _ => tokio::spawn(client_cycles(lease_client.clone(), prefix, per)),
-                };
-                handles.push(h);
-            }
-            for h in handles {
-                h.await.unwrap();
-            }
-            results.push(rate(per * tasks, start.elapsed()));
-        }
-        println!("| {label} | {:.0} | {:.0} |", results[0], results[1]);
-        rows.push(results);
+    let rows: Vec<[f64; 2]> = samples
+        .iter()
+        .map(|s| [median(&s[0]), median(&s[1])])
+        .collect();
+    for (label, r) in labels.iter().zip(&rows) {
+        println!("| {label} | {:.0} | {:.0} |", r[0], r[1]);
     }
     println!();
     for (i, label) in ["backend", "LeaseClient"].iter().enumerate() {

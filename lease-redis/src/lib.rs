@@ -617,6 +617,17 @@ impl LeaseBackend for RedisBackend {
         }
     }
 
+    async fn force_release(&self, name: &LeaseName) -> Result<bool> {
+        const OP: &str = "force_release";
+        let k = keys::keys(self.prefix(), name);
+        let mut inv = scripts::FORCE_RELEASE_SCRIPT.prepare_invoke();
+        inv.key(&k.lock).arg(&k.channel);
+        let (reply, _) = self.invoke(OP, &inv).await?;
+        let freed = int(OP, "result", &reply)? == 1;
+        tracing::info!(lease = %name, freed, "redis lease force-released");
+        Ok(freed)
+    }
+
     /// Subscribes to the lease's release channel on a dedicated pub/sub connection, then
     /// checks the lease, then waits for the release message, the lease's expiry (which
     /// sends no message) or `max_wait`, whichever comes first.

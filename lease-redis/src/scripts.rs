@@ -102,6 +102,18 @@ if type(v) ~= 'table' or v.err ~= nil then return {1, '', '', pttl} end
 return {1, v[1] or '', v[2] or '', pttl}
 ";
 
+/// `KEYS[1]` lock; `ARGV[1]` channel. Deletes the lease whoever holds it (the fencing
+/// counter stays). Returns 1 if a lease was deleted, 0 if it was free.
+const FORCE_RELEASE: &str = r"
+if redis.call('DEL', KEYS[1]) == 1 then
+  redis.call('PUBLISH', ARGV[1], '1')
+  return 1
+end
+return 0
+";
+
+pub(crate) static FORCE_RELEASE_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(FORCE_RELEASE));
 pub(crate) static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
 pub(crate) static RENEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW));
 pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
