@@ -1,2 +1,384 @@
-//! Placeholder for the `lease` command-line tool.
-fn main() {}
+//! `lease`: run a command on one host at a time, like `flock(1)` across machines.
+//!
+//! See `lease --help` and the README for exit codes and examples.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use lease::{Error, HolderLabel, LeaseBackend, LeaseClient, LeaseName, LeaseOptions};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::Command;
+use tokio::signal::unix::{SignalKind, signal};
+
+/// Exit code: the lease is held elsewhere and the command did not run (like `flock -n`).
+const EXIT_HELD: u8 = 75;
+/// Exit code: the lease was lost while the command ran; the command was terminated.
+const EXIT_LOST: u8 = 76;
+/// Exit code: bad usage: arguments, durations, a malformed or unknown store URL, a store
+/// not compiled in.
+const EXIT_USAGE: u8 = 64;
+/// Exit code: the store failed (unreachable, timed out, refused, unexpected reply).
+const EXIT_STORE: u8 = 69;
+/// Exit code: the command could not be started (not found or not executable).
+const EXIT_SPAWN: u8 = 127;
+
+const AFTER_HELP: &str = "\
+Exit codes:
+  the command's own code   it ran (128+N if it was killed by signal N)
+  75                       the lease is held elsewhere; the command did not run
+  76                       the lease was lost while the command ran; it was terminated
+  64                       usage error: arguments, durations, malformed or unknown URL,
+                           store not compiled in
+  69                       store error: unreachable, timed out, refused
+  127                      the command could not be started
+
+Examples:
+  # nightly report on one host only (cron on every host):
+  0 2 * * *  lease --backend redis://lease-redis:6379 exec --ttl 30s --keep-for 50m nightly-report -- ./report.sh
+  # wait up to 10 minutes for a deploy step held by another host:
+  lease exec --wait 10m deploy-db-migrations -- ./migrate.sh
+  lease status nightly-report --json
+  lease release --force nightly-report";
+
+/// Run commands under a distributed lease: on one host at a time, across machines.
+#[derive(Debug, Parser)]
+#[command(name = "lease", version, after_help = AFTER_HELP)]
+struct Cli {
+    /// Store URL: redis://, rediss://, postgres://, etcd://, or memory:// to try it out.
+    #[arg(long, env = "LEASE_BACKEND", global = true, hide_env_values = true)]
+    backend: Option<String>,
+    /// More logs on stderr (-v info, -vv debug, -vvv trace).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Acquire NAME, run CMD while renewing, release when it exits.
+    ///
+    /// The command gets LEASE_NAME, LEASE_FENCING_TOKEN and LEASE_HOLDER in its
+    /// environment; SIGINT and SIGTERM are forwarded to it. If the lease is lost, it gets
+    /// SIGTERM, then SIGKILL after --grace, and `lease` exits with 76.
+    Exec(ExecArgs),
+    /// Show holder, fencing token and remaining TTL of leases.
+    Status {
+        /// Lease names.
+        #[arg(required = true)]
+        names: Vec<String>,
+        /// Print JSON (one object per name).
+        #[arg(long)]
+        json: bool,
+    },
+    /// Free a lease whoever holds it (an operator's manual release).
+    Release {
+        /// Required: this takes the lease away from its holder.
+        #[arg(long)]
+        force: bool,
+        /// Lease name.
+        name: String,
+    },
+}
+
+#[derive(Debug, Args)]
+struct ExecArgs {
+    /// Lease TTL (lockAtMostFor): how long a crashed holder blocks others.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    ttl: Duration,
+    /// How long to wait if the lease is held (0s: do not wait; exit 75).
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    wait: Duration,
+    /// Keep the lease this long after acquisition even if CMD ends sooner (lockAtLeastFor).
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    keep_for: Duration,
+    /// After a lost lease, time between SIGTERM and SIGKILL to the command.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    grace: Duration,
+    /// Holder label stored with the lease (default hostname:pid).
+    #[arg(long)]
+    label: Option<String>,
+    /// Lease name.
+    name: String,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    humantime::parse_duration(s).map_err(|e| format!("{e} (use e.g. 30s, 5m, 1h30m)"))
+}
+
+/// A failure that ends the program with a one-line message and an exit code.
+struct Fail {
+    code: u8,
+    message: String,
+}
+
+impl Fail {
+    fn usage(message: impl Into<String>) -> Self {
+        Fail {
+            code: EXIT_USAGE,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<Error> for Fail {
+    fn from(e: Error) -> Self {
+        let code = match &e {
+            Error::InvalidInput(_) | Error::NotCompiledIn { .. } | Error::Unsupported { .. } => {
+                EXIT_USAGE
+            }
+            Error::StillHeld { .. } => EXIT_HELD,
+            _ => EXIT_STORE,
+        };
+        Fail {
+            code,
+            message: e.to_string(),
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { EXIT_USAGE } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    let level = match cli.verbose {
+        0 => "warn",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("LEASE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("lease: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_STORE);
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => ExitCode::from(code),
+        Err(fail) => {
+            eprintln!("lease: {}", fail.message);
+            ExitCode::from(fail.code)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<u8, Fail> {
+    let Some(url) = cli.backend else {
+        return Err(Fail::usage(
+            "no store given: use --backend URL or set LEASE_BACKEND",
+        ));
+    };
+    match cli.command {
+        Cmd::Exec(args) => exec(&url, args).await,
+        Cmd::Status { names, json } => status(&url, &names, json).await,
+        Cmd::Release { force, name } => {
+            if !force {
+                return Err(Fail::usage(format!(
+                    "refusing to release {name} without --force: it takes the lease away from its holder"
+                )));
+            }
+            let name = LeaseName::new(&name).map_err(Error::from)?;
+            let backend = lease::connect(&url).await?;
+            let freed = bounded(backend.force_release(&name)).await?;
+            if freed {
+                println!("released {name}");
+            } else {
+                println!("{name} was not held");
+            }
+            Ok(0)
+        }
+    }
+}
+
+async fn bounded<T>(fut: impl std::future::Future<Output = lease::Result<T>>) -> lease::Result<T> {
+    let limit = Duration::from_secs(10);
+    tokio::time::timeout(limit, fut)
+        .await
+        .unwrap_or(Err(Error::Timeout {
+            operation: "store call",
+            after: limit,
+        }))
+}
+
+async fn status(url: &str, names: &[String], json: bool) -> Result<u8, Fail> {
+    let names: Vec<LeaseName> = names
+        .iter()
+        .map(LeaseName::new)
+        .collect::<Result<_, _>>()
+        .map_err(Error::from)?;
+    let backend = lease::connect(url).await?;
+    for name in &names {
+        let info = bounded(backend.inspect(name)).await?;
+        if json {
+            let v = match &info {
+                Some(i) => serde_json::json!({
+                    "name": name.to_string_lossy(),
+                    "held": true,
+                    "holder": i.holder,
+                    "fencing_token": i.fencing.map(|f| f.get()),
+                    "remaining_ms": i.remaining.map(|r| u64::try_from(r.as_millis()).unwrap_or(u64::MAX)),
+                }),
+                None => serde_json::json!({ "name": name.to_string_lossy(), "held": false }),
+            };
+            println!("{v}");
+        } else {
+            match info {
+                Some(i) => println!(
+                    "{name}: held by {} (fencing token {}, {} left)",
+                    i.holder.as_deref().unwrap_or("unknown"),
+                    i.fencing.map_or("-".into(), |f| f.to_string()),
+                    i.remaining.map_or("no ttl".into(), |r| {
+                        humantime::format_duration(Duration::from_millis(
+                            u64::try_from(r.as_millis()).unwrap_or(u64::MAX),
+                        ))
+                        .to_string()
+                    }),
+                ),
+                None => println!("{name}: free"),
+            }
+        }
+    }
+    Ok(0)
+}
+
+async fn exec(url: &str, args: ExecArgs) -> Result<u8, Fail> {
+    let name = LeaseName::new(&args.name).map_err(Error::from)?;
+    let opts = LeaseOptions::builder(args.ttl)
+        .wait(args.wait)
+        .keep_for(args.keep_for)
+        .build()
+        .map_err(Error::from)?;
+    let label = match &args.label {
+        Some(l) => HolderLabel::new(l.clone()).map_err(Error::from)?,
+        None => HolderLabel::default_for_process(),
+    };
+    let Some((program, program_args)) = args.command.split_first() else {
+        return Err(Fail::usage("no command given after --"));
+    };
+    let backend: Arc<dyn LeaseBackend> = lease::connect(url).await?;
+    let client = LeaseClient::with_label(backend, label.clone());
+    let guard = match client.acquire(&name, &opts).await {
+        Ok(g) => g,
+        Err(Error::StillHeld { holder, waited, .. }) => {
+            eprintln!(
+                "lease: {name} is held by {}{}; not running the command",
+                holder.as_deref().unwrap_or("another holder"),
+                if waited.is_zero() {
+                    String::new()
+                } else {
+                    format!(" (waited {})", humantime::format_duration(round_ms(waited)))
+                }
+            );
+            return Ok(EXIT_HELD);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    tracing::info!(lease = %name, fencing = guard.fencing().get(), holder = %label, "acquired; starting the command");
+    let mut child = match Command::new(program)
+        .args(program_args)
+        .env("LEASE_NAME", name.to_string_lossy())
+        .env("LEASE_FENCING_TOKEN", guard.fencing().to_string())
+        .env("LEASE_HOLDER", label.as_str())
+        .kill_on_drop(true)
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = guard.release().await;
+            return Err(Fail {
+                code: EXIT_SPAWN,
+                message: format!("cannot run {program}: {e}"),
+            });
+        }
+    };
+    let pid = child
+        .id()
+        .and_then(|p| i32::try_from(p).ok())
+        .map(Pid::from_raw);
+    let (mut sigint, mut sigterm) = match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(a), Ok(b)) => (a, b),
+        _ => {
+            return Err(Fail {
+                code: EXIT_STORE,
+                message: "cannot install signal handlers".into(),
+            });
+        }
+    };
+    let forward = |sig: Signal| {
+        if let Some(pid) = pid {
+            let _ = kill(pid, sig);
+        }
+    };
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break Some(status),
+            _ = sigint.recv() => forward(Signal::SIGINT),
+            _ = sigterm.recv() => forward(Signal::SIGTERM),
+            reason = guard.lost() => {
+                eprintln!("lease: lost {name} while the command ran ({reason}); terminating it");
+                forward(Signal::SIGTERM);
+                if tokio::time::timeout(args.grace, child.wait()).await.is_err() {
+                    eprintln!("lease: the command did not exit within {}; killing it", humantime::format_duration(args.grace));
+                    let _ = child.kill().await;
+                }
+                break None;
+            }
+        }
+    };
+    let released = guard.release().await;
+    let Some(status) = status else {
+        return Ok(EXIT_LOST);
+    };
+    if let Err(e) = released {
+        tracing::warn!(lease = %name, error = %e, "release failed; the lease lapses at its ttl");
+    }
+    let status = status.map_err(|e| Fail {
+        code: EXIT_STORE,
+        message: format!("waiting for the command: {e}"),
+    })?;
+    Ok(exit_code_of(status))
+}
+
+fn round_ms(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+fn exit_code_of(status: std::process::ExitStatus) -> u8 {
+    use std::os::unix::process::ExitStatusExt;
+    if let Some(code) = status.code() {
+        return u8::try_from(code & 0xff).unwrap_or(1);
+    }
+    match status.signal() {
+        Some(sig) => u8::try_from((128 + sig) & 0xff).unwrap_or(1),
+        None => 1,
+    }
+}
