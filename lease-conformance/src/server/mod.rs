@@ -137,3 +137,4 @@ fn is_executable(path: &Path) -> bool {
 pub(crate) fn env_nonempty(var: &str) -> Option<String> {
     std::env::var(var).ok().filter(|v| !v.trim().is_empty())
 }
+pub mod postgres;

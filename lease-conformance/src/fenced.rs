@@ -1,0 +1,314 @@
+//! A fenced resource and its checker, for tests that attack real holder processes.
+//!
+//! The resource is a tiny line-based TCP server on loopback. Holders send
+//!
+//! - `W <writer> <token> <seq>`: a write carrying a fencing token. It is accepted only if
+//!   the token is not lower than the highest token accepted so far (as a real store would
+//!   with `UPDATE ... WHERE fence <= $token`); the answer is `OK` or `STALE <highest>`.
+//! - `B <writer> <token> start|end`: the writer starts or stops believing it holds the
+//!   lease (acquired / lost or released). Answer `OK`.
+//!
+//! Every write, accepted or rejected, is recorded with its time and writer. [`Report`]
+//! checks the records: accepted writes out of token order (must be 0), stale writes
+//! rejected, periods where two writers believed they held the lease, takeover times.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+
+/// One write as the resource saw it.
+#[derive(Clone, Debug)]
+pub struct WriteRecord {
+    /// Time since the resource started.
+    pub at: Duration,
+    /// The writer's id.
+    pub writer: String,
+    /// Its fencing token.
+    pub token: u64,
+    /// Its sequence number.
+    pub seq: u64,
+    /// Whether the resource accepted it.
+    pub accepted: bool,
+}
+
+/// A period during which a writer believed it held the lease.
+#[derive(Clone, Debug)]
+pub struct Belief {
+    /// The writer's id.
+    pub writer: String,
+    /// The fencing token of that acquisition.
+    pub token: u64,
+    /// When the belief started (since the resource started).
+    pub start: Duration,
+    /// When it ended; `None` while it lasts (or if the writer died believing).
+    pub end: Option<Duration>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    highest: u64,
+    writes: Vec<WriteRecord>,
+    beliefs: Vec<Belief>,
+}
+
+/// The fenced resource server. Dropping it stops accepting connections.
+#[derive(Debug)]
+pub struct FencedResource {
+    addr: SocketAddr,
+    started: Instant,
+    state: Arc<Mutex<State>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for FencedResource {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl FencedResource {
+    /// Starts the server on a free loopback port.
+    pub async fn start() -> std::io::Result<Self> {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        let addr = listener.local_addr()?;
+        let started = Instant::now();
+        let state = Arc::new(Mutex::new(State::default()));
+        let st = state.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((sock, _)) = listener.accept().await {
+                let st = st.clone();
+                tokio::spawn(async move {
+                    let (r, mut w) = sock.into_split();
+                    let mut lines = BufReader::new(r).lines();
+                    while let Ok(Some(line)) = lines.next_line().await {
+                        let reply = handle(&st, started, &line);
+                        if w.write_all(reply.as_bytes()).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+            }
+        });
+        Ok(FencedResource {
+            addr,
+            started,
+            state,
+            task,
+        })
+    }
+
+    /// `host:port` for holders.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Time since the resource started (the records' clock).
+    pub fn now(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Ends every open belief of `writer` at `now` (for a writer that was killed: it
+    /// cannot report the end itself).
+    pub fn end_beliefs_of(&self, writer: &str) {
+        let now = self.now();
+        for b in lock(&self.state).beliefs.iter_mut() {
+            if b.writer == writer && b.end.is_none() {
+                b.end = Some(now);
+            }
+        }
+    }
+
+    /// All writes so far.
+    pub fn writes(&self) -> Vec<WriteRecord> {
+        lock(&self.state).writes.clone()
+    }
+
+    /// All belief periods so far.
+    pub fn beliefs(&self) -> Vec<Belief> {
+        lock(&self.state).beliefs.clone()
+    }
+
+    /// Waits until `writer` has had at least `n` accepted writes.
+    pub async fn wait_for_writes(&self, writer: &str, n: usize, within: Duration) -> bool {
+        let until = Instant::now() + within;
+        loop {
+            let count = lock(&self.state)
+                .writes
+                .iter()
+                .filter(|w| w.writer == writer && w.accepted)
+                .count();
+            if count >= n {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// The checker's report over everything recorded so far.
+    pub fn report(&self) -> Report {
+        Report::from_records(&self.writes(), &self.beliefs(), self.now())
+    }
+}
+
+fn handle(st: &Mutex<State>, started: Instant, line: &str) -> String {
+    let at = started.elapsed();
+    let parts: Vec<&str> = line.split_whitespace().collect();
+    match parts.as_slice() {
+        ["W", writer, token, seq] => {
+            let (Ok(token), Ok(seq)) = (token.parse::<u64>(), seq.parse::<u64>()) else {
+                return "ERR bad numbers\n".into();
+            };
+            let mut s = lock(st);
+            let accepted = token >= s.highest;
+            if accepted {
+                s.highest = token;
+            }
+            let highest = s.highest;
+            s.writes.push(WriteRecord {
+                at,
+                writer: (*writer).to_owned(),
+                token,
+                seq,
+                accepted,
+            });
+            if accepted {
+                "OK\n".into()
+            } else {
+                format!("STALE {highest}\n")
+            }
+        }
+        ["B", writer, token, what] => {
+            let Ok(token) = token.parse::<u64>() else {
+                return "ERR bad token\n".into();
+            };
+            let mut s = lock(st);
+            match *what {
+                "start" => s.beliefs.push(Belief {
+                    writer: (*writer).to_owned(),
+                    token,
+                    start: at,
+                    end: None,
+                }),
+                "end" => {
+                    if let Some(b) = s
+                        .beliefs
+                        .iter_mut()
+                        .rev()
+                        .find(|b| b.writer == *writer && b.token == token && b.end.is_none())
+                    {
+                        b.end = Some(at);
+                    }
+                }
+                _ => return "ERR start or end\n".into(),
+            }
+            "OK\n".into()
+        }
+        _ => "ERR unknown command\n".into(),
+    }
+}
+
+/// What the checker found.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Report {
+    /// Writes accepted.
+    pub accepted: u64,
+    /// Writes rejected because their token was stale.
+    pub stale_rejected: u64,
+    /// Accepted writes whose token was lower than an earlier accepted write's (must be 0).
+    pub accepted_out_of_order: u64,
+    /// Periods where two writers believed they held the lease at once: (writer a, writer
+    /// b, overlap).
+    pub double_beliefs: Vec<(String, String, Duration)>,
+    /// Time from the end of one writer's belief to the start of the next writer's.
+    pub takeovers: Vec<Duration>,
+    /// Distinct fencing tokens seen in accepted writes, in order.
+    pub tokens: Vec<u64>,
+}
+
+impl Report {
+    /// Computes the report from raw records.
+    pub fn from_records(writes: &[WriteRecord], beliefs: &[Belief], now: Duration) -> Self {
+        let mut r = Report::default();
+        let mut highest = 0;
+        for w in writes {
+            if w.accepted {
+                r.accepted += 1;
+                if w.token < highest {
+                    r.accepted_out_of_order += 1;
+                }
+                highest = highest.max(w.token);
+                if r.tokens.last() != Some(&w.token) {
+                    r.tokens.push(w.token);
+                }
+            } else {
+                r.stale_rejected += 1;
+            }
+        }
+        let mut sorted: Vec<&Belief> = beliefs.iter().collect();
+        sorted.sort_by_key(|b| b.start);
+        for (i, a) in sorted.iter().enumerate() {
+            let a_end = a.end.unwrap_or(now);
+            for b in &sorted[i + 1..] {
+                if b.writer == a.writer {
+                    continue;
+                }
+                if b.start < a_end {
+                    let overlap = a_end.min(b.end.unwrap_or(now)) - b.start;
+                    r.double_beliefs
+                        .push((a.writer.clone(), b.writer.clone(), overlap));
+                }
+            }
+        }
+        for pair in sorted.windows(2) {
+            if let Some(end) = pair[0].end {
+                if pair[1].start >= end {
+                    r.takeovers.push(pair[1].start - end);
+                }
+            }
+        }
+        r
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} writes accepted, {} stale writes rejected, {} accepted out of token order, \
+             {} double-belief periods, takeovers {:?}, tokens {:?}",
+            self.accepted,
+            self.stale_rejected,
+            self.accepted_out_of_order,
+            self.double_beliefs.len(),
+            self.takeovers,
+            self.tokens
+        )
+    }
+}
+
+/// Per-writer counts, for messages.
+pub fn writes_by_writer(writes: &[WriteRecord]) -> HashMap<String, (u64, u64)> {
+    let mut m: HashMap<String, (u64, u64)> = HashMap::new();
+    for w in writes {
+        let e = m.entry(w.writer.clone()).or_default();
+        if w.accepted {
+            e.0 += 1;
+        } else {
+            e.1 += 1;
+        }
+    }
+    m
+}

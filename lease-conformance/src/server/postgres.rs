@@ -1,0 +1,889 @@
+//! PostgreSQL test servers.
+//!
+//! [`PostgresServer::start`] gives a server of its own (for fault injection: stop, kill,
+//! pause, restart); [`PostgresServer::shared`] gives a fresh database on one server shared
+//! by the whole test binary, because `initdb` takes about a second.
+//!
+//! A spawned server is a throwaway cluster: `initdb -A trust` in a temp directory, then
+//! `postgres` listening on 127.0.0.1 on a free port (its Unix socket in the same temp
+//! directory). As root it runs as the `postgres` user (Postgres refuses to run as root),
+//! with the directory chowned to it. The postmaster leads a process group of its own, so
+//! `pause`/`resume`/`kill` reach every server process.
+//!
+//! **Cleanup.** Each spawned server comes with a small watcher process (`sh`) whose
+//! standard input is a pipe from the test process. When the test process exits for any
+//! reason (even SIGKILL) the kernel closes the pipe; the watcher then shuts the server
+//! down (SIGQUIT, then SIGKILL, to its process group) and removes its directory. This is
+//! what cleans up the [shared](PostgresServer::shared) server, which lives in a `static`
+//! and is never dropped. Dropping a [`PostgresServer`] kills and reaps the server at once.
+//!
+//! testcontainers is not implemented yet: that source is skipped.
+
+use std::ffi::OsString;
+use std::fs::OpenOptions;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, killpg};
+use nix::unistd::Pid;
+
+use super::{HarnessError, Source, env_nonempty, find_binary, free_port};
+
+/// Environment variable with the URL of a Postgres server to use instead of starting one.
+pub const URL_VAR: &str = "LEASE_TEST_POSTGRES_URL";
+
+const INSTALL_HINT: &str = "install the Debian package `postgresql` \
+    (apt-get install postgresql) or set LEASE_TEST_POSTGRES_URL=postgres://user:pass@host:port/db";
+
+/// Where `initdb` and `postgres` are looked for after `PATH` (Debian keeps them out of it).
+const BIN_DIRS: &[&str] = &[
+    "/usr/lib/postgresql/17/bin",
+    "/usr/lib/postgresql/16/bin",
+    "/usr/lib/postgresql/15/bin",
+    "/usr/lib/postgresql/14/bin",
+    "/usr/lib/postgresql/13/bin",
+    "/usr/local/pgsql/bin",
+    "/usr/pgsql/bin",
+];
+
+/// How long a spawned server may take to accept a query.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long `stop` waits after asking for a fast shutdown before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// Attempts at a free port (another process may grab it between probing and binding).
+const PORT_ATTEMPTS: usize = 5;
+
+/// Connection slots of a spawned server: the advisory-lock mode keeps one connection per
+/// held lease, and tests run in parallel.
+const MAX_CONNECTIONS: u32 = 500;
+
+/// The watcher: waits for EOF on stdin (the test process is gone, or the handle closed
+/// the pipe), then shuts the server down and removes its directory.
+/// `$1` = data directory, `$2` = directory to remove.
+const WATCHER_SCRIPT: &str = r#"
+read -r _ignored
+pidfile="$1/postmaster.pid"
+if [ -f "$pidfile" ]; then
+  pid=$(head -n 1 "$pidfile")
+  case "$pid" in ''|*[!0-9]*) pid= ;; esac
+  if [ -n "$pid" ] && grep -q postgres "/proc/$pid/comm" 2>/dev/null; then
+    kill -QUIT -"$pid" 2>/dev/null || kill -QUIT "$pid" 2>/dev/null
+    i=0
+    while [ -d "/proc/$pid" ] && [ "$(cut -d' ' -f3 "/proc/$pid/stat" 2>/dev/null)" != Z ] && [ $i -lt 100 ]; do
+      sleep 0.05
+      i=$((i+1))
+    done
+    kill -KILL -"$pid" 2>/dev/null
+  fi
+fi
+rm -rf -- "$2"
+"#;
+
+/// A Postgres server for tests. See the [module docs](self) for where it comes from.
+#[derive(Debug)]
+pub struct PostgresServer {
+    source: Source,
+    url: String,
+    local: Option<Local>,
+}
+
+#[derive(Debug)]
+struct Local {
+    port: u16,
+    fast: bool,
+    postgres: PathBuf,
+    data_dir: PathBuf,
+    log_path: PathBuf,
+    run_as: Option<(u32, u32)>,
+    // Declared in drop order: server, then watcher, then directory.
+    server: Option<Child>,
+    _watcher: Watcher,
+    dir: tempfile::TempDir,
+}
+
+/// The cleanup watcher of a spawned server (see the module docs).
+#[derive(Debug)]
+struct Watcher {
+    child: Child,
+    pipe: Option<ChildStdin>,
+}
+
+impl Watcher {
+    fn spawn(data_dir: &Path, dir: &Path) -> Result<Watcher, HarnessError> {
+        let mut command = Command::new("/bin/sh");
+        command
+            .arg("-c")
+            .arg(WATCHER_SCRIPT)
+            .arg("lease-postgres-watcher")
+            .arg(data_dir)
+            .arg(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // Its own process group: a Ctrl-C to the test run must not kill the watcher
+        // before it has cleaned up.
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let mut child = command
+            .spawn()
+            .map_err(|e| HarnessError::io("spawning the postgres cleanup watcher (/bin/sh)", e))?;
+        let pipe = child.stdin.take();
+        Ok(Watcher { child, pipe })
+    }
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        // EOF: the watcher cleans up whatever is left and exits; reap it.
+        self.pipe.take();
+        let _ = self.child.wait();
+    }
+}
+
+impl PostgresServer {
+    /// A server from the first source that works: `LEASE_TEST_POSTGRES_URL`;
+    /// testcontainers (not implemented yet, skipped); a throwaway cluster from the local
+    /// binaries (`initdb` and `postgres` on `PATH` or in /usr/lib/postgresql/*/bin) on a
+    /// free loopback port, with default durability settings (fsync on). Prints which
+    /// source was used to stderr.
+    ///
+    /// Errors: [`HarnessError::Unavailable`] naming what to install when no source works;
+    /// [`HarnessError::Start`] with the server's log when it does not come up.
+    pub async fn start() -> Result<PostgresServer, HarnessError> {
+        if let Some(url) = env_nonempty(URL_VAR) {
+            eprintln!(
+                "lease test server: postgres at {} (from {URL_VAR})",
+                redact(&url)
+            );
+            return Ok(PostgresServer {
+                source: Source::Env,
+                url,
+                local: None,
+            });
+        }
+        Self::start_local(false).await
+    }
+
+    /// A throwaway local cluster (even when `LEASE_TEST_POSTGRES_URL` is set), for tests
+    /// that stop, kill, pause or restart the server. Default durability (fsync on).
+    pub async fn start_local_process() -> Result<PostgresServer, HarnessError> {
+        Self::start_local(false).await
+    }
+
+    /// Like [`PostgresServer::start_local_process`] but with `fsync=off`,
+    /// `synchronous_commit=off` and `full_page_writes=off`: faster, and not crash-safe
+    /// (a killed server may lose recent commits, including fencing counters).
+    pub async fn start_fast() -> Result<PostgresServer, HarnessError> {
+        Self::start_local(true).await
+    }
+
+    /// A fresh database on the test binary's shared server.
+    ///
+    /// The shared server is started once per process (a fast cluster as with
+    /// [`PostgresServer::start_fast`]) and outlives every test: it is shut down and its
+    /// directory removed by its watcher when the test process exits. Each call creates a
+    /// new database `test_<uuid>`, dropped again when the handle drops. It needs no
+    /// tokio runtime of its own: every `#[tokio::test]` may call it.
+    ///
+    /// With `LEASE_TEST_POSTGRES_URL` set, that URL is returned as is (no database is
+    /// created): tests then isolate themselves by table name or key.
+    pub async fn shared() -> Result<PostgresDatabase, HarnessError> {
+        if let Some(url) = env_nonempty(URL_VAR) {
+            return Ok(PostgresDatabase {
+                url,
+                source: Source::Env,
+                name: None,
+                port: None,
+            });
+        }
+        tokio::task::spawn_blocking(|| {
+            static SHARED: OnceLock<Result<PostgresServer, String>> = OnceLock::new();
+            let server = SHARED
+                .get_or_init(|| {
+                    start_blocking(true)
+                        .inspect(|server| {
+                            eprintln!(
+                                "lease test server: shared postgres at {} for this test binary",
+                                server.url
+                            );
+                        })
+                        .map_err(|e| e.to_string())
+                })
+                .as_ref()
+                .map_err(|e| HarnessError::Start(format!("shared postgres server: {e}")))?;
+            let port = server.port().ok_or_else(|| {
+                HarnessError::Start("the shared postgres server has no port".into())
+            })?;
+            let name = format!("test_{}", uuid::Uuid::new_v4().simple());
+            run_sql(port, "postgres", &format!("CREATE DATABASE {name}")).map_err(|e| {
+                HarnessError::Start(format!("creating database {name} on the shared server: {e}"))
+            })?;
+            Ok(PostgresDatabase {
+                url: local_url(port, &name),
+                source: Source::LocalProcess,
+                name: Some(name),
+                port: Some(port),
+            })
+        })
+        .await
+        .map_err(|e| HarnessError::Start(format!("shared postgres server: {e}")))?
+    }
+
+    async fn start_local(fast: bool) -> Result<PostgresServer, HarnessError> {
+        tokio::task::spawn_blocking(move || start_blocking(fast))
+            .await
+            .map_err(|e| HarnessError::Start(format!("starting postgres: {e}")))?
+    }
+
+    /// The URL to connect to: `postgres://postgres@127.0.0.1:PORT/postgres?sslmode=disable`
+    /// for a spawned server (trust authentication, no password).
+    pub fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    /// The URL of database `database` on this server (spawned servers only; for a server
+    /// from the environment, the environment's URL).
+    pub fn url_for(&self, database: &str) -> String {
+        match &self.local {
+            Some(l) => local_url(l.port, database),
+            None => self.url.clone(),
+        }
+    }
+
+    /// Creates database `test_<uuid>` on a spawned server and returns its URL.
+    pub fn create_database(&self) -> Result<String, HarnessError> {
+        let local = self.local("create a database on")?;
+        let name = format!("test_{}", uuid::Uuid::new_v4().simple());
+        run_sql(local.port, "postgres", &format!("CREATE DATABASE {name}"))
+            .map_err(|e| HarnessError::Start(format!("creating database {name}: {e}")))?;
+        Ok(local_url(local.port, &name))
+    }
+
+    /// Runs SQL (simple query protocol, as the `postgres` superuser over trust
+    /// authentication) on database `database` of a spawned server; returns the rows as
+    /// text. For test setup and inspection.
+    pub fn sql(&self, database: &str, sql: &str) -> Result<Vec<Vec<Option<String>>>, HarnessError> {
+        let local = self.local("run SQL on")?;
+        run_sql(local.port, database, sql).map_err(HarnessError::Start)
+    }
+
+    /// Where the server came from.
+    pub fn source(&self) -> Source {
+        self.source
+    }
+
+    /// Whether the harness spawned the server (and so can stop, kill, pause or restart it).
+    pub fn owns_process(&self) -> bool {
+        self.local.is_some()
+    }
+
+    /// The port of a spawned server.
+    pub fn port(&self) -> Option<u16> {
+        self.local.as_ref().map(|l| l.port)
+    }
+
+    /// The postmaster's pid while it runs (or is paused).
+    pub fn pid(&self) -> Option<u32> {
+        self.local
+            .as_ref()
+            .and_then(|l| l.server.as_ref())
+            .map(Child::id)
+    }
+
+    /// Whether this is a spawned server without fsync ([`PostgresServer::start_fast`]).
+    pub fn is_fast(&self) -> bool {
+        self.local.as_ref().is_some_and(|l| l.fast)
+    }
+
+    /// The temp directory of a spawned server (data directory `data/` inside).
+    pub fn dir(&self) -> Option<&Path> {
+        self.local.as_ref().map(|l| l.dir.path())
+    }
+
+    /// The last lines of a spawned server's log (empty for other sources).
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.local
+            .as_ref()
+            .map(|l| tail(&l.log_path, lines))
+            .unwrap_or_default()
+    }
+
+    fn local(&self, operation: &'static str) -> Result<&Local, HarnessError> {
+        self.local.as_ref().ok_or(HarnessError::NotOwned {
+            operation,
+            source: self.source,
+        })
+    }
+
+    fn local_mut(&mut self, operation: &'static str) -> Result<&mut Local, HarnessError> {
+        let source = self.source;
+        self.local
+            .as_mut()
+            .ok_or(HarnessError::NotOwned { operation, source })
+    }
+
+    /// Stops a spawned server gracefully: a fast shutdown (SIGINT to the postmaster, which
+    /// ends the sessions and writes a checkpoint; SIGCONT first in case it is paused),
+    /// SIGKILL to the process group after 10 s; reaps it. Nothing happens if it is not
+    /// running.
+    pub async fn stop(&mut self) -> Result<(), HarnessError> {
+        let local = self.local_mut("stop")?;
+        let Some(pid) = local.running_pid() else {
+            return Ok(());
+        };
+        let _ = killpg(pid, Signal::SIGCONT);
+        nix::sys::signal::kill(pid, Signal::SIGINT)
+            .map_err(|e| HarnessError::io(format!("sending SIGINT to postgres {pid}"), e.into()))?;
+        let deadline = Instant::now() + STOP_GRACE;
+        while Instant::now() < deadline {
+            if local.running_pid().is_none() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        local.kill()
+    }
+
+    /// Starts a stopped or killed server again: same binary, port, directory and settings;
+    /// returns once it accepts queries (after crash recovery, if it was killed).
+    pub async fn start_again(&mut self) -> Result<(), HarnessError> {
+        let local = self.local_mut("restart")?;
+        if local.running_pid().is_some() {
+            return Err(HarnessError::Start(
+                "postgres is still running; stop or kill it first".into(),
+            ));
+        }
+        local.spawn_server()?;
+        let port = local.port;
+        let log = local.log_path.clone();
+        if let Err(why) = wait_ready_async(local).await {
+            local.kill()?;
+            return Err(HarnessError::Start(format!(
+                "restart on port {port}: {why}; log tail:\n{}",
+                tail(&log, 20)
+            )));
+        }
+        Ok(())
+    }
+
+    /// Kills a spawned server at once, like a crash: SIGKILL to the postmaster and all its
+    /// processes (its process group); reaps the postmaster.
+    pub fn kill(&mut self) -> Result<(), HarnessError> {
+        self.local_mut("kill")?.kill()
+    }
+
+    /// Freezes a spawned server: SIGSTOP to the postmaster and every server process.
+    /// Connections stay open; nothing is answered.
+    pub fn pause(&self) -> Result<(), HarnessError> {
+        self.local("pause")?.signal_group(Signal::SIGSTOP)
+    }
+
+    /// Continues a paused server (SIGCONT to its process group).
+    pub fn resume(&self) -> Result<(), HarnessError> {
+        self.local("resume")?.signal_group(Signal::SIGCONT)
+    }
+}
+
+impl Drop for PostgresServer {
+    fn drop(&mut self) {
+        if let Some(local) = &mut self.local {
+            // SIGKILL works on a paused process too; then reap. The watcher and the temp
+            // dir go right after.
+            let _ = local.kill();
+        }
+    }
+}
+
+impl Local {
+    /// The postmaster's pid if it is running (reaps it if it exited).
+    fn running_pid(&mut self) -> Option<Pid> {
+        let child = self.server.as_mut()?;
+        match child.try_wait() {
+            Ok(None) => i32::try_from(child.id()).ok().map(Pid::from_raw),
+            Ok(Some(_)) | Err(_) => {
+                self.server = None;
+                None
+            }
+        }
+    }
+
+    fn signal_group(&self, signal: Signal) -> Result<(), HarnessError> {
+        let pid = self
+            .server
+            .as_ref()
+            .and_then(|c| i32::try_from(c.id()).ok())
+            .ok_or_else(|| HarnessError::Start(format!("cannot send {signal}: not running")))?;
+        killpg(Pid::from_raw(pid), signal).map_err(|e| {
+            HarnessError::io(format!("sending {signal} to postgres group {pid}"), e.into())
+        })
+    }
+
+    /// SIGKILL the process group, reap the postmaster, remove its stale pid file.
+    fn kill(&mut self) -> Result<(), HarnessError> {
+        let Some(mut child) = self.server.take() else {
+            return Ok(());
+        };
+        if let Ok(pid) = i32::try_from(child.id()) {
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+        let _ = child.kill();
+        child
+            .wait()
+            .map_err(|e| HarnessError::io("reaping postgres", e))?;
+        // Stale after a kill; without it the watcher cannot mistake a reused pid for ours.
+        let _ = std::fs::remove_file(self.data_dir.join("postmaster.pid"));
+        Ok(())
+    }
+
+    fn spawn_server(&mut self) -> Result<(), HarnessError> {
+        let log = |what: &str| {
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&self.log_path)
+                .map_err(|e| {
+                    HarnessError::io(format!("opening {what} log {}", self.log_path.display()), e)
+                })
+        };
+        let mut command = Command::new(&self.postgres);
+        command
+            .args(server_args(&self.data_dir, self.dir.path(), self.port, self.fast))
+            .current_dir(self.dir.path())
+            .stdin(Stdio::null())
+            .stdout(log("stdout")?)
+            .stderr(log("stderr")?);
+        as_user(&mut command, self.run_as);
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let child = command
+            .spawn()
+            .map_err(|e| HarnessError::io(format!("spawning {}", self.postgres.display()), e))?;
+        self.server = Some(child);
+        Ok(())
+    }
+}
+
+/// A database on a test server (see [`PostgresServer::shared`]).
+#[derive(Debug)]
+pub struct PostgresDatabase {
+    url: String,
+    source: Source,
+    name: Option<String>,
+    port: Option<u16>,
+}
+
+impl PostgresDatabase {
+    /// The URL of this database.
+    pub fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    /// Where the server came from.
+    pub fn source(&self) -> Source {
+        self.source
+    }
+
+    /// The database name, when the harness created it.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// The port of the shared local server (`None` for a server from the environment).
+    pub fn port(&self) -> Option<u16> {
+        self.port
+    }
+
+    /// Runs SQL as the superuser on this database (shared local server only).
+    pub fn sql(&self, sql: &str) -> Result<Vec<Vec<Option<String>>>, HarnessError> {
+        match (self.port, &self.name) {
+            (Some(port), Some(name)) => run_sql(port, name, sql).map_err(HarnessError::Start),
+            _ => Err(HarnessError::NotOwned {
+                operation: "run SQL on",
+                source: self.source,
+            }),
+        }
+    }
+}
+
+impl Drop for PostgresDatabase {
+    fn drop(&mut self) {
+        if let (Some(port), Some(name)) = (self.port, &self.name) {
+            // Ends the sessions still connected (pools closing in the background).
+            let _ = run_sql(
+                port,
+                "postgres",
+                &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+            );
+        }
+    }
+}
+
+fn local_url(port: u16, database: &str) -> String {
+    format!("postgres://postgres@127.0.0.1:{port}/{database}?sslmode=disable")
+}
+
+fn server_args(data_dir: &Path, socket_dir: &Path, port: u16, fast: bool) -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec![
+        "-D".into(),
+        data_dir.as_os_str().to_owned(),
+        "-k".into(),
+        socket_dir.as_os_str().to_owned(),
+        "-p".into(),
+        port.to_string().into(),
+    ];
+    let mut settings = vec![
+        "listen_addresses=127.0.0.1".to_owned(),
+        format!("max_connections={MAX_CONNECTIONS}"),
+    ];
+    if fast {
+        settings.extend(
+            ["fsync=off", "synchronous_commit=off", "full_page_writes=off"].map(str::to_owned),
+        );
+    }
+    for s in settings {
+        args.push("-c".into());
+        args.push(s.into());
+    }
+    args
+}
+
+/// The uid and gid of the `postgres` user, read from /etc/passwd.
+fn postgres_user() -> Option<(u32, u32)> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split(':').collect();
+        if fields.first() == Some(&"postgres") && fields.len() >= 4 {
+            Some((fields[2].parse().ok()?, fields[3].parse().ok()?))
+        } else {
+            None
+        }
+    })
+}
+
+fn running_as_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+fn as_user(command: &mut Command, run_as: Option<(u32, u32)>) {
+    if let Some((uid, gid)) = run_as {
+        // As root, std drops the supplementary groups before switching user.
+        std::os::unix::process::CommandExt::uid(command, uid);
+        std::os::unix::process::CommandExt::gid(command, gid);
+        command.env("HOME", "/tmp").env("USER", "postgres");
+    }
+}
+
+/// initdb + postgres on a free port; blocking.
+fn start_blocking(fast: bool) -> Result<PostgresServer, HarnessError> {
+    let initdb = find_binary("initdb", BIN_DIRS).ok_or_else(|| {
+        HarnessError::Unavailable(format!("no initdb on PATH or in {BIN_DIRS:?}: {INSTALL_HINT}"))
+    })?;
+    // The `postgres` next to initdb, so that both are the same version.
+    let postgres = initdb
+        .parent()
+        .map(|d| d.join("postgres"))
+        .filter(|p| p.exists())
+        .or_else(|| find_binary("postgres", BIN_DIRS))
+        .ok_or_else(|| {
+            HarnessError::Unavailable(format!("no postgres binary next to {}: {INSTALL_HINT}", initdb.display()))
+        })?;
+    let run_as = if running_as_root() {
+        Some(postgres_user().ok_or_else(|| {
+            HarnessError::Unavailable(format!(
+                "running as root, and Postgres refuses to run as root, but there is no \
+                 `postgres` user to run it as: {INSTALL_HINT}"
+            ))
+        })?)
+    } else {
+        None
+    };
+    let dir = tempfile::Builder::new()
+        .prefix("lease-postgres-")
+        .tempdir()
+        .map_err(|e| HarnessError::io("creating a temp dir for postgres", e))?;
+    if let Some((uid, gid)) = run_as {
+        std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
+            .map_err(|e| HarnessError::io(format!("chown {} to postgres", dir.path().display()), e))?;
+    }
+    let data_dir = dir.path().join("data");
+    let log_path = dir.path().join("postgres.log");
+    // The watcher first, so that even an interrupted start leaves nothing behind.
+    let watcher = Watcher::spawn(&data_dir, dir.path())?;
+
+    let started = Instant::now();
+    let mut command = Command::new(&initdb);
+    command
+        .arg("-D")
+        .arg(&data_dir)
+        .args(["-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8", "--locale=C"])
+        .current_dir(dir.path())
+        .stdin(Stdio::null());
+    as_user(&mut command, run_as);
+    let out = command
+        .output()
+        .map_err(|e| HarnessError::io(format!("running {}", initdb.display()), e))?;
+    if !out.status.success() {
+        return Err(HarnessError::Start(format!(
+            "{} failed ({}):\n{}{}",
+            initdb.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    let initdb_took = started.elapsed();
+
+    let mut local = Local {
+        port: 0,
+        fast,
+        postgres,
+        data_dir,
+        log_path,
+        run_as,
+        server: None,
+        _watcher: watcher,
+        dir,
+    };
+    let mut last_error = String::new();
+    for _ in 0..PORT_ATTEMPTS {
+        local.port = free_port()?;
+        let _ = std::fs::remove_file(&local.log_path);
+        local.spawn_server()?;
+        match wait_ready(&mut local) {
+            Ok(()) => {
+                eprintln!(
+                    "lease test server: postgres at 127.0.0.1:{} (local process {}, pid {}, \
+                     dir {}, initdb {:?}, up {:?}{}{})",
+                    local.port,
+                    local.postgres.display(),
+                    local.server.as_ref().map(Child::id).unwrap_or_default(),
+                    local.dir.path().display(),
+                    initdb_took,
+                    started.elapsed(),
+                    if fast { ", fsync off" } else { "" },
+                    if run_as.is_some() { ", as user postgres" } else { "" },
+                );
+                return Ok(PostgresServer {
+                    source: Source::LocalProcess,
+                    url: local_url(local.port, "postgres"),
+                    local: Some(local),
+                });
+            }
+            Err(why) => {
+                let log = tail(&local.log_path, 20);
+                local.kill()?;
+                last_error = format!(
+                    "{} on port {}: {why}; log tail:\n{log}",
+                    local.postgres.display(),
+                    local.port
+                );
+                if !log.contains("could not bind") && !log.contains("already in use") {
+                    break;
+                }
+            }
+        }
+    }
+    Err(HarnessError::Start(last_error))
+}
+
+/// Polls until the server answers `SELECT 1`, the process exits, or [`READY_TIMEOUT`]
+/// passes. Blocking, on the real clock.
+fn wait_ready(local: &mut Local) -> Result<(), String> {
+    let start = Instant::now();
+    loop {
+        if local.running_pid().is_none() {
+            return Err("the server exited".into());
+        }
+        match run_sql(local.port, "postgres", "SELECT 1") {
+            Ok(_) => return Ok(()),
+            Err(e) if start.elapsed() > READY_TIMEOUT => {
+                return Err(format!("not ready within {READY_TIMEOUT:?}: {e}"));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+/// [`wait_ready`] for async callers: sleeps on tokio between attempts (each attempt is a
+/// short blocking exchange on loopback).
+async fn wait_ready_async(local: &mut Local) -> Result<(), String> {
+    let start = Instant::now();
+    loop {
+        if local.running_pid().is_none() {
+            return Err("the server exited".into());
+        }
+        match run_sql(local.port, "postgres", "SELECT 1") {
+            Ok(_) => return Ok(()),
+            Err(e) if start.elapsed() > READY_TIMEOUT => {
+                return Err(format!("not ready within {READY_TIMEOUT:?}: {e}"));
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    match std::fs::read(path) {
+        Ok(bytes) => {
+            let text = String::from_utf8_lossy(&bytes);
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(e) => format!("(no log at {}: {e})", path.display()),
+    }
+}
+
+/// `url` with any password replaced by `***`, for messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            let userinfo = &url[scheme_end + 3..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            format!("{}{user}:***{}", &url[..scheme_end + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// Runs `sql` with the simple query protocol over TCP on 127.0.0.1:`port` as user
+/// `postgres` with trust authentication (the only authentication spawned servers use).
+/// Returns the rows of the last result as text; an error carries the server's message.
+/// A few dozen lines of the wire protocol, so the harness needs no database driver.
+fn run_sql(port: u16, database: &str, sql: &str) -> Result<Vec<Vec<Option<String>>>, String> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500))
+        .map_err(|e| format!("connect: {e}"))?;
+    let timeout = Some(Duration::from_secs(30));
+    stream
+        .set_read_timeout(timeout)
+        .and_then(|()| stream.set_write_timeout(timeout))
+        .map_err(|e| format!("socket: {e}"))?;
+
+    let mut startup = Vec::new();
+    startup.extend_from_slice(&196_608_i32.to_be_bytes()); // protocol 3.0
+    for (k, v) in [("user", "postgres"), ("database", database)] {
+        startup.extend_from_slice(k.as_bytes());
+        startup.push(0);
+        startup.extend_from_slice(v.as_bytes());
+        startup.push(0);
+    }
+    startup.push(0);
+    let mut msg = frame_len(startup.len() + 4)?.to_vec();
+    msg.extend_from_slice(&startup);
+    stream.write_all(&msg).map_err(|e| format!("write: {e}"))?;
+    read_until_ready(&mut stream)?;
+
+    let mut query = vec![b'Q'];
+    query.extend_from_slice(&frame_len(sql.len() + 5)?);
+    query.extend_from_slice(sql.as_bytes());
+    query.push(0);
+    stream.write_all(&query).map_err(|e| format!("write: {e}"))?;
+    let rows = read_until_ready(&mut stream)?;
+    let _ = stream.write_all(&[b'X', 0, 0, 0, 4]);
+    Ok(rows)
+}
+
+fn frame_len(len: usize) -> Result<[u8; 4], String> {
+    i32::try_from(len)
+        .map(i32::to_be_bytes)
+        .map_err(|_| "message too long".to_owned())
+}
+
+/// Reads messages until ReadyForQuery; collects data rows; fails on an ErrorResponse
+/// (after reading on to ReadyForQuery where the server sends one).
+fn read_until_ready(stream: &mut TcpStream) -> Result<Vec<Vec<Option<String>>>, String> {
+    let mut rows = Vec::new();
+    let mut error = None;
+    loop {
+        let mut header = [0u8; 5];
+        if let Err(e) = stream.read_exact(&mut header) {
+            return Err(error.unwrap_or_else(|| format!("read: {e}")));
+        }
+        let len = i32::from_be_bytes([header[1], header[2], header[3], header[4]]);
+        let len = usize::try_from(len - 4).map_err(|_| "bad message length".to_owned())?;
+        let mut body = vec![0u8; len];
+        stream
+            .read_exact(&mut body)
+            .map_err(|e| format!("read: {e}"))?;
+        match header[0] {
+            b'R' => {
+                let code = body.get(..4).map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+                if code != Some(0) {
+                    return Err(format!(
+                        "the server asks for authentication (code {code:?}); the harness only \
+                         speaks trust authentication"
+                    ));
+                }
+            }
+            b'E' => error = Some(error_text(&body)),
+            b'D' => rows.push(data_row(&body)?),
+            b'T' => rows.clear(),
+            b'Z' => {
+                return match error {
+                    Some(e) => Err(e),
+                    None => Ok(rows),
+                };
+            }
+            _ => {}
+        }
+    }
+}
+
+fn error_text(body: &[u8]) -> String {
+    let mut code = String::new();
+    let mut message = String::new();
+    for field in body.split(|b| *b == 0) {
+        match field.split_first() {
+            Some((b'C', rest)) => code = String::from_utf8_lossy(rest).into_owned(),
+            Some((b'M', rest)) => message = String::from_utf8_lossy(rest).into_owned(),
+            _ => {}
+        }
+    }
+    format!("{message} (SQLSTATE {code})")
+}
+
+fn data_row(body: &[u8]) -> Result<Vec<Option<String>>, String> {
+    let bad = || "malformed data row".to_owned();
+    let count = body.get(..2).ok_or_else(bad)?;
+    let count = u16::from_be_bytes([count[0], count[1]]);
+    let mut at = 2;
+    let mut row = Vec::new();
+    for _ in 0..count {
+        let len = body.get(at..at + 4).ok_or_else(bad)?;
+        let len = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+        at += 4;
+        if len < 0 {
+            row.push(None);
+        } else {
+            let len = usize::try_from(len).map_err(|_| bad())?;
+            let value = body.get(at..at + len).ok_or_else(bad)?;
+            row.push(Some(String::from_utf8_lossy(value).into_owned()));
+            at += len;
+        }
+    }
+    Ok(row)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_password() {
+        assert_eq!(redact("postgres://u:pw@h:1/db"), "postgres://u:***@h:1/db");
+        assert_eq!(redact("postgres://h:1/db"), "postgres://h:1/db");
+    }
+
+    #[test]
+    fn args_of_a_fast_server() {
+        let args = server_args(Path::new("/d/data"), Path::new("/d"), 5555, true);
+        let text: Vec<String> = args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+        assert!(text.windows(2).any(|w| w == ["-c", "fsync=off"]));
+        assert!(text.windows(2).any(|w| w == ["-p", "5555"]));
+    }
+}
