@@ -20,6 +20,7 @@ use std::sync::Arc;
 use lease_core::LeaseBackend;
 
 mod faulty;
+pub mod scenarios;
 pub mod fenced;
 pub mod server;
 pub mod suite;

@@ -1,0 +1,96 @@
+//! The ADR comparison scenarios, asserting what each demonstrates, on every store here.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_conformance::scenarios::{self, DilemmaMode};
+use lease_conformance::server::RedisServer;
+use lease_core::{LeaseBackend, MemoryBackend};
+
+async fn redis() -> (RedisServer, Arc<dyn LeaseBackend>) {
+    let server = RedisServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let backend = lease::connect(&server.url()).await.unwrap();
+    (server, backend)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn room_capacity() {
+    let none = scenarios::room_without_lock(30, 3).await;
+    assert!(
+        none.joined > 3,
+        "without a lock the room must overfill: {none:?}"
+    );
+    let memory = scenarios::room_with_lease(Arc::new(MemoryBackend::new()), 30, 3).await;
+    assert_eq!(memory.joined, 3);
+    let (server, backend) = redis().await;
+    let with_lease = scenarios::room_with_lease(backend, 30, 3).await;
+    assert_eq!(with_lease.joined, 3);
+    let (watch, aborted) = scenarios::room_with_watch_multi(&server.url(), 30, 3)
+        .await
+        .unwrap();
+    assert_eq!(watch.joined, 3);
+    assert!(
+        aborted > 0,
+        "optimistic locking should have aborted some attempts"
+    );
+    eprintln!(
+        "room of 3, 30 joiners: no lock {}, lease {}, WATCH/MULTI {} with {aborted} aborted attempts",
+        none.joined, with_lease.joined, watch.joined
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fixed_ttl_without_watchdog_duplicates_and_watchdog_does_not() {
+    let (_server, backend) = redis().await;
+    let fixed = scenarios::fixed_ttl_vs_watchdog(backend.clone(), 1000, false).await;
+    assert!(fixed.acquired > 1 && fixed.max_concurrent > 1, "{fixed:?}");
+    let watchdog = scenarios::fixed_ttl_vs_watchdog(backend, 1000, true).await;
+    assert_eq!(watchdog.acquired, 1, "{watchdog:?}");
+    assert_eq!(watchdog.max_concurrent, 1);
+    eprintln!("1000 tasks, 100 ms ttl, 1 s work: fixed ttl {fixed:?}; watchdog {watchdog:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_at_most_for_dilemma() {
+    let (_server, backend) = redis().await;
+    let short =
+        scenarios::lock_at_most_for_dilemma(backend.clone(), DilemmaMode::ShortFixedTtl).await;
+    let long =
+        scenarios::lock_at_most_for_dilemma(backend.clone(), DilemmaMode::LongFixedTtl).await;
+    let watchdog = scenarios::lock_at_most_for_dilemma(backend, DilemmaMode::Watchdog).await;
+    assert!(short.duplicated, "a short fixed ttl duplicates a slow job");
+    assert!(!long.duplicated);
+    assert!(!watchdog.duplicated, "the watchdog must not duplicate");
+    assert!(
+        long.recovery > watchdog.recovery * 3,
+        "long ttl recovery {:?} vs watchdog {:?}",
+        long.recovery,
+        watchdog.recovery
+    );
+    eprintln!("dilemma: short {short:?}, long {long:?}, watchdog {watchdog:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_at_least_for_runs_once_per_period() {
+    let (_server, backend) = redis().await;
+    let without = scenarios::lock_at_least_for(backend.clone(), false, 4).await;
+    let with = scenarios::lock_at_least_for(backend, true, 4).await;
+    assert!(
+        without.ran >= 7,
+        "without keep-for both instances run it: {without:?}"
+    );
+    assert!(
+        with.ran <= 4 && with.ran >= 3,
+        "with keep-for once per period: {with:?}"
+    );
+    eprintln!("4 periods, 2 instances: without keep-for {without:?}; with {with:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stuck_holder_lease_recovers_after_its_ttl() {
+    let (_server, backend) = redis().await;
+    let took = scenarios::stuck_holder_lease(backend, Duration::from_secs(5)).await;
+    let took = took.expect("the lease must recover after its ttl");
+    assert!(took <= Duration::from_millis(500 + 700), "{took:?}");
+}
