@@ -22,6 +22,7 @@ use lease_core::LeaseBackend;
 mod faulty;
 pub mod scenarios;
 pub mod fenced;
+pub mod matrix;
 pub mod server;
 pub mod suite;
 

@@ -1,263 +1,28 @@
-//! The short fault matrix: real holder processes (`lease-holder`) writing to a fenced
-//! resource while the test kills, pauses or restarts them or the store.
-//!
-//! Tolerances: takeover after a kill is bounded by TTL + renewal period + 700 ms; the
-//! extra covers the store's own expiry granularity (Redis expires keys in a 10 Hz cycle),
-//! the waiter's poll/notification delay, and process scheduling on a loaded 2-core machine.
+//! The short fault matrix on real servers; the cases live in `lease_conformance::matrix`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-use std::process::Stdio;
-use std::time::Duration;
+use std::path::PathBuf;
 
-use lease_conformance::fenced::{FencedResource, Report};
+use lease_conformance::matrix::{self, Matrix, RENEW, TTL};
 use lease_conformance::server::RedisServer;
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
-use tokio::process::{Child, Command};
-use tokio::time::Instant;
 
-const HOLDER: &str = env!("CARGO_BIN_EXE_lease-holder");
-const TTL: Duration = Duration::from_millis(1000);
-const RENEW: Duration = Duration::from_millis(333);
-const TOLERANCE: Duration = Duration::from_millis(700);
-
-struct Holder {
-    id: String,
-    child: Child,
-}
-
-impl Holder {
-    fn spawn(url: &str, name: &str, id: &str, resource: &FencedResource) -> Holder {
-        let child = Command::new(HOLDER)
-            .args([
-                "--backend",
-                url,
-                "--name",
-                name,
-                "--writer",
-                id,
-                "--resource",
-                &resource.addr().to_string(),
-                "--ttl-ms",
-                &TTL.as_millis().to_string(),
-            ])
-            .env("LEASE_LOG", "error")
-            .stdout(Stdio::null())
-            .stdin(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
-        Holder {
-            id: id.to_owned(),
-            child,
-        }
+fn m() -> Matrix {
+    Matrix {
+        holder: PathBuf::from(env!("CARGO_BIN_EXE_lease-holder")),
     }
-
-    fn signal(&self, sig: Signal) {
-        let pid = self.child.id().expect("running") as i32;
-        kill(Pid::from_raw(pid), sig).unwrap();
-    }
-}
-
-/// Waits until some writer other than `not` starts believing it holds the lease.
-async fn wait_for_new_holder(
-    resource: &FencedResource,
-    since: Duration,
-    not: Option<&str>,
-    within: Duration,
-) -> (String, Duration) {
-    let until = Instant::now() + within;
-    loop {
-        if let Some(b) = resource
-            .beliefs()
-            .into_iter()
-            .find(|b| b.start >= since && Some(b.writer.as_str()) != not)
-        {
-            return (b.writer, b.start);
-        }
-        assert!(Instant::now() < until, "no new holder within {within:?}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-fn active_writer(resource: &FencedResource) -> Option<String> {
-    resource
-        .beliefs()
-        .into_iter()
-        .rev()
-        .find(|b| b.end.is_none())
-        .map(|b| b.writer)
-}
-
-async fn first_holder(resource: &FencedResource) -> String {
-    let (writer, _) =
-        wait_for_new_holder(resource, Duration::ZERO, None, Duration::from_secs(10)).await;
-    assert!(
-        resource
-            .wait_for_writes(&writer, 3, Duration::from_secs(5))
-            .await
-    );
-    writer
-}
-
-fn check(report: &Report) {
-    eprintln!("checker: {report}");
-    assert_eq!(report.accepted_out_of_order, 0);
-}
-
-/// SIGKILL the active holder: another takes over within TTL + renewal period.
-async fn holder_killed(url: &str) -> Duration {
-    let resource = FencedResource::start().await.unwrap();
-    let name = format!("matrix-kill-{}", uuid::Uuid::new_v4().simple());
-    let mut holders: Vec<Holder> = (0..3)
-        .map(|i| Holder::spawn(url, &name, &format!("h{i}"), &resource))
-        .collect();
-    let active = first_holder(&resource).await;
-    let victim = holders.iter_mut().find(|h| h.id == active).unwrap();
-    victim.signal(Signal::SIGKILL);
-    let _ = victim.child.wait().await;
-    let killed_at = resource.now();
-    resource.end_beliefs_of(&active);
-    let (next, started) =
-        wait_for_new_holder(&resource, killed_at, Some(&active), Duration::from_secs(10)).await;
-    let takeover = started - killed_at;
-    assert!(
-        takeover <= TTL + RENEW + TOLERANCE,
-        "takeover by {next} took {takeover:?}"
-    );
-    assert!(
-        resource
-            .wait_for_writes(&next, 3, Duration::from_secs(5))
-            .await
-    );
-    let report = resource.report();
-    check(&report);
-    assert!(report.double_beliefs.is_empty(), "{report}");
-    takeover
-}
-
-/// SIGSTOP the active holder for 2x TTL: another takes over; on SIGCONT the old holder's
-/// lost signal fires before it writes again where it checks, and any write that slips
-/// through is rejected by its token.
-async fn holder_paused(url: &str) -> Report {
-    let resource = FencedResource::start().await.unwrap();
-    let name = format!("matrix-pause-{}", uuid::Uuid::new_v4().simple());
-    let holders: Vec<Holder> = (0..2)
-        .map(|i| Holder::spawn(url, &name, &format!("p{i}"), &resource))
-        .collect();
-    let active = first_holder(&resource).await;
-    let victim = holders.iter().find(|h| h.id == active).unwrap();
-    victim.signal(Signal::SIGSTOP);
-    let paused_at = resource.now();
-    let (next, next_start) =
-        wait_for_new_holder(&resource, paused_at, Some(&active), TTL * 3).await;
-    assert!(
-        resource
-            .wait_for_writes(&next, 3, Duration::from_secs(5))
-            .await
-    );
-    let since_pause = resource.now() - paused_at;
-    if let Some(rest) = (TTL * 2).checked_sub(since_pause) {
-        tokio::time::sleep(rest).await;
-    }
-    victim.signal(Signal::SIGCONT);
-    let resumed_at = resource.now();
-    // The old holder reports the end of its belief quickly after resuming.
-    let until = Instant::now() + TTL;
-    loop {
-        let ended = resource
-            .beliefs()
-            .iter()
-            .any(|b| b.writer == active && b.end.is_some());
-        if ended {
-            break;
-        }
-        assert!(
-            Instant::now() < until,
-            "{active} still believes after resuming"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    tokio::time::sleep(TTL / 2).await;
-    let writes = resource.writes();
-    let old_token = resource
-        .beliefs()
-        .iter()
-        .find(|b| b.writer == active)
-        .unwrap()
-        .token;
-    let late_accepted = writes
-        .iter()
-        .filter(|w| w.writer == active && w.token == old_token && w.accepted && w.at > next_start)
-        .count();
-    assert_eq!(
-        late_accepted, 0,
-        "a stale write of the paused holder was accepted"
-    );
-    let late_attempts = writes
-        .iter()
-        .filter(|w| w.writer == active && w.token == old_token && w.at >= resumed_at)
-        .count();
-    let report = resource.report();
-    eprintln!(
-        "paused holder: {late_attempts} write(s) with the old token after resuming (all rejected)"
-    );
-    check(&report);
-    report
-}
-
-/// The store down for 2x TTL: holders lose their lease, get typed errors, and work resumes
-/// when the store returns.
-async fn store_down(url: &str, stop: impl AsyncFnOnce(), start: impl AsyncFnOnce()) {
-    let resource = FencedResource::start().await.unwrap();
-    let name = format!("matrix-down-{}", uuid::Uuid::new_v4().simple());
-    let _holders: Vec<Holder> = (0..2)
-        .map(|i| Holder::spawn(url, &name, &format!("d{i}"), &resource))
-        .collect();
-    let active = first_holder(&resource).await;
-    stop().await;
-    let stopped_at = resource.now();
-    // The holder stops believing by its safety deadline (within the TTL of the stop).
-    let until = Instant::now() + TTL + Duration::from_millis(300);
-    loop {
-        if resource.beliefs().iter().all(|b| b.end.is_some()) {
-            break;
-        }
-        assert!(
-            Instant::now() < until,
-            "{active} still believes with the store down"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let lost_after = resource.now() - stopped_at;
-    tokio::time::sleep((TTL * 2).saturating_sub(resource.now() - stopped_at)).await;
-    start().await;
-    let restarted_at = resource.now();
-    let (next, _) =
-        wait_for_new_holder(&resource, restarted_at, None, Duration::from_secs(10)).await;
-    assert!(
-        resource
-            .wait_for_writes(&next, 3, Duration::from_secs(5))
-            .await
-    );
-    eprintln!(
-        "store down: belief ended {lost_after:?} after the stop; work resumed after the restart"
-    );
-    let report = resource.report();
-    check(&report);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_holder_killed() {
     let server = RedisServer::start().await.unwrap_or_else(|e| panic!("{e}"));
-    let t = holder_killed(&server.url()).await;
+    let (t, _) = matrix::holder_killed(&m(), &server.url()).await;
     eprintln!("redis: takeover {t:?} after SIGKILL (ttl {TTL:?}, renew {RENEW:?})");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_holder_paused() {
     let server = RedisServer::start().await.unwrap_or_else(|e| panic!("{e}"));
-    holder_paused(&server.url()).await;
+    matrix::holder_paused(&m(), &server.url()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -269,7 +34,8 @@ async fn redis_store_down_twice_the_ttl() {
     }
     let url = server.url();
     let server = tokio::sync::Mutex::new(server);
-    store_down(
+    matrix::store_down(
+        &m(),
         &url,
         async || server.lock().await.stop().await.unwrap(),
         async || server.lock().await.start_again().await.unwrap(),

@@ -1,0 +1,271 @@
+//! The fault matrix: real holder processes (`lease-holder`) writing to a fenced resource
+//! while a test kills, pauses or restarts them or the store. Each case asserts what the
+//! library guarantees and returns what it measured.
+//!
+//! Tolerances: takeover after a kill is bounded by TTL + renewal period + 700 ms; the
+//! extra covers the store's own expiry granularity (Redis expires keys in a 10 Hz cycle,
+//! etcd checks leases on its own schedule), the waiter's poll or notification delay, and
+//! process scheduling on a loaded 2-core machine.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+use crate::fenced::{FencedResource, Report};
+
+/// Where the holder binary is.
+#[derive(Clone, Debug)]
+pub struct Matrix {
+    /// Path of the `lease-holder` binary.
+    pub holder: PathBuf,
+}
+
+impl Matrix {
+    /// The `lease-holder` next to the running executable (for binaries of this crate), or
+    /// the given path.
+    pub fn beside_current_exe() -> Option<Self> {
+        let exe = std::env::current_exe().ok()?;
+        let dir = exe.parent()?;
+        for candidate in [dir.join("lease-holder"), dir.join("../lease-holder")] {
+            if candidate.exists() {
+                return Some(Matrix { holder: candidate });
+            }
+        }
+        None
+    }
+}
+
+/// TTL of the holders.
+pub const TTL: Duration = Duration::from_millis(1000);
+/// Their renewal period (TTL/3).
+pub const RENEW: Duration = Duration::from_millis(333);
+/// Tolerance on takeover times (see the module docs).
+pub const TOLERANCE: Duration = Duration::from_millis(700);
+
+struct Holder {
+    id: String,
+    child: Child,
+}
+
+impl Holder {
+    fn spawn(holder: &Path, url: &str, name: &str, id: &str, resource: &FencedResource) -> Holder {
+        let child = Command::new(holder)
+            .args([
+                "--backend",
+                url,
+                "--name",
+                name,
+                "--writer",
+                id,
+                "--resource",
+                &resource.addr().to_string(),
+                "--ttl-ms",
+                &TTL.as_millis().to_string(),
+            ])
+            .env("LEASE_LOG", "error")
+            .stdout(Stdio::null())
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        Holder {
+            id: id.to_owned(),
+            child,
+        }
+    }
+
+    fn signal(&self, sig: Signal) {
+        let pid = self.child.id().expect("running") as i32;
+        kill(Pid::from_raw(pid), sig).unwrap();
+    }
+}
+
+/// Waits until some writer other than `not` starts believing it holds the lease.
+async fn wait_for_new_holder(
+    resource: &FencedResource,
+    since: Duration,
+    not: Option<&str>,
+    within: Duration,
+) -> (String, Duration) {
+    let until = Instant::now() + within;
+    loop {
+        if let Some(b) = resource
+            .beliefs()
+            .into_iter()
+            .find(|b| b.start >= since && Some(b.writer.as_str()) != not)
+        {
+            return (b.writer, b.start);
+        }
+        assert!(Instant::now() < until, "no new holder within {within:?}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn first_holder(resource: &FencedResource) -> String {
+    let (writer, _) =
+        wait_for_new_holder(resource, Duration::ZERO, None, Duration::from_secs(10)).await;
+    assert!(
+        resource
+            .wait_for_writes(&writer, 3, Duration::from_secs(5))
+            .await
+    );
+    writer
+}
+
+fn check(report: &Report) {
+    tracing::info!("checker: {report}");
+    assert_eq!(report.accepted_out_of_order, 0);
+}
+
+/// SIGKILL the active holder: another takes over within TTL + renewal period.
+pub async fn holder_killed(m: &Matrix, url: &str) -> (Duration, Report) {
+    let resource = FencedResource::start().await.unwrap();
+    let name = format!("matrix-kill-{}", uuid::Uuid::new_v4().simple());
+    let mut holders: Vec<Holder> = (0..3)
+        .map(|i| Holder::spawn(&m.holder, url, &name, &format!("h{i}"), &resource))
+        .collect();
+    let active = first_holder(&resource).await;
+    let victim = holders.iter_mut().find(|h| h.id == active).unwrap();
+    victim.signal(Signal::SIGKILL);
+    let _ = victim.child.wait().await;
+    let killed_at = resource.now();
+    resource.end_beliefs_of(&active);
+    let (next, started) =
+        wait_for_new_holder(&resource, killed_at, Some(&active), Duration::from_secs(10)).await;
+    let takeover = started - killed_at;
+    assert!(
+        takeover <= TTL + RENEW + TOLERANCE,
+        "takeover by {next} took {takeover:?}"
+    );
+    assert!(
+        resource
+            .wait_for_writes(&next, 3, Duration::from_secs(5))
+            .await
+    );
+    let report = resource.report();
+    check(&report);
+    assert!(report.double_beliefs.is_empty(), "{report}");
+    (takeover, report)
+}
+
+/// SIGSTOP the active holder for 2x TTL: another takes over; on SIGCONT the old holder's
+/// lost signal fires before it writes again where it checks, and any write that slips
+/// through is rejected by its token.
+pub async fn holder_paused(m: &Matrix, url: &str) -> Report {
+    let resource = FencedResource::start().await.unwrap();
+    let name = format!("matrix-pause-{}", uuid::Uuid::new_v4().simple());
+    let holders: Vec<Holder> = (0..2)
+        .map(|i| Holder::spawn(&m.holder, url, &name, &format!("p{i}"), &resource))
+        .collect();
+    let active = first_holder(&resource).await;
+    let victim = holders.iter().find(|h| h.id == active).unwrap();
+    victim.signal(Signal::SIGSTOP);
+    let paused_at = resource.now();
+    let (next, next_start) =
+        wait_for_new_holder(&resource, paused_at, Some(&active), TTL * 3).await;
+    assert!(
+        resource
+            .wait_for_writes(&next, 3, Duration::from_secs(5))
+            .await
+    );
+    let since_pause = resource.now() - paused_at;
+    if let Some(rest) = (TTL * 2).checked_sub(since_pause) {
+        tokio::time::sleep(rest).await;
+    }
+    victim.signal(Signal::SIGCONT);
+    let resumed_at = resource.now();
+    // The old holder reports the end of its belief quickly after resuming.
+    let until = Instant::now() + TTL;
+    loop {
+        let ended = resource
+            .beliefs()
+            .iter()
+            .any(|b| b.writer == active && b.end.is_some());
+        if ended {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "{active} still believes after resuming"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(TTL / 2).await;
+    let writes = resource.writes();
+    let old_token = resource
+        .beliefs()
+        .iter()
+        .find(|b| b.writer == active)
+        .unwrap()
+        .token;
+    let late_accepted = writes
+        .iter()
+        .filter(|w| w.writer == active && w.token == old_token && w.accepted && w.at > next_start)
+        .count();
+    assert_eq!(
+        late_accepted, 0,
+        "a stale write of the paused holder was accepted"
+    );
+    let late_attempts = writes
+        .iter()
+        .filter(|w| w.writer == active && w.token == old_token && w.at >= resumed_at)
+        .count();
+    let report = resource.report();
+    tracing::info!(
+        "paused holder: {late_attempts} write(s) with the old token after resuming (all rejected)"
+    );
+    check(&report);
+    report
+}
+
+/// The store down for 2x TTL: holders lose their lease, get typed errors, and work resumes
+/// when the store returns.
+pub async fn store_down(
+    m: &Matrix,
+    url: &str,
+    stop: impl AsyncFnOnce(),
+    start: impl AsyncFnOnce(),
+) -> (Duration, Report) {
+    let resource = FencedResource::start().await.unwrap();
+    let name = format!("matrix-down-{}", uuid::Uuid::new_v4().simple());
+    let _holders: Vec<Holder> = (0..2)
+        .map(|i| Holder::spawn(&m.holder, url, &name, &format!("d{i}"), &resource))
+        .collect();
+    let active = first_holder(&resource).await;
+    stop().await;
+    let stopped_at = resource.now();
+    // The holder stops believing by its safety deadline (within the TTL of the stop).
+    let until = Instant::now() + TTL + Duration::from_millis(300);
+    loop {
+        if resource.beliefs().iter().all(|b| b.end.is_some()) {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "{active} still believes with the store down"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let lost_after = resource.now() - stopped_at;
+    tokio::time::sleep((TTL * 2).saturating_sub(resource.now() - stopped_at)).await;
+    start().await;
+    let restarted_at = resource.now();
+    let (next, _) =
+        wait_for_new_holder(&resource, restarted_at, None, Duration::from_secs(10)).await;
+    assert!(
+        resource
+            .wait_for_writes(&next, 3, Duration::from_secs(5))
+            .await
+    );
+    eprintln!(
+        "store down: belief ended {lost_after:?} after the stop; work resumed after the restart"
+    );
+    let report = resource.report();
+    check(&report);
+    (lost_after, report)
+}
