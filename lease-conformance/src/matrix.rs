@@ -18,6 +18,10 @@ use tokio::time::Instant;
 
 use crate::fenced::{FencedResource, Report};
 
+fn verbose() -> bool {
+    std::env::var_os("LEASE_MATRIX_VERBOSE").is_some()
+}
+
 /// Where the holder binary is.
 #[derive(Clone, Debug)]
 pub struct Matrix {
@@ -67,8 +71,13 @@ impl Holder {
                 "--ttl-ms",
                 &TTL.as_millis().to_string(),
             ])
-            .env("LEASE_LOG", "error")
-            .stdout(Stdio::null())
+            // LEASE_MATRIX_VERBOSE=1 shows what the holders do and log.
+            .env("LEASE_LOG", if verbose() { "info" } else { "error" })
+            .stdout(if verbose() {
+                Stdio::inherit()
+            } else {
+                Stdio::null()
+            })
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .spawn()
@@ -254,9 +263,9 @@ pub async fn store_down(
     let lost_after = resource.now() - stopped_at;
     tokio::time::sleep((TTL * 2).saturating_sub(resource.now() - stopped_at)).await;
     start().await;
-    let restarted_at = resource.now();
-    let (next, _) =
-        wait_for_new_holder(&resource, restarted_at, None, Duration::from_secs(10)).await;
+    // A belief that starts after the stop can only start once the store is back; the
+    // holders may get in before start() has finished its own readiness check.
+    let (next, _) = wait_for_new_holder(&resource, stopped_at, None, Duration::from_secs(10)).await;
     assert!(
         resource
             .wait_for_writes(&next, 3, Duration::from_secs(5))

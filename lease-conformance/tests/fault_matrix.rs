@@ -42,3 +42,39 @@ async fn redis_store_down_twice_the_ttl() {
     )
     .await;
 }
+
+mod postgres {
+    use super::*;
+    use lease_conformance::server::PostgresServer;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_holder_killed() {
+        let db = PostgresServer::shared().await.unwrap_or_else(|e| panic!("{e}"));
+        let (t, _) = matrix::holder_killed(&m(), &db.url()).await;
+        eprintln!("postgres: takeover {t:?} after SIGKILL (ttl {TTL:?}, renew {RENEW:?})");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_holder_paused() {
+        let db = PostgresServer::shared().await.unwrap_or_else(|e| panic!("{e}"));
+        matrix::holder_paused(&m(), &db.url()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_store_down_twice_the_ttl() {
+        let server = PostgresServer::start_fast().await.unwrap_or_else(|e| panic!("{e}"));
+        if !server.owns_process() {
+            eprintln!("skipped: needs a server the harness owns");
+            return;
+        }
+        let url = server.url();
+        let server = tokio::sync::Mutex::new(server);
+        matrix::store_down(
+            &m(),
+            &url,
+            async || server.lock().await.stop().await.unwrap(),
+            async || server.lock().await.start_again().await.unwrap(),
+        )
+        .await;
+    }
+}

@@ -94,3 +94,57 @@ async fn stuck_holder_lease_recovers_after_its_ttl() {
     let took = took.expect("the lease must recover after its ttl");
     assert!(took <= Duration::from_millis(500 + 700), "{took:?}");
 }
+
+mod postgres {
+    use super::*;
+    use lease_conformance::server::PostgresServer;
+    use lease_postgres::AdvisoryLockBackend;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_scenarios() {
+        let db = PostgresServer::shared()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let backend = lease::connect(&db.url()).await.unwrap();
+        let room = scenarios::room_with_lease(backend.clone(), 30, 3).await;
+        assert_eq!(room.joined, 3);
+        let fixed = scenarios::fixed_ttl_vs_watchdog(backend.clone(), 1000, false).await;
+        assert!(fixed.max_concurrent > 1, "{fixed:?}");
+        let watchdog = scenarios::fixed_ttl_vs_watchdog(backend.clone(), 1000, true).await;
+        assert_eq!(
+            (watchdog.acquired, watchdog.max_concurrent),
+            (1, 1),
+            "{watchdog:?}"
+        );
+        let short =
+            scenarios::lock_at_most_for_dilemma(backend.clone(), DilemmaMode::ShortFixedTtl).await;
+        let long =
+            scenarios::lock_at_most_for_dilemma(backend.clone(), DilemmaMode::LongFixedTtl).await;
+        let wd = scenarios::lock_at_most_for_dilemma(backend.clone(), DilemmaMode::Watchdog).await;
+        assert!(short.duplicated && !long.duplicated && !wd.duplicated);
+        assert!(long.recovery > wd.recovery * 3, "{long:?} vs {wd:?}");
+        let with = scenarios::lock_at_least_for(backend.clone(), true, 4).await;
+        assert!((3..=4).contains(&with.ran), "{with:?}");
+        let recovered = scenarios::stuck_holder_lease(backend, Duration::from_secs(5)).await;
+        assert!(
+            recovered.is_some_and(|d| d <= Duration::from_millis(1200)),
+            "{recovered:?}"
+        );
+    }
+
+    /// ADR option C: a session advisory lock has no TTL: a holder that is alive but stuck
+    /// (its connection open) blocks everyone indefinitely, where the lease recovers.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn advisory_lock_blocks_while_holder_is_stuck() {
+        let db = PostgresServer::shared()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let advisory: Arc<dyn LeaseBackend> =
+            Arc::new(AdvisoryLockBackend::connect(&db.url()).await.unwrap());
+        let blocked = scenarios::stuck_holder_lease(advisory, Duration::from_secs(3)).await;
+        assert_eq!(
+            blocked, None,
+            "the advisory lock should still block after 3 s"
+        );
+    }
+}

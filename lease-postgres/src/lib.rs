@@ -1,1 +1,587 @@
-//! Placeholder: this backend is built in a later step.
+#![doc = include_str!("../README.md")]
+
+mod advisory;
+mod error;
+mod notify;
+mod sql;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_core::{
+    AcquireOutcome, Capabilities, Error, Fencing, FencingToken, HeldBy, InvalidInput, LeaseBackend,
+    LeaseInfo, LeaseName, MAX_TTL, Owner, OwnerToken, ReleaseOutcome, RenewItem, RenewOutcome,
+    Result,
+};
+use sqlx::AssertSqlSafe;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgExecutor, PgPool, PgPoolOptions};
+
+pub use crate::advisory::AdvisoryLockBackend;
+use crate::error::{BACKEND, convert, redact_url, scrub};
+use crate::notify::{Event, Listening, Releases};
+use crate::sql::{RELEASE_CHANNEL, SCHEMA_LOCK_KEY, Statements, TableName};
+
+/// The `sqlx` crate this backend is built on, for [`PostgresBackend::from_pool`] and
+/// [`AdvisoryLockBackend::from_pool`].
+pub use sqlx;
+
+/// Largest renewal batch sent as one statement; the client splits larger batches.
+pub const MAX_RENEW_BATCH: usize = 10_000;
+
+/// Default table name.
+pub const DEFAULT_TABLE: &str = "lease_locks";
+
+/// Settings of a [`PostgresBackend`].
+///
+/// ```
+/// use std::time::Duration;
+/// use lease_postgres::PostgresConfig;
+/// let config = PostgresConfig {
+///     table: "ops.lease_locks".into(),
+///     call_timeout: Duration::from_secs(2),
+///     ..PostgresConfig::default()
+/// };
+/// assert!(config.create_schema);
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PostgresConfig {
+    /// The lock table (default `lease_locks`): `table` or `schema.table`, each part
+    /// matching `[a-z_][a-z0-9_]{0,62}` (always quoted in SQL).
+    pub table: String,
+    /// Whether to create the table (and schema) if missing, at construction (default
+    /// `true`). Without it, see [`schema_sql`] for the DDL to put in your migrations.
+    pub create_schema: bool,
+    /// Bound of every call (default 5 s): the pool's acquire timeout (which includes
+    /// connecting), the connections' `statement_timeout` (for pools this crate builds)
+    /// and a client-side timeout around every statement.
+    pub call_timeout: Duration,
+    /// Size of the pool built by [`PostgresBackend::connect_with`] (default 10).
+    pub max_connections: u32,
+}
+
+impl Default for PostgresConfig {
+    fn default() -> Self {
+        PostgresConfig {
+            table: DEFAULT_TABLE.to_owned(),
+            create_schema: true,
+            call_timeout: Duration::from_secs(5),
+            max_connections: 10,
+        }
+    }
+}
+
+impl PostgresConfig {
+    fn validate(&self) -> std::result::Result<TableName, InvalidInput> {
+        if self.call_timeout.is_zero() {
+            return Err(InvalidInput::Other(
+                "postgres call_timeout must be greater than zero".into(),
+            ));
+        }
+        if self.max_connections == 0 {
+            return Err(InvalidInput::Other(
+                "postgres max_connections must be greater than zero".into(),
+            ));
+        }
+        TableName::parse(&self.table)
+    }
+}
+
+/// The DDL of the lock table `table` (`table` or `schema.table`), for users who manage
+/// their schema with migrations and set [`PostgresConfig::create_schema`] to `false`.
+///
+/// ```
+/// let ddl = lease_postgres::schema_sql("lease_locks")?;
+/// assert!(ddl.contains("CREATE TABLE IF NOT EXISTS \"lease_locks\""));
+/// # Ok::<(), lease_core::InvalidInput>(())
+/// ```
+pub fn schema_sql(table: &str) -> std::result::Result<String, InvalidInput> {
+    Ok(sql::schema_sql(&TableName::parse(table)?))
+}
+
+/// Parses a `postgres://` / `postgresql://` URL into connect options with
+/// `statement_timeout` set to `call_timeout`. Errors never contain the password.
+pub(crate) fn connect_options(
+    url: &str,
+    call_timeout: Duration,
+) -> std::result::Result<PgConnectOptions, InvalidInput> {
+    let scheme_ok = url.starts_with("postgres://") || url.starts_with("postgresql://");
+    if !scheme_ok {
+        return Err(InvalidInput::MalformedUrl(format!(
+            "{}: expected a postgres:// or postgresql:// URL",
+            redact_url(url)
+        )));
+    }
+    let options = PgConnectOptions::from_str(url).map_err(|e| {
+        InvalidInput::MalformedUrl(format!(
+            "{}: {}",
+            redact_url(url),
+            scrub(&e.to_string(), url)
+        ))
+    })?;
+    Ok(options.options([("statement_timeout", millis_ceil(call_timeout).to_string())]))
+}
+
+/// The pool settings of the pools this crate builds: every acquisition (including
+/// connecting) bounded; no extra round trip to test a connection before each call (a
+/// broken connection fails that call with a retryable error and is discarded).
+pub(crate) fn pool_options(max_connections: u32, call_timeout: Duration) -> PgPoolOptions {
+    PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(call_timeout)
+        .test_before_acquire(false)
+}
+
+/// A lease store in a Postgres table, ShedLock style, on the database's clock.
+///
+/// One row per lease name (`name BYTEA PRIMARY KEY`), never deleted, so its fencing
+/// counter never resets: tokens survive releases, expiry and server restarts
+/// ([`Fencing::Durable`]). Expiry is decided with `clock_timestamp()` on the server only.
+///
+/// | primitive | statements | round trips |
+/// |---|---|---|
+/// | acquire | one (`INSERT ... ON CONFLICT DO UPDATE ... WHERE lock_until <= clock_timestamp()`, plus the holder in the same statement) | 1 |
+/// | renew (whole batch) | one (`UPDATE ... FROM unnest(names, tokens)`) | 1 |
+/// | release | one (`UPDATE` + `pg_notify`) | 1 |
+/// | inspect | one `SELECT` | 1 |
+/// | force_release | one `UPDATE` + `pg_notify` | 1 |
+///
+/// (sqlx prepares each statement once per connection, which costs one extra round trip
+/// the first time a connection runs it; and when a connection goes back to the pool it
+/// sends a one-message liveness ping, after the caller already has its answer.)
+///
+/// `wait_released` listens for release notifications (`LISTEN lease_released`) on one
+/// extra connection per backend, started on first use.
+///
+/// Clones share the pool.
+#[derive(Clone)]
+pub struct PostgresBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: PgPool,
+    table: TableName,
+    call_timeout: Duration,
+    sql: Statements,
+    releases: Releases,
+}
+
+impl fmt::Debug for PostgresBackend {
+    // Neither the pool's connect options nor anything else that could hold a password.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresBackend")
+            .field("table", &self.inner.table.plain())
+            .field("call_timeout", &self.inner.call_timeout)
+            .field("pool_size", &self.inner.pool.size())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Outcome row of the acquire statement.
+type AcquireRow = (bool, Option<i64>, Option<String>, Option<i64>);
+
+impl PostgresBackend {
+    /// Connects with [`PostgresConfig::default`]: table `lease_locks`, created if missing.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lease_core::Error> {
+    /// let backend = lease_postgres::PostgresBackend::connect("postgres://app@db/app").await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Errors: [`InvalidInput::MalformedUrl`] (password redacted) for a bad URL;
+    /// [`Error::Unavailable`] when the server cannot be reached within the call timeout;
+    /// [`Error::Rejected`] when it refuses (authentication, missing database, no
+    /// permission to create the table).
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, PostgresConfig::default()).await
+    }
+
+    /// Connects with the given settings. See [`PostgresBackend::connect`].
+    pub async fn connect_with(url: &str, config: PostgresConfig) -> Result<Self> {
+        config.validate()?;
+        let options = connect_options(url, config.call_timeout)?;
+        let pool =
+            pool_options(config.max_connections, config.call_timeout).connect_lazy_with(options);
+        let created = config.create_schema;
+        let backend = Self::from_pool(pool, config).await?;
+        // Fail fast on a wrong address or credentials (schema creation already did).
+        if !created {
+            backend.ping().await?;
+        }
+        Ok(backend)
+    }
+
+    /// Uses an existing pool. The pool's own settings apply (this crate's pools set
+    /// `statement_timeout` and an acquire timeout; yours should bound both too); every
+    /// call is additionally bounded by `config.call_timeout` on the client.
+    ///
+    /// Creates the table if `config.create_schema` is set.
+    pub async fn from_pool(pool: PgPool, config: PostgresConfig) -> Result<Self> {
+        let table = config.validate()?;
+        let releases = Releases::new(&pool, table.plain());
+        let backend = PostgresBackend {
+            inner: Arc::new(Inner {
+                sql: Statements::new(&table),
+                pool,
+                table,
+                call_timeout: config.call_timeout,
+                releases,
+            }),
+        };
+        if config.create_schema {
+            backend.create_schema().await?;
+        }
+        Ok(backend)
+    }
+
+    /// The pool (for your own queries against the same database).
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The lock table as configured (unquoted).
+    pub fn table(&self) -> &str {
+        self.inner.table.plain()
+    }
+
+    /// Creates the table (and schema) if missing. Idempotent, and safe when many
+    /// instances start at once: the DDL runs in a transaction that first takes a
+    /// transaction-level advisory lock, so concurrent creators queue instead of racing in
+    /// the catalog.
+    pub async fn create_schema(&self) -> Result<()> {
+        let ddl = sql::schema_sql(&self.inner.table);
+        let pool = &self.inner.pool;
+        self.bounded("create schema", async {
+            let mut tx = pool.begin().await?;
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(SCHEMA_LOCK_KEY)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut *tx).await?;
+            tx.commit().await
+        })
+        .await?;
+        tracing::debug!(table = self.table(), "lease table ready");
+        Ok(())
+    }
+
+    async fn ping(&self) -> Result<()> {
+        let pool = &self.inner.pool;
+        self.bounded("connect", async {
+            sqlx::query("SELECT 1").execute(pool).await.map(|_| ())
+        })
+        .await
+    }
+
+    /// Runs `fut` bounded by the call timeout, converting errors.
+    async fn bounded<T>(
+        &self,
+        operation: &'static str,
+        fut: impl Future<Output = std::result::Result<T, sqlx::Error>>,
+    ) -> Result<T> {
+        let after = self.inner.call_timeout;
+        // A little beyond the pool's acquire timeout and the server's statement_timeout
+        // (both `after`), so that their more telling errors win the race.
+        match tokio::time::timeout(after + after / 4, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(convert(BACKEND, operation, after, e)),
+            Err(_) => Err(Error::Timeout { operation, after }),
+        }
+    }
+
+    /// The acquire statement on a given connection (for tests that run it inside an
+    /// open transaction). Not part of the API.
+    #[doc(hidden)]
+    pub async fn acquire_on(
+        &self,
+        conn: &mut PgConnection,
+        name: &LeaseName,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome> {
+        self.acquire_with(conn, name, owner, ttl).await
+    }
+
+    async fn acquire_with<'e>(
+        &self,
+        executor: impl PgExecutor<'e>,
+        name: &LeaseName,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome> {
+        let ttl_ms = checked_ms("ttl", ttl)?;
+        let row: Option<AcquireRow> = self
+            .bounded(
+                "acquire",
+                sqlx::query_as(AssertSqlSafe(self.inner.sql.acquire.clone()))
+                    .bind(name.as_bytes())
+                    .bind(owner.token.as_uuid())
+                    .bind(owner.label.as_str())
+                    .bind(ttl_ms)
+                    .fetch_optional(executor),
+            )
+            .await?;
+        match row {
+            Some((true, Some(fencing), _, _)) => {
+                let fencing = u64::try_from(fencing).map_err(|_| {
+                    Error::unexpected(BACKEND, format!("negative fencing token {fencing}"))
+                })?;
+                tracing::debug!(lease = %name, fencing, "acquired");
+                Ok(AcquireOutcome::Acquired {
+                    fencing: FencingToken(fencing),
+                    ttl: Duration::from_millis(ttl_ms.unsigned_abs()),
+                })
+            }
+            Some((true, None, _, _)) => Err(Error::unexpected(
+                BACKEND,
+                "acquire returned no fencing token",
+            )),
+            Some((false, _, holder, Some(remaining_us))) if remaining_us > 0 => {
+                tracing::debug!(lease = %name, holder = holder.as_deref(), "held");
+                Ok(AcquireOutcome::Held(HeldBy {
+                    holder,
+                    remaining: Some(Duration::from_micros(remaining_us.unsigned_abs())),
+                }))
+            }
+            // The holder's row as of the statement's snapshot is older than the row the
+            // upsert saw (a concurrent hand-over): held, by someone we cannot name.
+            Some((false, ..)) | None => {
+                tracing::debug!(lease = %name, "held (holder changed concurrently)");
+                Ok(AcquireOutcome::Held(HeldBy::default()))
+            }
+        }
+    }
+
+    /// Whether `name` is held right now (unexpired on the server's clock).
+    async fn is_live(&self, name: &LeaseName) -> Result<Option<Duration>> {
+        Ok(self.inspect(name).await?.and_then(|i| i.remaining))
+    }
+}
+
+/// `d` in whole milliseconds, rounded up (the granularity of this backend).
+pub(crate) fn millis_ceil(d: Duration) -> i64 {
+    i64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(i64::MAX)
+}
+
+/// `d` in milliseconds, rejecting zero TTLs and anything above [`MAX_TTL`].
+fn checked_ms(what: &'static str, d: Duration) -> std::result::Result<i64, InvalidInput> {
+    if what == "ttl" && d.is_zero() {
+        return Err(InvalidInput::TtlZero);
+    }
+    if d > MAX_TTL {
+        return Err(InvalidInput::TooLarge {
+            what,
+            value: d,
+            max: MAX_TTL,
+        });
+    }
+    Ok(millis_ceil(d))
+}
+
+#[async_trait::async_trait]
+impl LeaseBackend for PostgresBackend {
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::default();
+        caps.backend = BACKEND;
+        caps.fencing = Fencing::Durable;
+        caps.expires = true;
+        caps.min_ttl = Duration::from_millis(1);
+        caps.ttl_granularity = Duration::from_millis(1);
+        caps.holder_info = true;
+        caps.keep_for = true;
+        caps.release_notification = true;
+        caps.max_renew_batch = MAX_RENEW_BATCH;
+        caps
+    }
+
+    async fn acquire(
+        &self,
+        name: &LeaseName,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome> {
+        self.acquire_with(&self.inner.pool, name, owner, ttl).await
+    }
+
+    async fn renew(&self, leases: &[RenewItem], ttl: Duration) -> Result<Vec<RenewOutcome>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        if leases.len() > MAX_RENEW_BATCH {
+            return Err(InvalidInput::BatchTooLarge {
+                len: leases.len(),
+                max: MAX_RENEW_BATCH,
+            }
+            .into());
+        }
+        let ttl_ms = checked_ms("ttl", ttl)?;
+        // Deduplicate (name, token) pairs: an UPDATE ... FROM joins each row at most once,
+        // so a duplicate pair would otherwise get no answer of its own.
+        let mut slot_of: HashMap<(&[u8], uuid::Uuid), usize> = HashMap::new();
+        let mut names: Vec<&[u8]> = Vec::new();
+        let mut tokens: Vec<uuid::Uuid> = Vec::new();
+        let slots: Vec<usize> = leases
+            .iter()
+            .map(|item| {
+                let key = (item.name.as_bytes(), item.token.as_uuid());
+                *slot_of.entry(key).or_insert_with(|| {
+                    names.push(key.0);
+                    tokens.push(key.1);
+                    names.len() - 1
+                })
+            })
+            .collect();
+        let renewed: Vec<i64> = self
+            .bounded(
+                "renew",
+                sqlx::query_scalar(AssertSqlSafe(self.inner.sql.renew.clone()))
+                    .bind(&names)
+                    .bind(&tokens)
+                    .bind(ttl_ms)
+                    .fetch_all(&self.inner.pool),
+            )
+            .await?;
+        let mut ok = vec![false; names.len()];
+        for ordinal in renewed {
+            let slot = usize::try_from(ordinal - 1)
+                .ok()
+                .filter(|s| *s < ok.len())
+                .ok_or_else(|| {
+                    Error::unexpected(BACKEND, format!("renew returned ordinal {ordinal}"))
+                })?;
+            ok[slot] = true;
+        }
+        let outcomes: Vec<RenewOutcome> = slots
+            .iter()
+            .map(|s| {
+                if ok[*s] {
+                    RenewOutcome::Renewed
+                } else {
+                    RenewOutcome::Lost
+                }
+            })
+            .collect();
+        tracing::trace!(
+            batch = leases.len(),
+            renewed = outcomes
+                .iter()
+                .filter(|o| **o == RenewOutcome::Renewed)
+                .count(),
+            "renewed"
+        );
+        for (item, outcome) in leases.iter().zip(&outcomes) {
+            if *outcome == RenewOutcome::Lost {
+                tracing::debug!(lease = %item.name, "renewal found the lease lost");
+            }
+        }
+        Ok(outcomes)
+    }
+
+    async fn release(
+        &self,
+        name: &LeaseName,
+        token: &OwnerToken,
+        keep_for: Duration,
+    ) -> Result<ReleaseOutcome> {
+        let keep_ms = checked_ms("keep_for", keep_for)?;
+        let row: Option<(bool, Option<bool>)> = self
+            .bounded(
+                "release",
+                sqlx::query_as(AssertSqlSafe(self.inner.sql.release.clone()))
+                    .bind(name.as_bytes())
+                    .bind(token.as_uuid())
+                    .bind(keep_ms)
+                    .bind(RELEASE_CHANNEL)
+                    .bind(self.inner.releases.prefix())
+                    .fetch_optional(&self.inner.pool),
+            )
+            .await?;
+        Ok(match row {
+            Some((freed, _)) => {
+                tracing::debug!(lease = %name, freed, "released");
+                ReleaseOutcome::Released
+            }
+            None => {
+                tracing::debug!(lease = %name, "release by a non-owner: nothing changed");
+                ReleaseOutcome::NotOwner
+            }
+        })
+    }
+
+    async fn inspect(&self, name: &LeaseName) -> Result<Option<LeaseInfo>> {
+        let row: Option<(Option<String>, i64, i64)> = self
+            .bounded(
+                "inspect",
+                sqlx::query_as(AssertSqlSafe(self.inner.sql.inspect.clone()))
+                    .bind(name.as_bytes())
+                    .fetch_optional(&self.inner.pool),
+            )
+            .await?;
+        row.map(|(holder, fencing, remaining_us)| {
+            let fencing = u64::try_from(fencing).map_err(|_| {
+                Error::unexpected(BACKEND, format!("negative fencing token {fencing}"))
+            })?;
+            Ok(LeaseInfo {
+                holder,
+                fencing: Some(FencingToken(fencing)),
+                remaining: Some(Duration::from_micros(remaining_us.max(1).unsigned_abs())),
+            })
+        })
+        .transpose()
+    }
+
+    async fn force_release(&self, name: &LeaseName) -> Result<bool> {
+        let row: Option<Option<bool>> = self
+            .bounded(
+                "force release",
+                sqlx::query_scalar(AssertSqlSafe(self.inner.sql.force_release.clone()))
+                    .bind(name.as_bytes())
+                    .bind(RELEASE_CHANNEL)
+                    .bind(self.inner.releases.prefix())
+                    .fetch_optional(&self.inner.pool),
+            )
+            .await?;
+        let freed = row.is_some();
+        tracing::info!(lease = %name, freed, "force release");
+        Ok(freed)
+    }
+
+    async fn wait_released(&self, name: &LeaseName, max_wait: Duration) -> Result<()> {
+        let releases = &self.inner.releases;
+        let (mut events, fresh) = match releases.listening() {
+            Listening::Ready { events, fresh } => (events, fresh),
+            Listening::NotReady => {
+                // Starting (or reconnecting): wait for it briefly, then let the caller
+                // retry `acquire`, which sees any release that happened meanwhile.
+                releases
+                    .wait_ready(max_wait.min(self.inner.call_timeout))
+                    .await;
+                return Ok(());
+            }
+        };
+        if fresh {
+            // LISTEN took effect only a moment ago, possibly after the caller's acquire
+            // saw the lease held: look again now that we are subscribed.
+            if self.is_live(name).await?.is_none() {
+                return Ok(());
+            }
+        }
+        let wait = async {
+            loop {
+                match events.recv().await {
+                    Ok(Event::Released(n)) if *n == *name.as_bytes() => return,
+                    Ok(Event::Released(_)) => continue,
+                    // Missed notifications (lagged, reconnecting) or the listener stopped:
+                    // return early and let the caller look.
+                    Ok(Event::Reset) | Err(_) => return,
+                }
+            }
+        };
+        let _ = tokio::time::timeout(max_wait, wait).await;
+        Ok(())
+    }
+}

@@ -6,6 +6,10 @@ pub use lease_core::*;
 #[cfg(feature = "redis")]
 pub use lease_redis as redis;
 
+/// The PostgreSQL backends (feature `postgres`).
+#[cfg(feature = "postgres")]
+pub use lease_postgres as postgres;
+
 use std::sync::Arc;
 
 /// Opens a backend from a URL.
@@ -37,7 +41,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn LeaseBackend>> {
     match scheme.to_ascii_lowercase().as_str() {
         "memory" => Ok(Arc::new(MemoryBackend::new())),
         "redis" | "rediss" => connect_redis(url).await,
-        "postgres" | "postgresql" => not_compiled(scheme, "postgres"),
+        "postgres" | "postgresql" => connect_postgres(url).await,
         "etcd" => not_compiled(scheme, "etcd"),
         other => Err(InvalidInput::MalformedUrl(format!(
             "unknown scheme {other:?}: expected memory, redis, rediss, postgres, postgresql or etcd"
@@ -55,6 +59,19 @@ async fn connect_redis(url: &str) -> Result<Arc<dyn LeaseBackend>> {
 #[cfg(feature = "redis")]
 async fn connect_redis(url: &str) -> Result<Arc<dyn LeaseBackend>> {
     Ok(Arc::new(lease_redis::RedisBackend::connect(url).await?))
+}
+
+#[cfg(feature = "postgres")]
+async fn connect_postgres(url: &str) -> Result<Arc<dyn LeaseBackend>> {
+    Ok(Arc::new(
+        lease_postgres::PostgresBackend::connect(url).await?,
+    ))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn connect_postgres(url: &str) -> Result<Arc<dyn LeaseBackend>> {
+    let scheme = url.split("://").next().unwrap_or("postgres");
+    not_compiled(scheme, "postgres")
 }
 
 #[allow(dead_code)]

@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 mod process;
 pub mod redis;
 
+pub use self::postgres::PostgresServer;
 pub use self::redis::RedisServer;
 
 /// Where a test server came from.
@@ -138,3 +139,4 @@ pub(crate) fn env_nonempty(var: &str) -> Option<String> {
     std::env::var(var).ok().filter(|v| !v.trim().is_empty())
 }
 pub mod postgres;
+pub mod etcd;

@@ -221,7 +221,9 @@ impl PostgresServer {
             })?;
             let name = format!("test_{}", uuid::Uuid::new_v4().simple());
             run_sql(port, "postgres", &format!("CREATE DATABASE {name}")).map_err(|e| {
-                HarnessError::Start(format!("creating database {name} on the shared server: {e}"))
+                HarnessError::Start(format!(
+                    "creating database {name} on the shared server: {e}"
+                ))
             })?;
             Ok(PostgresDatabase {
                 url: local_url(port, &name),
@@ -419,7 +421,10 @@ impl Local {
             .and_then(|c| i32::try_from(c.id()).ok())
             .ok_or_else(|| HarnessError::Start(format!("cannot send {signal}: not running")))?;
         killpg(Pid::from_raw(pid), signal).map_err(|e| {
-            HarnessError::io(format!("sending {signal} to postgres group {pid}"), e.into())
+            HarnessError::io(
+                format!("sending {signal} to postgres group {pid}"),
+                e.into(),
+            )
         })
     }
 
@@ -452,7 +457,12 @@ impl Local {
         };
         let mut command = Command::new(&self.postgres);
         command
-            .args(server_args(&self.data_dir, self.dir.path(), self.port, self.fast))
+            .args(server_args(
+                &self.data_dir,
+                self.dir.path(),
+                self.port,
+                self.fast,
+            ))
             .current_dir(self.dir.path())
             .stdin(Stdio::null())
             .stdout(log("stdout")?)
@@ -541,7 +551,12 @@ fn server_args(data_dir: &Path, socket_dir: &Path, port: u16, fast: bool) -> Vec
     ];
     if fast {
         settings.extend(
-            ["fsync=off", "synchronous_commit=off", "full_page_writes=off"].map(str::to_owned),
+            [
+                "fsync=off",
+                "synchronous_commit=off",
+                "full_page_writes=off",
+            ]
+            .map(str::to_owned),
         );
     }
     for s in settings {
@@ -581,7 +596,9 @@ fn as_user(command: &mut Command, run_as: Option<(u32, u32)>) {
 /// initdb + postgres on a free port; blocking.
 fn start_blocking(fast: bool) -> Result<PostgresServer, HarnessError> {
     let initdb = find_binary("initdb", BIN_DIRS).ok_or_else(|| {
-        HarnessError::Unavailable(format!("no initdb on PATH or in {BIN_DIRS:?}: {INSTALL_HINT}"))
+        HarnessError::Unavailable(format!(
+            "no initdb on PATH or in {BIN_DIRS:?}: {INSTALL_HINT}"
+        ))
     })?;
     // The `postgres` next to initdb, so that both are the same version.
     let postgres = initdb
@@ -590,7 +607,10 @@ fn start_blocking(fast: bool) -> Result<PostgresServer, HarnessError> {
         .filter(|p| p.exists())
         .or_else(|| find_binary("postgres", BIN_DIRS))
         .ok_or_else(|| {
-            HarnessError::Unavailable(format!("no postgres binary next to {}: {INSTALL_HINT}", initdb.display()))
+            HarnessError::Unavailable(format!(
+                "no postgres binary next to {}: {INSTALL_HINT}",
+                initdb.display()
+            ))
         })?;
     let run_as = if running_as_root() {
         Some(postgres_user().ok_or_else(|| {
@@ -607,8 +627,9 @@ fn start_blocking(fast: bool) -> Result<PostgresServer, HarnessError> {
         .tempdir()
         .map_err(|e| HarnessError::io("creating a temp dir for postgres", e))?;
     if let Some((uid, gid)) = run_as {
-        std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
-            .map_err(|e| HarnessError::io(format!("chown {} to postgres", dir.path().display()), e))?;
+        std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).map_err(|e| {
+            HarnessError::io(format!("chown {} to postgres", dir.path().display()), e)
+        })?;
     }
     let data_dir = dir.path().join("data");
     let log_path = dir.path().join("postgres.log");
@@ -620,7 +641,16 @@ fn start_blocking(fast: bool) -> Result<PostgresServer, HarnessError> {
     command
         .arg("-D")
         .arg(&data_dir)
-        .args(["-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8", "--locale=C"])
+        .args([
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "--no-sync",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        ])
         .current_dir(dir.path())
         .stdin(Stdio::null());
     as_user(&mut command, run_as);
@@ -666,7 +696,11 @@ fn start_blocking(fast: bool) -> Result<PostgresServer, HarnessError> {
                     initdb_took,
                     started.elapsed(),
                     if fast { ", fsync off" } else { "" },
-                    if run_as.is_some() { ", as user postgres" } else { "" },
+                    if run_as.is_some() {
+                        ", as user postgres"
+                    } else {
+                        ""
+                    },
                 );
                 return Ok(PostgresServer {
                     source: Source::LocalProcess,
@@ -782,7 +816,9 @@ fn run_sql(port: u16, database: &str, sql: &str) -> Result<Vec<Vec<Option<String
     query.extend_from_slice(&frame_len(sql.len() + 5)?);
     query.extend_from_slice(sql.as_bytes());
     query.push(0);
-    stream.write_all(&query).map_err(|e| format!("write: {e}"))?;
+    stream
+        .write_all(&query)
+        .map_err(|e| format!("write: {e}"))?;
     let rows = read_until_ready(&mut stream)?;
     let _ = stream.write_all(&[b'X', 0, 0, 0, 4]);
     Ok(rows)
@@ -812,7 +848,9 @@ fn read_until_ready(stream: &mut TcpStream) -> Result<Vec<Vec<Option<String>>>, 
             .map_err(|e| format!("read: {e}"))?;
         match header[0] {
             b'R' => {
-                let code = body.get(..4).map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+                let code = body
+                    .get(..4)
+                    .map(|b| i32::from_be_bytes([b[0], b[1], b[2], b[3]]));
                 if code != Some(0) {
                     return Err(format!(
                         "the server asks for authentication (code {code:?}); the harness only \
@@ -882,7 +920,10 @@ mod tests {
     #[test]
     fn args_of_a_fast_server() {
         let args = server_args(Path::new("/d/data"), Path::new("/d"), 5555, true);
-        let text: Vec<String> = args.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+        let text: Vec<String> = args
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
         assert!(text.windows(2).any(|w| w == ["-c", "fsync=off"]));
         assert!(text.windows(2).any(|w| w == ["-p", "5555"]));
     }

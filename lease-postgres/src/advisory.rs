@@ -1,0 +1,421 @@
+//! The session advisory-lock mode (the ADR's option C), kept for comparison.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use lease_core::{
+    AcquireOutcome, Capabilities, Error, Fencing, FencingToken, HeldBy, InvalidInput, LeaseBackend,
+    LeaseInfo, LeaseName, Owner, OwnerToken, ReleaseOutcome, RenewItem, RenewOutcome, Result,
+};
+use sqlx::Connection;
+use sqlx::postgres::{PgConnection, PgPool};
+
+use crate::error::{ADVISORY_BACKEND, convert};
+use crate::{MAX_RENEW_BATCH, connect_options, pool_options};
+
+/// The advisory-lock key of a name (an SQL `bytea` expression), computed by the server:
+/// the first 64 bits of `md5(name)` as a signed `bigint`.
+macro_rules! key_of {
+    ($name:literal) => {
+        concat!("('x' || left(md5(", $name, "), 16))::bit(64)::bigint")
+    };
+}
+
+/// Matches a granted session-level advisory lock (`pg_advisory_lock(bigint)` form,
+/// `objsubid = 1`) of this database in `pg_locks` alias `l` against a key expression.
+macro_rules! granted_lock_matches {
+    ($key:expr) => {
+        concat!(
+            "l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted \
+             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+             AND ((l.classid::bigint << 32) | l.objid::bigint) = ",
+            $key
+        )
+    };
+}
+
+const TRY_LOCK: &str = concat!(
+    "SELECT pg_try_advisory_lock(",
+    key_of!("$1::bytea"),
+    "), pg_backend_pid()"
+);
+
+const UNLOCK: &str = concat!("SELECT pg_advisory_unlock(", key_of!("$1::bytea"), ")");
+
+const RENEW: &str = concat!(
+    "SELECT b.i FROM unnest($1::bytea[], $2::int4[]) WITH ORDINALITY AS b(name, pid, i) ",
+    "WHERE EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = b.pid AND ",
+    granted_lock_matches!(key_of!("b.name")),
+    ")"
+);
+
+const INSPECT: &str = concat!(
+    "SELECT l.pid FROM pg_locks l WHERE ",
+    granted_lock_matches!(key_of!("$1::bytea")),
+    " LIMIT 1"
+);
+
+const TERMINATE_HOLDER: &str = concat!(
+    "SELECT pg_terminate_backend(l.pid) FROM pg_locks l WHERE ",
+    granted_lock_matches!(key_of!("$1::bytea"))
+);
+
+/// Leases as Postgres **session advisory locks**: `pg_try_advisory_lock(key)` on a
+/// connection dedicated to that one lease, held until released or until the session
+/// ends. This is the ADR's option C, kept to compare against the table mode
+/// ([`PostgresBackend`](crate::PostgresBackend)); prefer the table mode.
+///
+/// What it is, and what it cannot do:
+///
+/// - **No TTL** ([`Capabilities::expires`] is `false`). A holder that is alive but stuck
+///   holds the lock forever; it is freed only by `release`, by the holder's process or
+///   connection dying, or by an operator (`SELECT pg_terminate_backend(pid)`). The
+///   requested TTL is ignored; `renew` reports whether the session still holds the lock
+///   (one query on `pg_locks` for the whole batch).
+/// - **One connection per held lease.** Each held lease keeps its own connection out of
+///   the pool, so the server's `max_connections` bounds how many leases a fleet can hold.
+///   Attempts that find the lease held use pooled connections and return them at once.
+/// - **No fencing tokens** ([`Fencing::None`]: always 0), no holder label, no remaining
+///   time, no keep-for (a release always frees at once).
+/// - **Keys are hashes.** The key of a name is the first 64 bits of `md5(name)` as a
+///   signed `bigint` (computed by the server: `('x' || left(md5(name), 16))::bit(64)::bigint`).
+///   Two different names collide with a probability of about n²/2⁶⁵ for n names, and
+///   names can be crafted to collide; guarantee 10 of the design (distinct names never
+///   share a key) therefore holds only probabilistically in this mode. Other software
+///   using `pg_advisory_lock(bigint)` in the same database shares the key space.
+/// - Advisory locks are per database: clients must connect to the same database.
+/// - `force_release` terminates the holder's session (`pg_terminate_backend`), which
+///   needs the same role as the holder, `pg_signal_backend` membership or a superuser.
+///
+/// Dropping the backend closes the dedicated connections, which frees their locks.
+#[derive(Clone)]
+pub struct AdvisoryLockBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: PgPool,
+    call_timeout: Duration,
+    held: Mutex<HashMap<(LeaseName, OwnerToken), HeldLock>>,
+}
+
+struct HeldLock {
+    conn: PgConnection,
+    pid: i32,
+}
+
+impl fmt::Debug for AdvisoryLockBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdvisoryLockBackend")
+            .field("held", &self.lock_held().len())
+            .field("call_timeout", &self.inner.call_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AdvisoryLockBackend {
+    /// Connects with a pool of 10 connections for attempts, renewals and inspection, and
+    /// a call timeout of 5 s (pool acquire timeout, `statement_timeout`, client bound).
+    ///
+    /// Errors as for [`PostgresBackend::connect`](crate::PostgresBackend::connect).
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, Duration::from_secs(5), 10).await
+    }
+
+    /// Connects with the given call timeout and pool size.
+    pub async fn connect_with(
+        url: &str,
+        call_timeout: Duration,
+        max_connections: u32,
+    ) -> Result<Self> {
+        if call_timeout.is_zero() || max_connections == 0 {
+            return Err(InvalidInput::Other(
+                "postgres call_timeout and max_connections must be greater than zero".into(),
+            )
+            .into());
+        }
+        let options = connect_options(url, call_timeout)?;
+        let pool = pool_options(max_connections, call_timeout).connect_lazy_with(options);
+        let backend = Self::from_pool(pool, call_timeout);
+        backend
+            .bounded("connect", async {
+                sqlx::query("SELECT 1")
+                    .execute(&backend.inner.pool)
+                    .await
+                    .map(|_| ())
+            })
+            .await?;
+        Ok(backend)
+    }
+
+    /// Uses an existing pool; every call is bounded by `call_timeout` on the client.
+    /// Connections of held leases are detached from the pool.
+    pub fn from_pool(pool: PgPool, call_timeout: Duration) -> Self {
+        AdvisoryLockBackend {
+            inner: Arc::new(Inner {
+                pool,
+                call_timeout,
+                held: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The server process id of the session holding `name` for `token`, if this backend
+    /// holds it (for operators and tests: `SELECT pg_terminate_backend(pid)`).
+    pub fn holder_pid(&self, name: &LeaseName, token: &OwnerToken) -> Option<i32> {
+        self.lock_held().get(&(name.clone(), *token)).map(|h| h.pid)
+    }
+
+    fn lock_held(&self) -> MutexGuard<'_, HashMap<(LeaseName, OwnerToken), HeldLock>> {
+        // Every mutation is a single insert or remove: the map stays consistent even if
+        // a panic poisoned the mutex.
+        self.inner.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn bounded<T>(
+        &self,
+        operation: &'static str,
+        fut: impl Future<Output = std::result::Result<T, sqlx::Error>>,
+    ) -> Result<T> {
+        let after = self.inner.call_timeout;
+        // A little beyond the pool's acquire timeout and the server's statement_timeout
+        // (both `after`), so that their more telling errors win the race.
+        match tokio::time::timeout(after + after / 4, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(convert(ADVISORY_BACKEND, operation, after, e)),
+            Err(_) => Err(Error::Timeout { operation, after }),
+        }
+    }
+}
+
+/// Tries the lock on a pooled connection and, if taken, detaches that connection from
+/// the pool. Runs as its own task so that a caller that gives up (timeout, drop) cannot
+/// interrupt it between taking the lock and detaching: a pooled connection must never
+/// go back to the pool holding a lock. If nobody takes the result, the detached
+/// connection is dropped, which ends its session and frees the lock.
+async fn try_lock(
+    pool: PgPool,
+    name: LeaseName,
+) -> std::result::Result<Option<HeldLock>, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    let (taken, pid): (bool, i32) = sqlx::query_as(TRY_LOCK)
+        .bind(name.as_bytes())
+        .fetch_one(&mut *conn)
+        .await?;
+    if !taken {
+        return Ok(None);
+    }
+    Ok(Some(HeldLock {
+        conn: conn.detach(),
+        pid,
+    }))
+}
+
+#[async_trait::async_trait]
+impl LeaseBackend for AdvisoryLockBackend {
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::default();
+        caps.backend = ADVISORY_BACKEND;
+        caps.fencing = Fencing::None;
+        caps.expires = false;
+        caps.min_ttl = Duration::from_millis(1);
+        caps.ttl_granularity = Duration::from_millis(1);
+        caps.holder_info = false;
+        caps.keep_for = false;
+        caps.release_notification = false;
+        caps.max_renew_batch = MAX_RENEW_BATCH;
+        caps
+    }
+
+    async fn acquire(
+        &self,
+        name: &LeaseName,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome> {
+        if ttl.is_zero() {
+            return Err(InvalidInput::TtlZero.into());
+        }
+        let task = tokio::spawn(try_lock(self.inner.pool.clone(), name.clone()));
+        let joined = self
+            .bounded("acquire", async {
+                match task.await {
+                    Ok(result) => result,
+                    Err(error) => {
+                        tracing::warn!(%error, "advisory lock attempt task failed");
+                        Err(sqlx::Error::WorkerCrashed)
+                    }
+                }
+            })
+            .await?;
+        match joined {
+            Some(held) => {
+                tracing::debug!(lease = %name, pid = held.pid, "advisory lock taken");
+                self.lock_held().insert((name.clone(), owner.token), held);
+                Ok(AcquireOutcome::Acquired {
+                    fencing: FencingToken(0),
+                    ttl,
+                })
+            }
+            None => {
+                tracing::debug!(lease = %name, "advisory lock held elsewhere");
+                Ok(AcquireOutcome::Held(HeldBy::default()))
+            }
+        }
+    }
+
+    async fn renew(&self, leases: &[RenewItem], _ttl: Duration) -> Result<Vec<RenewOutcome>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        if leases.len() > MAX_RENEW_BATCH {
+            return Err(InvalidInput::BatchTooLarge {
+                len: leases.len(),
+                max: MAX_RENEW_BATCH,
+            }
+            .into());
+        }
+        // Only leases this backend holds can be ours; ask the server about those.
+        let pids: Vec<Option<i32>> = {
+            let held = self.lock_held();
+            leases
+                .iter()
+                .map(|item| held.get(&(item.name.clone(), item.token)).map(|h| h.pid))
+                .collect()
+        };
+        let mut names: Vec<&[u8]> = Vec::new();
+        let mut sent_pids: Vec<i32> = Vec::new();
+        let mut index: Vec<usize> = Vec::new();
+        for (i, (item, pid)) in leases.iter().zip(&pids).enumerate() {
+            if let Some(pid) = pid {
+                names.push(item.name.as_bytes());
+                sent_pids.push(*pid);
+                index.push(i);
+            }
+        }
+        let mut outcomes = vec![RenewOutcome::Lost; leases.len()];
+        if names.is_empty() {
+            return Ok(outcomes);
+        }
+        let alive: Vec<i64> = self
+            .bounded(
+                "renew",
+                sqlx::query_scalar(RENEW)
+                    .bind(&names)
+                    .bind(&sent_pids)
+                    .fetch_all(&self.inner.pool),
+            )
+            .await?;
+        for ordinal in alive {
+            let slot = usize::try_from(ordinal - 1)
+                .ok()
+                .and_then(|s| index.get(s))
+                .ok_or_else(|| {
+                    Error::unexpected(
+                        ADVISORY_BACKEND,
+                        format!("renew returned ordinal {ordinal}"),
+                    )
+                })?;
+            outcomes[*slot] = RenewOutcome::Renewed;
+        }
+        Ok(outcomes)
+    }
+
+    async fn release(
+        &self,
+        name: &LeaseName,
+        token: &OwnerToken,
+        _keep_for: Duration,
+    ) -> Result<ReleaseOutcome> {
+        let Some(mut held) = self.lock_held().remove(&(name.clone(), *token)) else {
+            return Ok(ReleaseOutcome::NotOwner);
+        };
+        let unlocked = self
+            .bounded(
+                "release",
+                sqlx::query_scalar::<_, bool>(UNLOCK)
+                    .bind(name.as_bytes())
+                    .fetch_one(&mut held.conn),
+            )
+            .await;
+        // Close the session either way: if the unlock failed, ending the session frees
+        // the lock (the server notices the closed connection).
+        let conn = held.conn;
+        let _ = tokio::time::timeout(self.inner.call_timeout, conn.close()).await;
+        match unlocked {
+            Ok(true) => {
+                tracing::debug!(lease = %name, "advisory lock released");
+                Ok(ReleaseOutcome::Released)
+            }
+            // The session no longer held it (it was terminated meanwhile).
+            Ok(false) => Ok(ReleaseOutcome::NotOwner),
+            // The connection is dead, so the session and its lock are gone (or going):
+            // we did not hold it any more.
+            Err(Error::Unavailable { .. }) => Ok(ReleaseOutcome::NotOwner),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Terminates the session holding the lock (there is no other way to take a session
+    /// lock away) and waits until the server has let go of it.
+    async fn force_release(&self, name: &LeaseName) -> Result<bool> {
+        let terminated: Vec<bool> = self
+            .bounded(
+                "force release",
+                sqlx::query_scalar(TERMINATE_HOLDER)
+                    .bind(name.as_bytes())
+                    .fetch_all(&self.inner.pool),
+            )
+            .await?;
+        if !terminated.contains(&true) {
+            return Ok(false);
+        }
+        tracing::info!(lease = %name, "force release: holder's session terminated");
+        // Termination is asynchronous: the lock goes when the session has ended.
+        let deadline = tokio::time::Instant::now() + self.inner.call_timeout;
+        while self.inspect(name).await?.is_some() {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    operation: "force release",
+                    after: self.inner.call_timeout,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(true)
+    }
+
+    async fn inspect(&self, name: &LeaseName) -> Result<Option<LeaseInfo>> {
+        let pid: Option<i32> = self
+            .bounded(
+                "inspect",
+                sqlx::query_scalar(INSPECT)
+                    .bind(name.as_bytes())
+                    .fetch_optional(&self.inner.pool),
+            )
+            .await?;
+        Ok(pid.map(|_| LeaseInfo {
+            holder: None,
+            fencing: None,
+            remaining: None,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements() {
+        assert_eq!(
+            TRY_LOCK,
+            "SELECT pg_try_advisory_lock(('x' || left(md5($1::bytea), 16))::bit(64)::bigint), \
+             pg_backend_pid()"
+        );
+        assert!(RENEW.contains("= ('x' || left(md5(b.name), 16))::bit(64)::bigint)"));
+        assert!(INSPECT.ends_with("= ('x' || left(md5($1::bytea), 16))::bit(64)::bigint LIMIT 1"));
+    }
+}

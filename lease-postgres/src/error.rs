@@ -1,0 +1,238 @@
+//! Conversion of `sqlx` errors into [`lease_core::Error`].
+
+use std::time::Duration;
+
+use lease_core::{Error, InvalidInput};
+
+/// Backend name used in errors and logs of the table mode.
+pub(crate) const BACKEND: &str = "postgres";
+
+/// Backend name of the advisory-lock mode.
+pub(crate) const ADVISORY_BACKEND: &str = "postgres-advisory";
+
+/// Maps a `sqlx` error of `operation` to the crate family's error.
+///
+/// `timeout` is the bound that applied to the call (reported when the server cancelled the
+/// statement because of `statement_timeout`).
+pub(crate) fn convert(
+    backend: &'static str,
+    operation: &'static str,
+    timeout: Duration,
+    error: sqlx::Error,
+) -> Error {
+    use sqlx::Error as E;
+    match error {
+        E::Io(_) | E::Tls(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed => {
+            Error::Unavailable {
+                backend,
+                source: Box::new(error),
+            }
+        }
+        E::Database(ref db) => {
+            let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+            from_sqlstate(backend, operation, timeout, &code, error)
+        }
+        E::Protocol(_)
+        | E::RowNotFound
+        | E::TypeNotFound { .. }
+        | E::ColumnIndexOutOfBounds { .. }
+        | E::ColumnNotFound(_)
+        | E::ColumnDecode { .. }
+        | E::Decode(_) => Error::UnexpectedReply {
+            backend,
+            detail: format!("{operation}: {error}"),
+        },
+        E::Encode(_) | E::InvalidArgument(_) => Error::InvalidInput(InvalidInput::Other(format!(
+            "{backend} {operation}: {error}"
+        ))),
+        E::Configuration(_) => Error::Rejected {
+            backend,
+            source: Box::new(error),
+        },
+        other => Error::Backend {
+            backend,
+            retryable: false,
+            source: Box::new(other),
+        },
+    }
+}
+
+/// Classifies a database error by its SQLSTATE.
+fn from_sqlstate(
+    backend: &'static str,
+    operation: &'static str,
+    timeout: Duration,
+    code: &str,
+    error: sqlx::Error,
+) -> Error {
+    let class = code.get(..2).unwrap_or("");
+    match (class, code) {
+        // query_canceled: statement_timeout (or a cancel request) stopped the statement.
+        (_, "57014") => Error::Timeout {
+            operation,
+            after: timeout,
+        },
+        // Connection exceptions; the server shutting down, crashing or still starting up.
+        ("08", _) | (_, "57P01" | "57P02" | "57P03" | "57P04" | "57P05") => Error::Unavailable {
+            backend,
+            source: Box::new(error),
+        },
+        // Serialization failure, deadlock, lock not available, insufficient resources
+        // (too many connections, out of memory or disk): a later retry may succeed.
+        (_, "40001" | "40P01" | "55P03") | ("53", _) => Error::Backend {
+            backend,
+            retryable: true,
+            source: Box::new(error),
+        },
+        // Authentication, missing database or schema, read-only transaction, syntax error
+        // or undefined table/column, insufficient privilege, data exceptions: the same
+        // call will fail again.
+        ("28" | "42" | "3D" | "3F" | "22" | "23", _) | (_, "25006") => Error::Rejected {
+            backend,
+            source: Box::new(error),
+        },
+        _ => Error::Backend {
+            backend,
+            retryable: false,
+            source: Box::new(error),
+        },
+    }
+}
+
+/// Replaces the password of a connection URL (`scheme://user:password@host/...`) with
+/// `***`, for messages. Anything that does not look like a URL with userinfo is returned
+/// as it is.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let Some(at) = authority.rfind('@') else {
+        return url.to_owned();
+    };
+    let userinfo = &authority[..at];
+    let user = userinfo.split(':').next().unwrap_or("");
+    let redacted = if userinfo.contains(':') {
+        format!("{user}:***")
+    } else {
+        user.to_owned()
+    };
+    format!("{}{}{}", &url[..scheme_end + 3], redacted, &rest[at..])
+}
+
+/// The password of a connection URL as written (still percent-encoded), if any.
+pub(crate) fn url_password(url: &str) -> Option<&str> {
+    let scheme_end = url.find("://")?;
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..authority_end];
+    let at = authority.rfind('@')?;
+    let (_, password) = authority[..at].split_once(':')?;
+    (!password.is_empty()).then_some(password)
+}
+
+/// `message` with every occurrence of the password (as written in the URL and
+/// percent-decoded) replaced by `***`.
+pub(crate) fn scrub(message: &str, url: &str) -> String {
+    let Some(password) = url_password(url) else {
+        return message.to_owned();
+    };
+    let mut out = message.replace(password, "***");
+    let decoded = percent_decode(password);
+    if !decoded.is_empty() && decoded != password {
+        out = out.replace(&decoded, "***");
+    }
+    out
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Some(b) = s
+                .get(i + 1..i + 3)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+            {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_password() {
+        assert_eq!(
+            redact_url("postgres://u:secret@h:5432/db?x=1"),
+            "postgres://u:***@h:5432/db?x=1"
+        );
+        assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
+        assert_eq!(redact_url("postgres://h/db"), "postgres://h/db");
+        assert_eq!(redact_url("not a url"), "not a url");
+        assert_eq!(
+            redact_url("postgresql://u:p@ss@h/db"),
+            "postgresql://u:***@h/db"
+        );
+    }
+
+    #[test]
+    fn scrubs_encoded_and_decoded_password() {
+        let url = "postgres://u:p%40ss@h/db";
+        assert_eq!(scrub("bad p%40ss and p@ss", url), "bad *** and ***");
+        assert_eq!(scrub("nothing", "postgres://h/db"), "nothing");
+    }
+
+    #[test]
+    fn statement_timeout_is_a_timeout() {
+        let e = from_sqlstate(
+            BACKEND,
+            "acquire",
+            Duration::from_secs(1),
+            "57014",
+            sqlx::Error::Protocol("x".into()),
+        );
+        assert!(matches!(
+            e,
+            Error::Timeout {
+                operation: "acquire",
+                ..
+            }
+        ));
+        let e = from_sqlstate(
+            BACKEND,
+            "acquire",
+            Duration::ZERO,
+            "42P01",
+            sqlx::Error::Protocol("x".into()),
+        );
+        assert!(matches!(e, Error::Rejected { .. }));
+        let e = from_sqlstate(
+            BACKEND,
+            "acquire",
+            Duration::ZERO,
+            "40P01",
+            sqlx::Error::Protocol("x".into()),
+        );
+        assert!(e.is_retryable());
+        let e = from_sqlstate(
+            BACKEND,
+            "acquire",
+            Duration::ZERO,
+            "08006",
+            sqlx::Error::Protocol("x".into()),
+        );
+        assert!(matches!(e, Error::Unavailable { .. }));
+    }
+}

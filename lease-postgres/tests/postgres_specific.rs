@@ -1,0 +1,795 @@
+//! Postgres-specific properties beyond the conformance suite: database time inside old
+//! transactions, concurrent schema creation, round trips per primitive, fencing across
+//! server restarts, error mapping, and the advisory-lock mode's stuck holder.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failures are assertions
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use lease_conformance::server::postgres::PostgresServer;
+use lease_core::{
+    AcquireOutcome, Error, FencingToken, HolderLabel, InvalidInput, LeaseBackend, LeaseName, Owner,
+    ReleaseOutcome, RenewItem, RenewOutcome,
+};
+use lease_postgres::sqlx::{self, Connection, postgres::PgConnection};
+use lease_postgres::{AdvisoryLockBackend, PostgresBackend, PostgresConfig};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+fn owner(label: &str) -> Owner {
+    Owner::new(HolderLabel::new(label).expect("label"))
+}
+
+fn name(s: &str) -> LeaseName {
+    LeaseName::new(format!("{s}-{}", uuid::Uuid::new_v4().simple())).expect("name")
+}
+
+fn table() -> String {
+    format!("lease_{}", uuid::Uuid::new_v4().simple())
+}
+
+fn config(table: &str) -> PostgresConfig {
+    PostgresConfig {
+        table: table.to_owned(),
+        ..PostgresConfig::default()
+    }
+}
+
+async fn backend(url: &str) -> PostgresBackend {
+    PostgresBackend::connect_with(url, config(&table()))
+        .await
+        .expect("connect")
+}
+
+fn acquired(outcome: AcquireOutcome) -> FencingToken {
+    match outcome {
+        AcquireOutcome::Acquired { fencing, .. } => fencing,
+        AcquireOutcome::Held(by) => panic!("unexpectedly held by {by}"),
+    }
+}
+
+/// The ShedLock pitfall: the lock statement runs inside a transaction that began long
+/// before. With `now()` (transaction start) the new lease would already be expired when
+/// the transaction commits, and an expired lease would still look held. With
+/// `clock_timestamp()` both are decided at the statement's real time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_in_old_transaction_uses_statement_time() {
+    let db = PostgresServer::shared().await.expect("server");
+    let b = backend(&db.url()).await;
+
+    // 1. The lease's expiry counts from the statement, not from BEGIN.
+    let n = name("old-tx");
+    let mut conn = PgConnection::connect(&db.url()).await.expect("connect");
+    sqlx::raw_sql("BEGIN")
+        .execute(&mut conn)
+        .await
+        .expect("begin");
+    sqlx::raw_sql("SELECT pg_sleep(1.0)")
+        .execute(&mut conn)
+        .await
+        .expect("sleep");
+    let a = owner("in-old-tx");
+    acquired(
+        b.acquire_on(&mut conn, &n, &a, Duration::from_millis(700))
+            .await
+            .expect("acquire"),
+    );
+    sqlx::raw_sql("COMMIT")
+        .execute(&mut conn)
+        .await
+        .expect("commit");
+    let info = b.inspect(&n).await.expect("inspect").expect(
+        "the lease taken in an old transaction is already expired: its expiry was computed \
+         from the transaction's start",
+    );
+    assert!(info.remaining.expect("remaining") > Duration::from_millis(300));
+    let other = owner("other");
+    assert!(matches!(
+        b.acquire(&n, &other, Duration::from_secs(1))
+            .await
+            .expect("acquire"),
+        AcquireOutcome::Held(_)
+    ));
+
+    // 2. Whether the current lease has expired is decided at the statement's time too.
+    let n2 = name("old-tx-expired");
+    let mut conn = PgConnection::connect(&db.url()).await.expect("connect");
+    sqlx::raw_sql("BEGIN; SELECT 1")
+        .execute(&mut conn)
+        .await
+        .expect("begin");
+    let first = owner("first");
+    let f1 = acquired(
+        b.acquire(&n2, &first, Duration::from_millis(300))
+            .await
+            .expect("acquire"),
+    );
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let second = owner("second");
+    let f2 = acquired(
+        b.acquire_on(&mut conn, &n2, &second, Duration::from_secs(10))
+            .await
+            .expect("acquire in the old transaction must see the expired lease as free"),
+    );
+    sqlx::raw_sql("COMMIT")
+        .execute(&mut conn)
+        .await
+        .expect("commit");
+    assert!(f2 > f1);
+}
+
+/// Ten instances starting at the same moment on a fresh table all come up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_start_creates_the_table_once() {
+    let db = PostgresServer::shared().await.expect("server");
+    for t in [
+        table(),
+        format!("s_{}.locks", uuid::Uuid::new_v4().simple()),
+    ] {
+        let starts: Vec<_> = (0..10)
+            .map(|_| {
+                let url = db.url();
+                let t = t.clone();
+                tokio::spawn(async move { PostgresBackend::connect_with(&url, config(&t)).await })
+            })
+            .collect();
+        let mut backends = Vec::new();
+        for s in starts {
+            backends.push(s.await.expect("task").expect("concurrent start failed"));
+        }
+        let n = name("after-start");
+        let a = owner("a");
+        let f = acquired(
+            backends[3]
+                .acquire(&n, &a, Duration::from_secs(5))
+                .await
+                .expect("acquire"),
+        );
+        assert_eq!(f, FencingToken(1));
+        let info = backends[7]
+            .inspect(&n)
+            .await
+            .expect("inspect")
+            .expect("held");
+        assert_eq!(info.holder.as_deref(), Some("a"));
+    }
+}
+
+/// Counts the frontend messages (by type byte) passing through a TCP proxy in front of
+/// the server: `E` (Execute) runs one statement, `P` (Parse) prepares one, `Q` is a simple
+/// query. A Sync (`S`) ends one extended-protocol round trip; the proxy counts it as `W`
+/// when messages came before it (a round trip doing work) and as `p` when it came alone
+/// (sqlx's liveness ping when a connection goes back to its pool, sent after the caller
+/// has its answer).
+#[derive(Clone, Default)]
+struct Counts(Arc<Mutex<HashMap<u8, usize>>>);
+
+impl Counts {
+    fn take(&self) -> HashMap<u8, usize> {
+        std::mem::take(&mut *self.0.lock().expect("lock"))
+    }
+    fn add(&self, kind: u8) {
+        *self.0.lock().expect("lock").entry(kind).or_default() += 1;
+    }
+}
+
+async fn proxy(upstream_port: u16) -> (u16, Counts) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let counts = Counts::default();
+    let c = counts.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let server = TcpStream::connect(("127.0.0.1", upstream_port))
+                .await
+                .expect("upstream");
+            // No Nagle delays: the proxy forwards message by message.
+            client.set_nodelay(true).expect("nodelay");
+            server.set_nodelay(true).expect("nodelay");
+            let (mut cr, mut cw) = client.into_split();
+            let (mut sr, mut sw) = server.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut sr, &mut cw).await;
+            });
+            let c = c.clone();
+            tokio::spawn(async move {
+                // Startup message: no type byte.
+                let mut len = [0u8; 4];
+                if cr.read_exact(&mut len).await.is_err() {
+                    return;
+                }
+                let mut body = vec![0u8; u32::from_be_bytes(len) as usize - 4];
+                if cr.read_exact(&mut body).await.is_err() {
+                    return;
+                }
+                let mut startup = len.to_vec();
+                startup.extend_from_slice(&body);
+                sw.write_all(&startup).await.expect("write");
+                let mut pending = false;
+                loop {
+                    let mut header = [0u8; 5];
+                    if cr.read_exact(&mut header).await.is_err() {
+                        return;
+                    }
+                    let n = u32::from_be_bytes([header[1], header[2], header[3], header[4]]);
+                    let mut body = vec![0u8; n as usize - 4];
+                    if cr.read_exact(&mut body).await.is_err() {
+                        return;
+                    }
+                    c.add(header[0]);
+                    if header[0] == b'S' {
+                        c.add(if pending { b'W' } else { b'p' });
+                        pending = false;
+                    } else {
+                        pending = true;
+                    }
+                    let mut message = header.to_vec();
+                    message.extend_from_slice(&body);
+                    if sw.write_all(&message).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (port, counts)
+}
+
+fn assert_one_round_trip(what: &str, counts: &HashMap<u8, usize>) {
+    let get = |k: u8| counts.get(&k).copied().unwrap_or(0);
+    assert_eq!(get(b'W'), 1, "{what}: round trips {counts:?}");
+    assert_eq!(get(b'E'), 1, "{what}: statements (Execute) {counts:?}");
+    assert_eq!(get(b'Q'), 0, "{what}: simple queries {counts:?}");
+    assert_eq!(get(b'P'), 0, "{what}: statement not cached {counts:?}");
+}
+
+/// Every primitive is one statement in one round trip (once sqlx has prepared it on the
+/// connection), and renewing 1,000 leases is one statement too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_statement_per_primitive() {
+    let server = PostgresServer::shared().await.expect("server");
+    let upstream = server
+        .port()
+        .expect("a local shared server (this test needs its port)");
+    let database = server.name().expect("database").to_owned();
+    let (port, counts) = proxy(upstream).await;
+    let proxied = format!("postgres://postgres@127.0.0.1:{port}/{database}?sslmode=disable");
+    let b = PostgresBackend::connect_with(
+        &proxied,
+        PostgresConfig {
+            max_connections: 1,
+            ..config(&table())
+        },
+    )
+    .await
+    .expect("connect");
+
+    // Warm up: let sqlx prepare each statement on the single connection.
+    let warm = name("warm");
+    let a = owner("a");
+    let ttl = Duration::from_secs(30);
+    acquired(b.acquire(&warm, &a, ttl).await.expect("acquire"));
+    b.acquire(&warm, &owner("b"), ttl).await.expect("acquire");
+    b.renew(
+        &[RenewItem {
+            name: warm.clone(),
+            token: a.token,
+        }],
+        ttl,
+    )
+    .await
+    .expect("renew");
+    b.inspect(&warm).await.expect("inspect");
+    b.release(&warm, &a.token, Duration::ZERO)
+        .await
+        .expect("release");
+    counts.take();
+
+    let n = name("counted");
+    acquired(b.acquire(&n, &a, ttl).await.expect("acquire"));
+    assert_one_round_trip("acquire", &counts.take());
+    let held = b.acquire(&n, &owner("b"), ttl).await.expect("acquire");
+    match held {
+        AcquireOutcome::Held(by) => assert_eq!(by.holder.as_deref(), Some("a")),
+        other => panic!("{other:?}"),
+    }
+    assert_one_round_trip("acquire (held, with holder)", &counts.take());
+    b.inspect(&n).await.expect("inspect");
+    assert_one_round_trip("inspect", &counts.take());
+    assert_eq!(
+        b.release(&n, &a.token, Duration::ZERO)
+            .await
+            .expect("release"),
+        ReleaseOutcome::Released
+    );
+    assert_one_round_trip("release", &counts.take());
+
+    let names: Vec<LeaseName> = (0..1000).map(|i| name(&format!("batch-{i}"))).collect();
+    for n in &names {
+        acquired(b.acquire(n, &a, ttl).await.expect("acquire"));
+    }
+    counts.take();
+    let items: Vec<RenewItem> = names
+        .iter()
+        .map(|n| RenewItem {
+            name: n.clone(),
+            token: a.token,
+        })
+        .collect();
+    let outcomes = b.renew(&items, ttl).await.expect("renew");
+    assert!(outcomes.iter().all(|o| *o == RenewOutcome::Renewed));
+    assert_one_round_trip("renew of 1,000 leases", &counts.take());
+}
+
+/// Duplicates in a renewal batch each get their answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renew_answers_duplicates() {
+    let db = PostgresServer::shared().await.expect("server");
+    let b = backend(&db.url()).await;
+    let n = name("dup");
+    let a = owner("a");
+    let stranger = owner("s");
+    acquired(
+        b.acquire(&n, &a, Duration::from_secs(10))
+            .await
+            .expect("acquire"),
+    );
+    let item = |t: &Owner| RenewItem {
+        name: n.clone(),
+        token: t.token,
+    };
+    let r = b
+        .renew(
+            &[item(&a), item(&stranger), item(&a), item(&stranger)],
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("renew");
+    use RenewOutcome::{Lost, Renewed};
+    assert_eq!(r, vec![Renewed, Lost, Renewed, Lost]);
+}
+
+/// Fencing tokens keep growing across a graceful restart and a crash of the server
+/// (fsync on: committed counters survive).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_survives_server_restart() {
+    let mut server = PostgresServer::start_local_process().await.expect("server");
+    let b = backend(&server.url()).await;
+    let n = name("restart");
+    let ttl = Duration::from_secs(30);
+    let mut last = FencingToken(0);
+    for round in 0..3 {
+        let o = owner("holder");
+        // The pool's connections died with the server: the first call may fail with a
+        // retryable error before a new connection is made.
+        let started = Instant::now();
+        let f = loop {
+            match b.acquire(&n, &o, ttl).await {
+                Ok(outcome) => break acquired(outcome),
+                Err(e) => {
+                    assert!(e.is_retryable(), "{e}");
+                    assert!(started.elapsed() < Duration::from_secs(15), "{e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
+        assert!(f > last, "round {round}: token {f} after {last}");
+        last = f;
+        b.release(&n, &o.token, Duration::ZERO)
+            .await
+            .expect("release");
+        match round {
+            0 => server.stop().await.expect("stop"),
+            1 => server.kill().expect("kill"),
+            _ => break,
+        }
+        server.start_again().await.expect("start again");
+    }
+    // A fresh client sees the same sequence.
+    let fresh = PostgresBackend::connect_with(&server.url(), config(b.table()))
+        .await
+        .expect("connect");
+    let o = owner("fresh");
+    assert!(acquired(fresh.acquire(&n, &o, ttl).await.expect("acquire")) > last);
+}
+
+/// Errors are typed: unreachable server, bad URL (password never shown), missing table,
+/// statement timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_are_typed() {
+    // Nothing listens on the port of a closed listener.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let started = Instant::now();
+    let e = PostgresBackend::connect_with(
+        &format!("postgres://u:hunter2@127.0.0.1:{port}/db"),
+        PostgresConfig {
+            call_timeout: Duration::from_secs(1),
+            ..PostgresConfig::default()
+        },
+    )
+    .await
+    .expect_err("nothing listens there");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(e.is_retryable(), "{e:?}");
+    assert!(
+        matches!(e, Error::Unavailable { .. } | Error::Timeout { .. }),
+        "{e:?}"
+    );
+    assert!(!format!("{e:?} {e}").contains("hunter2"));
+
+    for url in [
+        "postgres://u:hunter2@host:notaport/db",
+        "redis://u:hunter2@host/0",
+        "postgres://u:hunter2@[::1/db",
+    ] {
+        match PostgresBackend::connect(url).await {
+            Err(Error::InvalidInput(InvalidInput::MalformedUrl(m))) => {
+                assert!(!m.contains("hunter2"), "{m}");
+            }
+            other => panic!("{url}: expected MalformedUrl, got {other:?}"),
+        }
+    }
+    for bad in ["Locks", "a.b.c", "x;drop", ""] {
+        assert!(matches!(
+            PostgresBackend::connect_with("postgres://h/db", config(bad)).await,
+            Err(Error::InvalidInput(InvalidInput::Other(_)))
+        ));
+    }
+
+    let db = PostgresServer::shared().await.expect("server");
+    // Debug output of a backend never shows the password (trust authentication ignores it).
+    let with_password = db.url().replace("postgres@", "postgres:hunter2@");
+    let b = PostgresBackend::connect_with(&with_password, config(&table()))
+        .await
+        .expect("connect");
+    assert!(!format!("{b:?}").contains("hunter2"));
+
+    // Missing table, not created: rejected, not retryable.
+    let missing = PostgresBackend::connect_with(
+        &db.url(),
+        PostgresConfig {
+            create_schema: false,
+            ..config(&table())
+        },
+    )
+    .await
+    .expect("connect");
+    let e = missing
+        .acquire(&name("x"), &owner("a"), Duration::from_secs(1))
+        .await
+        .expect_err("no table");
+    assert!(matches!(e, Error::Rejected { .. }), "{e:?}");
+    assert!(!e.is_retryable());
+
+    // A row locked by someone else's open transaction: the statement is bounded.
+    let quick = PostgresBackend::connect_with(
+        &db.url(),
+        PostgresConfig {
+            call_timeout: Duration::from_millis(500),
+            ..config(&table())
+        },
+    )
+    .await
+    .expect("connect");
+    let n = name("locked-row");
+    let a = owner("a");
+    acquired(
+        quick
+            .acquire(&n, &a, Duration::from_millis(50))
+            .await
+            .expect("acquire"),
+    );
+    let mut conn = PgConnection::connect(&db.url()).await.expect("connect");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "BEGIN; SELECT * FROM \"{}\" FOR UPDATE",
+        quick.table()
+    )))
+    .execute(&mut conn)
+    .await
+    .expect("lock the row");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    let e = quick
+        .acquire(&n, &owner("b"), Duration::from_secs(1))
+        .await
+        .expect_err("the row is locked");
+    assert!(
+        matches!(
+            e,
+            Error::Timeout {
+                operation: "acquire",
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    assert!(started.elapsed() < Duration::from_millis(1500));
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut conn)
+        .await
+        .expect("rollback");
+}
+
+/// keep-for: the lease stays taken until acquisition + keep-for, on the server's clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keep_for_counts_from_acquisition() {
+    let db = PostgresServer::shared().await.expect("server");
+    let b = backend(&db.url()).await;
+    let n = name("keep");
+    let a = owner("a");
+    acquired(
+        b.acquire(&n, &a, Duration::from_secs(30))
+            .await
+            .expect("acquire"),
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        b.release(&n, &a.token, Duration::from_millis(1000))
+            .await
+            .expect("release"),
+        ReleaseOutcome::Released
+    );
+    let left = b
+        .inspect(&n)
+        .await
+        .expect("inspect")
+        .and_then(|i| i.remaining)
+        .expect("kept");
+    assert!(
+        left <= Duration::from_millis(700) && left > Duration::from_millis(400),
+        "{left:?}"
+    );
+}
+
+/// A waiter learns about a release from the notification, long before its max wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_released_is_notified() {
+    let db = PostgresServer::shared().await.expect("server");
+    let b = backend(&db.url()).await;
+    // Start the listener (the first call returns once it listens).
+    b.wait_released(&name("prime"), Duration::from_secs(5))
+        .await
+        .expect("wait");
+    let n = name("notified");
+    let a = owner("a");
+    acquired(
+        b.acquire(&n, &a, Duration::from_secs(60))
+            .await
+            .expect("acquire"),
+    );
+    let waiter = {
+        let b = b.clone();
+        let n = n.clone();
+        tokio::spawn(async move {
+            b.wait_released(&n, Duration::from_secs(30))
+                .await
+                .expect("wait");
+            Instant::now()
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter returned while the lease was held"
+    );
+    // A release with keep-for does not free it, so it does not wake the waiter.
+    let released_at = Instant::now();
+    b.release(&n, &a.token, Duration::ZERO)
+        .await
+        .expect("release");
+    let woke = waiter.await.expect("task");
+    let took = woke.duration_since(released_at);
+    assert!(
+        took < Duration::from_secs(2),
+        "waiter woke {took:?} after the release"
+    );
+}
+
+/// The advisory mode's weakness, shown: a holder that is alive but stuck keeps the lock
+/// however long others wait (there is no TTL); only ending its session frees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_stuck_holder_keeps_lock_until_terminated() {
+    let db = PostgresServer::shared().await.expect("server");
+    let holder = AdvisoryLockBackend::connect(&db.url())
+        .await
+        .expect("connect");
+    let contender = AdvisoryLockBackend::connect(&db.url())
+        .await
+        .expect("connect");
+    let n = name("stuck");
+    let a = owner("stuck-holder");
+    let short = Duration::from_millis(100);
+    assert_eq!(
+        acquired(holder.acquire(&n, &a, short).await.expect("acquire")),
+        FencingToken(0)
+    );
+    // Far beyond the requested TTL, the lock is still held; the holder never renews.
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        assert!(matches!(
+            contender
+                .acquire(&n, &owner("b"), short)
+                .await
+                .expect("acquire"),
+            AcquireOutcome::Held(_)
+        ));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(contender.inspect(&n).await.expect("inspect").is_some());
+    let item = RenewItem {
+        name: n.clone(),
+        token: a.token,
+    };
+    assert_eq!(
+        holder
+            .renew(std::slice::from_ref(&item), short)
+            .await
+            .expect("renew"),
+        vec![RenewOutcome::Renewed]
+    );
+
+    // An operator ends the holder's session.
+    let pid = holder.holder_pid(&n, &a.token).expect("pid");
+    let mut admin = PgConnection::connect(&db.url()).await.expect("connect");
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .fetch_one(&mut admin)
+        .await
+        .expect("terminate");
+    assert!(terminated);
+    let b = owner("b");
+    let started = Instant::now();
+    loop {
+        match contender.acquire(&n, &b, short).await.expect("acquire") {
+            AcquireOutcome::Acquired { .. } => break,
+            AcquireOutcome::Held(_) => {
+                assert!(started.elapsed() < Duration::from_secs(5), "still held");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    assert_eq!(
+        holder.renew(&[item], short).await.expect("renew"),
+        vec![RenewOutcome::Lost]
+    );
+    assert_eq!(
+        holder
+            .release(&n, &a.token, Duration::ZERO)
+            .await
+            .expect("release"),
+        ReleaseOutcome::NotOwner
+    );
+    assert_eq!(
+        contender
+            .release(&n, &b.token, Duration::ZERO)
+            .await
+            .expect("release"),
+        ReleaseOutcome::Released
+    );
+    assert!(contender.inspect(&n).await.expect("inspect").is_none());
+}
+
+/// Dropping an advisory backend ends its sessions and so frees its locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_locks_freed_when_backend_dropped() {
+    let db = PostgresServer::shared().await.expect("server");
+    let holder = AdvisoryLockBackend::connect(&db.url())
+        .await
+        .expect("connect");
+    let other = AdvisoryLockBackend::connect(&db.url())
+        .await
+        .expect("connect");
+    let n = name("dropped");
+    acquired(
+        holder
+            .acquire(&n, &owner("a"), Duration::from_secs(1))
+            .await
+            .expect("acquire"),
+    );
+    drop(holder);
+    let started = Instant::now();
+    let b = owner("b");
+    while !matches!(
+        other
+            .acquire(&n, &b, Duration::from_secs(1))
+            .await
+            .expect("acquire"),
+        AcquireOutcome::Acquired { .. }
+    ) {
+        assert!(started.elapsed() < Duration::from_secs(5), "still held");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// An operator's force release frees a live lease (also one kept by keep-for), keeps the
+/// fencing sequence, and the former holder's renewal is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_table_mode() {
+    let db = PostgresServer::shared().await.expect("server");
+    let b = backend(&db.url()).await;
+    let n = name("force");
+    assert!(!b.force_release(&n).await.expect("force"));
+    let a = owner("a");
+    let f1 = acquired(
+        b.acquire(&n, &a, Duration::from_secs(30))
+            .await
+            .expect("acquire"),
+    );
+    assert!(b.force_release(&n).await.expect("force"));
+    assert!(!b.force_release(&n).await.expect("force"), "already free");
+    let item = RenewItem {
+        name: n.clone(),
+        token: a.token,
+    };
+    assert_eq!(
+        b.renew(&[item], Duration::from_secs(30))
+            .await
+            .expect("renew"),
+        vec![RenewOutcome::Lost]
+    );
+    let c = owner("c");
+    let f2 = acquired(
+        b.acquire(&n, &c, Duration::from_secs(30))
+            .await
+            .expect("acquire"),
+    );
+    assert!(f2 > f1);
+    b.release(&n, &c.token, Duration::from_secs(60))
+        .await
+        .expect("release");
+    assert!(
+        b.inspect(&n).await.expect("inspect").is_some(),
+        "kept by keep-for"
+    );
+    assert!(b.force_release(&n).await.expect("force"));
+    assert!(b.inspect(&n).await.expect("inspect").is_none());
+}
+
+/// The advisory mode's force release terminates the holder's session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_advisory_mode() {
+    let db = PostgresServer::shared().await.expect("server");
+    let holder = AdvisoryLockBackend::connect(&db.url())
+        .await
+        .expect("connect");
+    let operator = AdvisoryLockBackend::connect(&db.url())
+        .await
+        .expect("connect");
+    let n = name("force-advisory");
+    assert!(!operator.force_release(&n).await.expect("force"));
+    let a = owner("a");
+    acquired(
+        holder
+            .acquire(&n, &a, Duration::from_secs(1))
+            .await
+            .expect("acquire"),
+    );
+    assert!(operator.force_release(&n).await.expect("force"));
+    // Freed when force_release returns.
+    let b = owner("b");
+    acquired(
+        operator
+            .acquire(&n, &b, Duration::from_secs(1))
+            .await
+            .expect("acquire"),
+    );
+    let item = RenewItem {
+        name: n.clone(),
+        token: a.token,
+    };
+    assert_eq!(
+        holder
+            .renew(&[item], Duration::from_secs(1))
+            .await
+            .expect("renew"),
+        vec![RenewOutcome::Lost]
+    );
+}
