@@ -354,10 +354,13 @@ async fn exec(url: &str, args: ExecArgs) -> Result<u8, Fail> {
             }
         }
     };
-    let released = guard.release().await;
     let Some(status) = status else {
+        // Lost: nothing of ours is left to release (the store said so, or it is not
+        // answering and frees the lease at its TTL). Exit at once.
+        guard.disarm();
         return Ok(EXIT_LOST);
     };
+    let released = guard.release().await;
     if let Err(e) = released {
         tracing::warn!(lease = %name, error = %e, "release failed; the lease lapses at its ttl");
     }
