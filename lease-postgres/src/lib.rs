@@ -357,6 +357,18 @@ impl PostgresBackend {
     }
 
     /// Whether `name` is held right now (unexpired on the server's clock).
+    async fn add_waiter(&self, name: &LeaseName, delta: i32) -> Result<()> {
+        self.bounded(
+            "wait_released",
+            sqlx::query(AssertSqlSafe(self.inner.sql.waiters.clone()))
+                .bind(name.as_bytes())
+                .bind(delta)
+                .execute(&self.inner.pool),
+        )
+        .await?;
+        Ok(())
+    }
+
     async fn is_live(&self, name: &LeaseName) -> Result<Option<Duration>> {
         Ok(self.inspect(name).await?.and_then(|i| i.remaining))
     }
@@ -563,12 +575,17 @@ impl LeaseBackend for PostgresBackend {
                 return Ok(());
             }
         };
-        if fresh {
-            // LISTEN took effect only a moment ago, possibly after the caller's acquire
-            // saw the lease held: look again now that we are subscribed.
-            if self.is_live(name).await?.is_none() {
-                return Ok(());
-            }
+        let _ = fresh;
+        // Register as a waiter (releases notify only when someone waits), then look
+        // again: a release that committed before the registration was not announced.
+        self.add_waiter(name, 1).await?;
+        let registered = WaiterGuard {
+            backend: self.clone(),
+            name: name.clone(),
+        };
+        if self.is_live(name).await?.is_none() {
+            drop(registered);
+            return Ok(());
         }
         let wait = async {
             loop {
@@ -582,6 +599,27 @@ impl LeaseBackend for PostgresBackend {
             }
         };
         let _ = tokio::time::timeout(max_wait, wait).await;
+        drop(registered);
         Ok(())
+    }
+}
+
+/// Unregisters a waiter when the wait ends (also when the wait is cancelled): in the
+/// background, best effort.
+struct WaiterGuard {
+    backend: PostgresBackend,
+    name: LeaseName,
+}
+
+impl Drop for WaiterGuard {
+    fn drop(&mut self) {
+        let (backend, name) = (self.backend.clone(), self.name.clone());
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                if let Err(e) = backend.add_waiter(&name, -1).await {
+                    tracing::debug!(lease = %name, error = %e, "could not unregister a waiter");
+                }
+            });
+        }
     }
 }

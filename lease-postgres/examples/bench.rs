@@ -1,0 +1,211 @@
+//! PostgreSQL benchmark: the bare upsert + release statements against the library's
+//! acquire + release, on the same pool, in the same process and run.
+//!
+//! Run: `cargo run --release -p lease-postgres --example bench` (starts a throwaway
+//! PostgreSQL with default durability, fsync on, through the test harness, or uses
+//! `LEASE_TEST_POSTGRES_URL`). Prints cycles/s and ratios; asserts nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a benchmark binary
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lease_conformance::server::PostgresServer;
+use lease_core::{
+    AcquireOutcome, HolderLabel, LeaseBackend, LeaseClient, LeaseName, LeaseOptions, Owner,
+    OwnerToken, RenewItem, TryAcquire,
+};
+use lease_postgres::PostgresBackend;
+use lease_postgres::sqlx::{self, PgPool};
+
+const CYCLES: usize = 2_000;
+const TASKS: usize = 32;
+const ROUNDS: usize = 3;
+
+async fn bare_cycles(pool: PgPool, prefix: String, n: usize) {
+    for i in 0..n {
+        let name = format!("{prefix}:{}", i % 64);
+        let token = uuid::Uuid::new_v4();
+        let r = sqlx::query(
+            "INSERT INTO bare_locks (name, owner_token, lock_until) \
+             VALUES ($1, $2, clock_timestamp() + interval '30 seconds') \
+             ON CONFLICT (name) DO UPDATE SET owner_token = EXCLUDED.owner_token, \
+             lock_until = EXCLUDED.lock_until WHERE bare_locks.lock_until <= clock_timestamp()",
+        )
+        .bind(name.as_bytes())
+        .bind(token)
+        .execute(&pool)
+        .await
+        .unwrap();
+        assert_eq!(r.rows_affected(), 1);
+        sqlx::query(
+            "UPDATE bare_locks SET lock_until = clock_timestamp() \
+             WHERE name = $1 AND owner_token = $2",
+        )
+        .bind(name.as_bytes())
+        .bind(token)
+        .execute(&pool)
+        .await
+        .unwrap();
+    }
+}
+
+async fn lib_cycles(backend: Arc<dyn LeaseBackend>, prefix: String, n: usize) {
+    let label = HolderLabel::new("bench").unwrap();
+    for i in 0..n {
+        let name = LeaseName::new(format!("{prefix}:{}", i % 64)).unwrap();
+        let owner = Owner {
+            token: OwnerToken::random(),
+            label: label.clone(),
+        };
+        match backend
+            .acquire(&name, &owner, Duration::from_secs(30))
+            .await
+            .unwrap()
+        {
+            AcquireOutcome::Acquired { .. } => {}
+            AcquireOutcome::Held(_) => panic!("held"),
+        }
+        backend
+            .release(&name, &owner.token, Duration::ZERO)
+            .await
+            .unwrap();
+    }
+}
+
+async fn client_cycles(client: LeaseClient, prefix: String, n: usize) {
+    let opts = LeaseOptions::new(Duration::from_secs(30)).unwrap();
+    for i in 0..n {
+        match client
+            .try_acquire(format!("{prefix}:{}", i % 64), &opts)
+            .await
+            .unwrap()
+        {
+            TryAcquire::Acquired(g) => {
+                g.release().await.unwrap();
+            }
+            TryAcquire::Held(_) => panic!("held"),
+        }
+    }
+}
+
+async fn commits(pool: &PgPool) -> i64 {
+    sqlx::query_scalar::<_, i64>(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::main]
+async fn main() {
+    let server = PostgresServer::start()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let url = server.url();
+    let pg = PostgresBackend::connect(&url).await.unwrap();
+    let pool = pg.pool().clone();
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS bare_locks (name BYTEA PRIMARY KEY, owner_token UUID, \
+         lock_until TIMESTAMPTZ NOT NULL)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let backend: Arc<dyn LeaseBackend> = Arc::new(pg);
+    let client = LeaseClient::with_label(backend.clone(), HolderLabel::new("bench").unwrap());
+    let run = uuid::Uuid::new_v4().simple().to_string();
+    bare_cycles(pool.clone(), format!("warm-{run}"), 200).await;
+    lib_cycles(backend.clone(), format!("warm-{run}"), 200).await;
+    client_cycles(client.clone(), format!("warm-c-{run}"), 200).await;
+
+    let labels = [
+        "bare upsert + release statements",
+        "library backend acquire + release",
+        "library LeaseClient try_acquire + release",
+    ];
+    let mut samples = vec![vec![Vec::new(); 2]; labels.len()];
+    for round in 0..ROUNDS {
+        for (ti, tasks) in [1, TASKS].into_iter().enumerate() {
+            for which in 0..labels.len() {
+                let per = CYCLES / tasks;
+                let start = Instant::now();
+                let mut handles = Vec::new();
+                for t in 0..tasks {
+                    let prefix = format!("{which}-{run}-{round}-{tasks}-{t}");
+                    handles.push(match which {
+                        0 => tokio::spawn(bare_cycles(pool.clone(), prefix, per)),
+                        1 => tokio::spawn(lib_cycles(backend.clone(), prefix, per)),
+                        _ => tokio::spawn(client_cycles(client.clone(), prefix, per)),
+                    });
+                }
+                for h in handles {
+                    h.await.unwrap();
+                }
+                samples[which][ti].push((per * tasks) as f64 / start.elapsed().as_secs_f64());
+            }
+        }
+    }
+    let median = |v: &Vec<f64>| {
+        let mut v = v.clone();
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    println!(
+        "PostgreSQL benchmark (fsync on): {CYCLES} acquire+release cycles per case and round, \
+         one pool ({} connections), median of {ROUNDS} alternating rounds\n",
+        pool.options().get_max_connections()
+    );
+    println!("| case | 1 task cycles/s | {TASKS} tasks cycles/s |");
+    println!("|---|---:|---:|");
+    let rows: Vec<[f64; 2]> = samples
+        .iter()
+        .map(|s| [median(&s[0]), median(&s[1])])
+        .collect();
+    for (label, r) in labels.iter().zip(&rows) {
+        println!("| {label} | {:.0} | {:.0} |", r[0], r[1]);
+    }
+    println!();
+    for (i, label) in ["backend", "LeaseClient"].iter().enumerate() {
+        println!(
+            "ratio {label} / bare: {:.2} (1 task), {:.2} ({TASKS} tasks)",
+            rows[i + 1][0] / rows[0][0],
+            rows[i + 1][1] / rows[0][1]
+        );
+    }
+    println!("(the library's acquire also bumps the fencing counter and returns it)\n");
+
+    for n in [1_000usize, 10_000] {
+        let owner = Owner::new(HolderLabel::new("bench").unwrap());
+        let mut items = Vec::with_capacity(n);
+        for i in 0..n {
+            let name = LeaseName::new(format!("renew-{run}-{n}-{i}")).unwrap();
+            backend
+                .acquire(&name, &owner, Duration::from_secs(60))
+                .await
+                .unwrap();
+            items.push(RenewItem {
+                name,
+                token: owner.token,
+            });
+        }
+        let ticks = 10;
+        let before = commits(&pool).await;
+        let start = Instant::now();
+        for _ in 0..ticks {
+            let r = backend
+                .renew(&items, Duration::from_secs(60))
+                .await
+                .unwrap();
+            assert_eq!(r.len(), n);
+        }
+        let per_tick = start.elapsed() / ticks;
+        // Each statement outside a transaction commits once; the reading query adds one.
+        let statements = commits(&pool).await - before - 1;
+        println!(
+            "renew {n} held leases: {:.1} ms per tick, {:.1} statement(s) per tick",
+            per_tick.as_secs_f64() * 1000.0,
+            statements as f64 / ticks as f64
+        );
+    }
+}
