@@ -27,6 +27,8 @@ fn verbose() -> bool {
 pub struct Matrix {
     /// Path of the `lease-holder` binary.
     pub holder: PathBuf,
+    /// TTL of the holders' leases (renewed every TTL/3).
+    pub ttl: Duration,
 }
 
 impl Matrix {
@@ -37,14 +39,17 @@ impl Matrix {
         let dir = exe.parent()?;
         for candidate in [dir.join("lease-holder"), dir.join("../lease-holder")] {
             if candidate.exists() {
-                return Some(Matrix { holder: candidate });
+                return Some(Matrix {
+                    holder: candidate,
+                    ttl: TTL,
+                });
             }
         }
         None
     }
 }
 
-/// TTL of the holders.
+/// Default TTL of the holders.
 pub const TTL: Duration = Duration::from_millis(1000);
 /// Their renewal period (TTL/3).
 pub const RENEW: Duration = Duration::from_millis(333);
@@ -57,7 +62,14 @@ struct Holder {
 }
 
 impl Holder {
-    fn spawn(holder: &Path, url: &str, name: &str, id: &str, resource: &FencedResource) -> Holder {
+    fn spawn(
+        holder: &Path,
+        ttl: Duration,
+        url: &str,
+        name: &str,
+        id: &str,
+        resource: &FencedResource,
+    ) -> Holder {
         let child = Command::new(holder)
             .args([
                 "--backend",
@@ -69,7 +81,7 @@ impl Holder {
                 "--resource",
                 &resource.addr().to_string(),
                 "--ttl-ms",
-                &TTL.as_millis().to_string(),
+                &ttl.as_millis().to_string(),
             ])
             // LEASE_MATRIX_VERBOSE=1 shows what the holders do and log.
             .env("LEASE_LOG", if verbose() { "info" } else { "error" })
@@ -136,7 +148,7 @@ pub async fn holder_killed(m: &Matrix, url: &str) -> (Duration, Report) {
     let resource = FencedResource::start().await.unwrap();
     let name = format!("matrix-kill-{}", uuid::Uuid::new_v4().simple());
     let mut holders: Vec<Holder> = (0..3)
-        .map(|i| Holder::spawn(&m.holder, url, &name, &format!("h{i}"), &resource))
+        .map(|i| Holder::spawn(&m.holder, m.ttl, url, &name, &format!("h{i}"), &resource))
         .collect();
     let active = first_holder(&resource).await;
     let victim = holders.iter_mut().find(|h| h.id == active).unwrap();
@@ -148,7 +160,7 @@ pub async fn holder_killed(m: &Matrix, url: &str) -> (Duration, Report) {
         wait_for_new_holder(&resource, killed_at, Some(&active), Duration::from_secs(10)).await;
     let takeover = started - killed_at;
     assert!(
-        takeover <= TTL + RENEW + TOLERANCE,
+        takeover <= m.ttl + m.ttl / 3 + TOLERANCE,
         "takeover by {next} took {takeover:?}"
     );
     assert!(
@@ -169,27 +181,27 @@ pub async fn holder_paused(m: &Matrix, url: &str) -> Report {
     let resource = FencedResource::start().await.unwrap();
     let name = format!("matrix-pause-{}", uuid::Uuid::new_v4().simple());
     let holders: Vec<Holder> = (0..2)
-        .map(|i| Holder::spawn(&m.holder, url, &name, &format!("p{i}"), &resource))
+        .map(|i| Holder::spawn(&m.holder, m.ttl, url, &name, &format!("p{i}"), &resource))
         .collect();
     let active = first_holder(&resource).await;
     let victim = holders.iter().find(|h| h.id == active).unwrap();
     victim.signal(Signal::SIGSTOP);
     let paused_at = resource.now();
     let (next, next_start) =
-        wait_for_new_holder(&resource, paused_at, Some(&active), TTL * 3).await;
+        wait_for_new_holder(&resource, paused_at, Some(&active), m.ttl * 3).await;
     assert!(
         resource
             .wait_for_writes(&next, 3, Duration::from_secs(5))
             .await
     );
     let since_pause = resource.now() - paused_at;
-    if let Some(rest) = (TTL * 2).checked_sub(since_pause) {
+    if let Some(rest) = (m.ttl * 2).checked_sub(since_pause) {
         tokio::time::sleep(rest).await;
     }
     victim.signal(Signal::SIGCONT);
     let resumed_at = resource.now();
     // The old holder reports the end of its belief quickly after resuming.
-    let until = Instant::now() + TTL;
+    let until = Instant::now() + m.ttl;
     loop {
         let ended = resource
             .beliefs()
@@ -204,7 +216,7 @@ pub async fn holder_paused(m: &Matrix, url: &str) -> Report {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    tokio::time::sleep(TTL / 2).await;
+    tokio::time::sleep(m.ttl / 2).await;
     let writes = resource.writes();
     let old_token = resource
         .beliefs()
@@ -243,13 +255,13 @@ pub async fn store_down(
     let resource = FencedResource::start().await.unwrap();
     let name = format!("matrix-down-{}", uuid::Uuid::new_v4().simple());
     let _holders: Vec<Holder> = (0..2)
-        .map(|i| Holder::spawn(&m.holder, url, &name, &format!("d{i}"), &resource))
+        .map(|i| Holder::spawn(&m.holder, m.ttl, url, &name, &format!("d{i}"), &resource))
         .collect();
     let active = first_holder(&resource).await;
     stop().await;
     let stopped_at = resource.now();
     // The holder stops believing by its safety deadline (within the TTL of the stop).
-    let until = Instant::now() + TTL + Duration::from_millis(300);
+    let until = Instant::now() + m.ttl + Duration::from_millis(300);
     loop {
         if resource.beliefs().iter().all(|b| b.end.is_some()) {
             break;
@@ -261,7 +273,7 @@ pub async fn store_down(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let lost_after = resource.now() - stopped_at;
-    tokio::time::sleep((TTL * 2).saturating_sub(resource.now() - stopped_at)).await;
+    tokio::time::sleep((m.ttl * 2).saturating_sub(resource.now() - stopped_at)).await;
     start().await;
     // A belief that starts after the stop can only start once the store is back; the
     // holders may get in before start() has finished its own readiness check.
@@ -277,4 +289,72 @@ pub async fn store_down(
     let report = resource.report();
     check(&report);
     (lost_after, report)
+}
+
+/// What a store restart did to fencing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RestartResult {
+    /// What the backend claims.
+    pub claim: lease_core::Fencing,
+    /// The last token before the restart.
+    pub before: u64,
+    /// The first token after it.
+    pub after: u64,
+}
+
+impl RestartResult {
+    /// Whether the claim held: a durable claim needs `after > before`; a volatile claim
+    /// allows anything.
+    pub fn claim_held(&self) -> bool {
+        match self.claim {
+            lease_core::Fencing::Durable => self.after > self.before,
+            _ => true,
+        }
+    }
+}
+
+/// Takes and releases a lease a few times, restarts the store, takes it again. Panics if a
+/// durable claim does not hold.
+pub async fn store_restarted(url: &str, restart: impl AsyncFnOnce()) -> RestartResult {
+    use lease_core::{AcquireOutcome, HolderLabel, LeaseName, Owner};
+    let backend = lease::connect(url).await.expect("connect");
+    let claim = backend.capabilities().fencing;
+    let name =
+        LeaseName::new(format!("matrix-restart-{}", uuid::Uuid::new_v4().simple())).expect("name");
+    let ttl = backend
+        .capabilities()
+        .effective_ttl(Duration::from_secs(30));
+    let take = async |backend: &dyn lease_core::LeaseBackend| {
+        let owner = Owner::new(HolderLabel::new("restart").expect("label"));
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            match backend.acquire(&name, &owner, ttl).await {
+                Ok(AcquireOutcome::Acquired { fencing, .. }) => {
+                    let _ = backend.release(&name, &owner.token, Duration::ZERO).await;
+                    return fencing.get();
+                }
+                Ok(AcquireOutcome::Held(by)) => panic!("held by {by}"),
+                Err(e) => {
+                    assert!(
+                        e.is_retryable() && Instant::now() < until,
+                        "store did not come back: {e}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    };
+    let mut before = 0;
+    for _ in 0..3 {
+        before = take(&*backend).await;
+    }
+    restart().await;
+    let after = take(&*backend).await;
+    let r = RestartResult {
+        claim,
+        before,
+        after,
+    };
+    assert!(r.claim_held(), "fencing claim {claim:?} broken: {r:?}");
+    r
 }

@@ -9,6 +9,7 @@ use lease_conformance::server::RedisServer;
 fn m() -> Matrix {
     Matrix {
         holder: PathBuf::from(env!("CARGO_BIN_EXE_lease-holder")),
+        ttl: TTL,
     }
 }
 
@@ -49,20 +50,26 @@ mod postgres {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres_holder_killed() {
-        let db = PostgresServer::shared().await.unwrap_or_else(|e| panic!("{e}"));
+        let db = PostgresServer::shared()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         let (t, _) = matrix::holder_killed(&m(), &db.url()).await;
         eprintln!("postgres: takeover {t:?} after SIGKILL (ttl {TTL:?}, renew {RENEW:?})");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres_holder_paused() {
-        let db = PostgresServer::shared().await.unwrap_or_else(|e| panic!("{e}"));
+        let db = PostgresServer::shared()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         matrix::holder_paused(&m(), &db.url()).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres_store_down_twice_the_ttl() {
-        let server = PostgresServer::start_fast().await.unwrap_or_else(|e| panic!("{e}"));
+        let server = PostgresServer::start_fast()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         if !server.owns_process() {
             eprintln!("skipped: needs a server the harness owns");
             return;
@@ -77,4 +84,58 @@ mod postgres {
         )
         .await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restart_with_and_without_aof() {
+    for persistent in [false, true] {
+        let server = if persistent {
+            RedisServer::start_persistent().await
+        } else {
+            RedisServer::start().await
+        }
+        .unwrap_or_else(|e| panic!("{e}"));
+        if !server.owns_process() {
+            continue;
+        }
+        let url = server.url();
+        let server = tokio::sync::Mutex::new(server);
+        let r = matrix::store_restarted(&url, async || {
+            let mut s = server.lock().await;
+            s.stop().await.unwrap();
+            s.start_again().await.unwrap();
+        })
+        .await;
+        eprintln!("redis (aof {persistent}): {r:?}");
+        if persistent {
+            assert_eq!(r.claim, lease_core::Fencing::Durable);
+        } else {
+            assert_eq!(r.claim, lease_core::Fencing::Volatile);
+            assert!(
+                r.after <= r.before,
+                "without persistence the sequence restarts: {r:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_restart_keeps_fencing() {
+    let server = lease_conformance::server::PostgresServer::start_local_process()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    if !server.owns_process() {
+        return;
+    }
+    let url = server.url();
+    let server = tokio::sync::Mutex::new(server);
+    let r = matrix::store_restarted(&url, async || {
+        let mut s = server.lock().await;
+        // A crash (SIGKILL) with default durability: committed counters survive.
+        s.kill().unwrap();
+        s.start_again().await.unwrap();
+    })
+    .await;
+    eprintln!("postgres (killed, restarted): {r:?}");
+    assert_eq!(r.claim, lease_core::Fencing::Durable);
 }

@@ -266,10 +266,13 @@ impl EtcdServer {
     /// The spawned node.
     pub fn member(&mut self) -> Result<&mut EtcdMember, HarnessError> {
         let source = self.source;
-        self.local.as_mut().map(|l| &mut l.member).ok_or(HarnessError::NotOwned {
-            operation: "control",
-            source,
-        })
+        self.local
+            .as_mut()
+            .map(|l| &mut l.member)
+            .ok_or(HarnessError::NotOwned {
+                operation: "control",
+                source,
+            })
     }
 
     /// The pid of a spawned node while it runs (or is paused).
@@ -374,7 +377,9 @@ impl EtcdCluster {
         timing: (u32, u32),
     ) -> Result<EtcdCluster, HarnessError> {
         if size == 0 {
-            return Err(HarnessError::Start("a cluster needs at least one member".into()));
+            return Err(HarnessError::Start(
+                "a cluster needs at least one member".into(),
+            ));
         }
         let mut last_error = String::new();
         for _ in 0..PORT_ATTEMPTS {
