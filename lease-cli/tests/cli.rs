@@ -292,6 +292,7 @@ async fn bad_urls_and_stores_give_one_line_errors_and_documented_codes() {
 macro_rules! store_tests {
     ($store:ident, $start:expr, $start_owned:expr) => {
         mod $store {
+            #[allow(unused_imports)]
             use super::*;
 
             #[tokio::test]
@@ -347,6 +348,19 @@ store_tests!(
     },
     async {
         lease_conformance::server::PostgresServer::start_fast()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+);
+store_tests!(
+    etcd_store,
+    async {
+        lease_conformance::server::EtcdServer::start()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    },
+    async {
+        lease_conformance::server::EtcdServer::start_local()
             .await
             .unwrap_or_else(|e| panic!("{e}"))
     }

@@ -139,3 +139,74 @@ async fn postgres_restart_keeps_fencing() {
     eprintln!("postgres (killed, restarted): {r:?}");
     assert_eq!(r.claim, lease_core::Fencing::Durable);
 }
+
+mod etcd {
+    use super::*;
+    use lease_conformance::server::{EtcdCluster, EtcdServer};
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn etcd_holder_killed() {
+        let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+        let (t, _) = matrix::holder_killed(&m(), &server.url()).await;
+        eprintln!("etcd: takeover {t:?} after SIGKILL (ttl {TTL:?}, renew {RENEW:?})");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn etcd_holder_paused() {
+        let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+        matrix::holder_paused(&m(), &server.url()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn etcd_store_down_twice_the_ttl() {
+        let server = EtcdServer::start_local()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let url = server.url();
+        let server = tokio::sync::Mutex::new(server);
+        matrix::store_down(
+            &m(),
+            &url,
+            async || server.lock().await.stop().await.unwrap(),
+            async || server.lock().await.start_again().await.unwrap(),
+        )
+        .await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn etcd_restart_keeps_fencing() {
+        let server = EtcdServer::start_local()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let url = server.url();
+        let server = tokio::sync::Mutex::new(server);
+        let r = matrix::store_restarted(&url, async || {
+            let mut s = server.lock().await;
+            s.kill().unwrap();
+            s.start_again().await.unwrap();
+        })
+        .await;
+        eprintln!("etcd (killed, restarted): {r:?}");
+        assert_eq!(r.claim, lease_core::Fencing::Durable);
+    }
+
+    /// The leader of a 3-member cluster is killed while holders run: the lease survives or
+    /// moves, and fencing keeps growing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn etcd_cluster_leader_killed() {
+        let mut cluster = EtcdCluster::start(3)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let url = lease_conformance::server::etcd::etcd_url(&cluster.endpoints());
+        let leader = cluster
+            .wait_leader(std::time::Duration::from_secs(10))
+            .await
+            .unwrap();
+        let r = matrix::store_restarted(&url, async || {
+            cluster.member(leader).kill().unwrap();
+        })
+        .await;
+        eprintln!("etcd cluster (leader killed): {r:?}");
+        assert!(r.after > r.before);
+    }
+}

@@ -148,3 +148,29 @@ mod postgres {
         );
     }
 }
+
+mod etcd {
+    use super::*;
+    use lease_conformance::server::EtcdServer;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn etcd_scenarios() {
+        let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+        let backend = lease::connect(&server.url()).await.unwrap();
+        let room = scenarios::room_with_lease(backend.clone(), 30, 3).await;
+        assert_eq!(room.joined, 3);
+        // Timings scale with etcd's 1 s TTL granularity.
+        let fixed = scenarios::fixed_ttl_vs_watchdog(backend.clone(), 1000, false).await;
+        assert!(fixed.max_concurrent > 1, "{fixed:?}");
+        let watchdog = scenarios::fixed_ttl_vs_watchdog(backend.clone(), 1000, true).await;
+        assert_eq!(
+            (watchdog.acquired, watchdog.max_concurrent),
+            (1, 1),
+            "{watchdog:?}"
+        );
+        let wd = scenarios::lock_at_most_for_dilemma(backend.clone(), DilemmaMode::Watchdog).await;
+        assert!(!wd.duplicated, "{wd:?}");
+        let recovered = scenarios::stuck_holder_lease(backend, Duration::from_secs(8)).await;
+        assert!(recovered.is_some(), "the lease must recover after its ttl");
+    }
+}

@@ -202,7 +202,8 @@ impl LeaseClient {
                         owner.label.clone(),
                         inner.epoch,
                     ));
-                    shared.set_deadline(sent_at + ttl.saturating_sub(opts.safety_margin()));
+                    let first_deadline = sent_at + ttl.saturating_sub(opts.safety_margin());
+                    shared.set_deadline(first_deadline);
                     let reg = Registration {
                         id,
                         name: name.clone(),
@@ -213,6 +214,7 @@ impl LeaseClient {
                         call_timeout: opts.call_timeout(),
                         backoff: (opts.backoff_min(), opts.backoff_max()),
                         sent_at,
+                        first_deadline,
                         shared: shared.clone(),
                     };
                     let guard = LeaseGuard::new(

@@ -34,6 +34,9 @@ pub(crate) struct Registration {
     pub call_timeout: Duration,
     pub backoff: (Duration, Duration),
     pub sent_at: Instant,
+    /// Local safety deadline after the acquisition: send time + the TTL the store
+    /// granted (which may be shorter than requested, e.g. a shared etcd lease) - margin.
+    pub first_deadline: Instant,
     pub shared: Arc<GuardShared>,
 }
 
@@ -83,40 +86,69 @@ async fn run(
 ) {
     let mut entries: HashMap<u64, Entry> = HashMap::new();
     let mut in_flight: FuturesUnordered<BatchFuture> = FuturesUnordered::new();
+    // The full passes over all entries (expire, start due batches, next wake-up) run only
+    // when the timer fires or a batch finishes, not on every command: registering N leases
+    // one by one must not cost O(N^2).
+    let mut dirty = true;
+    let mut wake: Option<Instant> = None;
     loop {
-        let now = Instant::now();
-        expire(&mut entries, now);
-        start_due(&backend, max_batch, &mut entries, &mut in_flight, now);
-        let wake = next_wake(&entries);
+        if dirty {
+            let now = Instant::now();
+            expire(&mut entries, now);
+            start_due(&backend, max_batch, &mut entries, &mut in_flight, now);
+            wake = next_wake(&entries);
+            dirty = false;
+        }
         tokio::select! {
-            cmd = rx.recv() => match cmd {
-                Some(Command::Register(reg)) => {
-                    let deadline = reg.sent_at + reg.ttl.saturating_sub(reg.margin);
-                    reg.shared.set_deadline(deadline);
-                    let entry = Entry {
-                        next_due: reg.sent_at + reg.renew_every,
-                        deadline,
-                        attempt: 0,
-                        in_flight: false,
-                        lost: false,
-                        unregister_acks: None,
-                        reg: *reg,
-                    };
-                    entries.insert(entry.reg.id, entry);
+            cmd = rx.recv() => {
+                let Some(cmd) = cmd else { break };
+                let mut next = Some(cmd);
+                while let Some(cmd) = next {
+                    if let Some(t) = apply(&mut entries, cmd) {
+                        wake = Some(wake.map_or(t, |w| w.min(t)));
+                    }
+                    next = rx.try_recv().ok();
                 }
-                Some(Command::Unregister { id, ack }) => unregister(&mut entries, id, ack),
-                None => break,
-            },
+            }
             Some(done) = in_flight.next(), if !in_flight.is_empty() => {
                 finish(&mut entries, done);
+                dirty = true;
             }
-            _ = sleep_until_opt(wake) => {}
+            _ = sleep_until_opt(wake) => dirty = true,
         }
     }
     // The client and all its guards are gone; let in-flight renewals finish so that
     // nothing is left running against the store.
     while let Some(done) = in_flight.next().await {
         finish(&mut entries, done);
+    }
+}
+
+/// Applies one command; returns the time the new entry needs attention, if any.
+fn apply(entries: &mut HashMap<u64, Entry>, cmd: Command) -> Option<Instant> {
+    match cmd {
+        Command::Register(reg) => {
+            let deadline = reg.first_deadline;
+            reg.shared.set_deadline(deadline);
+            let entry = Entry {
+                // If the store granted less than asked, renew by half-way to the deadline.
+                next_due: (reg.sent_at + reg.renew_every)
+                    .min(reg.sent_at + deadline.saturating_duration_since(reg.sent_at) / 2),
+                deadline,
+                attempt: 0,
+                in_flight: false,
+                lost: false,
+                unregister_acks: None,
+                reg: *reg,
+            };
+            let attention = entry.next_due.min(entry.deadline);
+            entries.insert(entry.reg.id, entry);
+            Some(attention)
+        }
+        Command::Unregister { id, ack } => {
+            unregister(entries, id, ack);
+            None
+        }
     }
 }
 

@@ -10,6 +10,10 @@ pub use lease_redis as redis;
 #[cfg(feature = "postgres")]
 pub use lease_postgres as postgres;
 
+/// The etcd backend (feature `etcd`).
+#[cfg(feature = "etcd")]
+pub use lease_etcd as etcd;
+
 use std::sync::Arc;
 
 /// Opens a backend from a URL.
@@ -42,7 +46,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn LeaseBackend>> {
         "memory" => Ok(Arc::new(MemoryBackend::new())),
         "redis" | "rediss" => connect_redis(url).await,
         "postgres" | "postgresql" => connect_postgres(url).await,
-        "etcd" => not_compiled(scheme, "etcd"),
+        "etcd" => connect_etcd(url).await,
         other => Err(InvalidInput::MalformedUrl(format!(
             "unknown scheme {other:?}: expected memory, redis, rediss, postgres, postgresql or etcd"
         ))
@@ -72,6 +76,17 @@ async fn connect_postgres(url: &str) -> Result<Arc<dyn LeaseBackend>> {
 async fn connect_postgres(url: &str) -> Result<Arc<dyn LeaseBackend>> {
     let scheme = url.split("://").next().unwrap_or("postgres");
     not_compiled(scheme, "postgres")
+}
+
+#[cfg(feature = "etcd")]
+async fn connect_etcd(url: &str) -> Result<Arc<dyn LeaseBackend>> {
+    Ok(Arc::new(lease_etcd::EtcdBackend::from_url(url).await?))
+}
+
+#[cfg(not(feature = "etcd"))]
+async fn connect_etcd(url: &str) -> Result<Arc<dyn LeaseBackend>> {
+    let scheme = url.split("://").next().unwrap_or("etcd");
+    not_compiled(scheme, "etcd")
 }
 
 #[allow(dead_code)]

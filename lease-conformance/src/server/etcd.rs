@@ -253,6 +253,11 @@ impl EtcdServer {
         self.endpoints.clone()
     }
 
+    /// An `etcd://host:port[,host:port...]` URL for `lease::connect`.
+    pub fn url(&self) -> String {
+        etcd_url(&self.endpoints)
+    }
+
     /// Where the server came from.
     pub fn source(&self) -> Source {
         self.source
@@ -747,4 +752,17 @@ mod tests {
             "n0=http://127.0.0.1:2,n1=http://127.0.0.1:4"
         );
     }
+}
+
+/// `etcd://host:port,host:port` from client endpoints such as `http://127.0.0.1:2379`.
+pub fn etcd_url(endpoints: &[String]) -> String {
+    let hosts: Vec<&str> = endpoints
+        .iter()
+        .map(|e| {
+            e.trim_start_matches("http://")
+                .trim_start_matches("https://")
+                .trim_end_matches('/')
+        })
+        .collect();
+    format!("etcd://{}", hosts.join(","))
 }

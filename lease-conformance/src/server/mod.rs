@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 mod process;
 pub mod redis;
 
+pub use self::etcd::{EtcdCluster, EtcdServer};
 pub use self::postgres::PostgresServer;
 pub use self::redis::RedisServer;
 
@@ -138,5 +139,5 @@ fn is_executable(path: &Path) -> bool {
 pub(crate) fn env_nonempty(var: &str) -> Option<String> {
     std::env::var(var).ok().filter(|v| !v.trim().is_empty())
 }
-pub mod postgres;
 pub mod etcd;
+pub mod postgres;

@@ -1,0 +1,508 @@
+//! Runs the ADR comparison scenarios and the fault matrix against every store on local
+//! servers started by the harness, and writes the comparison as a Markdown table.
+//!
+//! ```text
+//! cargo run --release -p lease-conformance --bin lease-report -- [--out docs/comparison.md] [--soak ROUNDS]
+//! ```
+//!
+//! `--soak ROUNDS` also runs ROUNDS rounds of the fault matrix (holder killed, holder
+//! paused, alternating over the stores) and reports the checker's totals.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a test tool
+
+use std::fmt::Write as _;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_conformance::fenced::Report;
+use lease_conformance::matrix::{self, Matrix};
+use lease_conformance::scenarios::{self, DilemmaMode};
+use lease_conformance::server::{EtcdServer, PostgresServer, RedisServer};
+use lease_core::LeaseBackend;
+use tokio::sync::Mutex;
+
+/// Runs a case in its own task so that a failed assertion becomes a cell, not a crash.
+async fn cell<T: Send + 'static>(
+    fut: impl Future<Output = T> + Send + 'static,
+    show: impl FnOnce(T) -> String,
+) -> String {
+    match tokio::spawn(fut).await {
+        Ok(v) => show(v),
+        Err(e) => {
+            let msg = e
+                .try_into_panic()
+                .ok()
+                .and_then(|p| {
+                    p.downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| p.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                })
+                .unwrap_or_else(|| "cancelled".into());
+            format!("**FAILED**: {}", msg.lines().next().unwrap_or_default())
+        }
+    }
+}
+
+fn secs(d: Duration) -> String {
+    format!("{:.2} s", d.as_secs_f64())
+}
+
+#[derive(Default)]
+struct Column {
+    name: &'static str,
+    cells: Vec<(&'static str, String)>,
+}
+
+enum Server {
+    Redis(RedisServer),
+    Postgres(PostgresServer),
+    Etcd(EtcdServer),
+}
+
+impl Server {
+    fn url(&self) -> String {
+        match self {
+            Server::Redis(s) => s.url(),
+            Server::Postgres(s) => s.url(),
+            Server::Etcd(s) => s.url(),
+        }
+    }
+    async fn stop(&mut self) {
+        match self {
+            Server::Redis(s) => s.stop().await.unwrap(),
+            Server::Postgres(s) => s.stop().await.unwrap(),
+            Server::Etcd(s) => s.stop().await.unwrap(),
+        }
+    }
+    async fn start_again(&mut self) {
+        match self {
+            Server::Redis(s) => s.start_again().await.unwrap(),
+            Server::Postgres(s) => s.start_again().await.unwrap(),
+            Server::Etcd(s) => s.start_again().await.unwrap(),
+        }
+    }
+}
+
+async fn start(kind: &str) -> Server {
+    match kind {
+        "redis" => Server::Redis(RedisServer::start().await.unwrap()),
+        "postgres" => Server::Postgres(PostgresServer::start_local_process().await.unwrap()),
+        "etcd" => Server::Etcd(EtcdServer::start().await.unwrap()),
+        other => panic!("unknown store {other}"),
+    }
+}
+
+async fn store_column(kind: &'static str, m: &Matrix) -> Column {
+    let server = Arc::new(Mutex::new(start(kind).await));
+    let url = server.lock().await.url();
+    let backend: Arc<dyn LeaseBackend> = lease::connect(&url).await.unwrap();
+    let mut col = Column {
+        name: match kind {
+            "redis" => "Redis",
+            "postgres" => "PostgreSQL",
+            _ => "etcd",
+        },
+        ..Column::default()
+    };
+    let b = backend.clone();
+    col.cells.push((
+        "room",
+        cell(scenarios::room_with_lease(b, 30, 3), |r| {
+            format!("{} joined", r.joined)
+        })
+        .await,
+    ));
+    let b = backend.clone();
+    col.cells.push((
+        "fixed-ttl",
+        cell(scenarios::fixed_ttl_vs_watchdog(b, 1000, true), |r| {
+            format!(
+                "{} acquired, at most {} at once",
+                r.acquired, r.max_concurrent
+            )
+        })
+        .await,
+    ));
+    let b = backend.clone();
+    col.cells.push((
+        "dilemma",
+        cell(
+            scenarios::lock_at_most_for_dilemma(b, DilemmaMode::Watchdog),
+            |r| {
+                format!(
+                    "{}; recovery after a crash {}",
+                    if r.duplicated {
+                        "**duplicated**"
+                    } else {
+                        "no duplicate"
+                    },
+                    secs(r.recovery)
+                )
+            },
+        )
+        .await,
+    ));
+    let b = backend.clone();
+    col.cells.push((
+        "at-least-for",
+        cell(scenarios::lock_at_least_for(b, true, 4), |s| {
+            format!("{} runs in 4 periods (2 instances)", s.ran)
+        })
+        .await,
+    ));
+    let b = backend.clone();
+    col.cells.push((
+        "stuck",
+        cell(
+            scenarios::stuck_holder_lease(b, Duration::from_secs(5)),
+            |r| match r {
+                Some(d) => format!("others get in after {}", secs(d)),
+                None => "**blocked** for 5 s".into(),
+            },
+        )
+        .await,
+    ));
+    let (m1, u1) = (m.clone(), url.clone());
+    col.cells.push((
+        "killed",
+        cell(
+            async move { matrix::holder_killed(&m1, &u1).await },
+            |(t, r)| {
+                format!(
+                    "takeover after {} ({} double beliefs)",
+                    secs(t),
+                    r.double_beliefs.len()
+                )
+            },
+        )
+        .await,
+    ));
+    let (m1, u1) = (m.clone(), url.clone());
+    col.cells.push((
+        "paused",
+        cell(async move { matrix::holder_paused(&m1, &u1).await }, |r| {
+            format!(
+                "lost signal on resume; {} stale writes rejected, {} accepted out of order",
+                r.stale_rejected, r.accepted_out_of_order
+            )
+        })
+        .await,
+    ));
+    let (m1, u1, s1) = (m.clone(), url.clone(), server.clone());
+    let s2 = server.clone();
+    col.cells.push((
+        "down",
+        cell(
+            async move {
+                matrix::store_down(
+                    &m1,
+                    &u1,
+                    async || s1.lock().await.stop().await,
+                    async || s2.lock().await.start_again().await,
+                )
+                .await
+            },
+            |(lost, _)| {
+                format!(
+                    "holder stops {} after the outage began; work resumes",
+                    secs(lost)
+                )
+            },
+        )
+        .await,
+    ));
+    let (u1, s1) = (url.clone(), server.clone());
+    col.cells.push((
+        "restart",
+        cell(
+            async move {
+                matrix::store_restarted(&u1, async || {
+                    let mut s = s1.lock().await;
+                    s.stop().await;
+                    s.start_again().await;
+                })
+                .await
+            },
+            |r| {
+                format!(
+                    "tokens {} → {} ({:?}, claim held: {})",
+                    r.before,
+                    r.after,
+                    r.claim,
+                    r.claim_held()
+                )
+            },
+        )
+        .await,
+    ));
+    col
+}
+
+const ROWS: &[(&str, &str)] = &[
+    ("room", "Room capacity 3, 30 concurrent joiners (seed 001)"),
+    (
+        "fixed-ttl",
+        "1,000 tasks, 100 ms TTL, 1 s of work (seed 004)",
+    ),
+    (
+        "dilemma",
+        "lockAtMostFor dilemma: slow job 3x TTL, then a crash (seed 002)",
+    ),
+    (
+        "at-least-for",
+        "Fast job, 2 instances 20% of a period apart (seed 003)",
+    ),
+    (
+        "stuck",
+        "Holder alive but stuck: frozen, connection open (ADR option C)",
+    ),
+    ("killed", "Holder SIGKILLed (TTL 1 s, renewal 333 ms)"),
+    ("paused", "Holder SIGSTOPped for 2x TTL, then resumed"),
+    ("down", "Store down for 2x TTL"),
+    ("restart", "Store restarted: fencing tokens before → after"),
+];
+
+async fn alternatives(redis_url: &str, pg_url: &str) -> Column {
+    let mut col = Column {
+        name: "Alternatives (store)",
+        ..Column::default()
+    };
+    let r = redis_url.to_owned();
+    let room = cell(
+        async move {
+            let none = scenarios::room_without_lock(30, 3).await;
+            let (watch, aborted) = scenarios::room_with_watch_multi(&r, 30, 3).await.unwrap();
+            (none, watch, aborted)
+        },
+        |(none, watch, aborted)| {
+            format!(
+                "no lock: **{} joined**; WATCH/MULTI (Redis): {} joined, {aborted} aborted attempts",
+                none.joined, watch.joined
+            )
+        },
+    )
+    .await;
+    col.cells.push(("room", room));
+    let backend = lease::connect(redis_url).await.unwrap();
+    let b = backend.clone();
+    col.cells.push((
+        "fixed-ttl",
+        cell(scenarios::fixed_ttl_vs_watchdog(b, 1000, false), |r| {
+            format!(
+                "fixed TTL, no watchdog (Redis): **{} acquired, {} at once**",
+                r.acquired, r.max_concurrent
+            )
+        })
+        .await,
+    ));
+    let (b1, b2) = (backend.clone(), backend.clone());
+    col.cells.push((
+        "dilemma",
+        cell(
+            async move {
+                (
+                    scenarios::lock_at_most_for_dilemma(b1, DilemmaMode::ShortFixedTtl).await,
+                    scenarios::lock_at_most_for_dilemma(b2, DilemmaMode::LongFixedTtl).await,
+                )
+            },
+            |(short, long)| {
+                format!(
+                    "short fixed TTL (Redis): {}; long fixed TTL: recovery after {}",
+                    if short.duplicated {
+                        "**duplicated**"
+                    } else {
+                        "no duplicate"
+                    },
+                    secs(long.recovery)
+                )
+            },
+        )
+        .await,
+    ));
+    let b = backend.clone();
+    col.cells.push((
+        "at-least-for",
+        cell(scenarios::lock_at_least_for(b, false, 4), |s| {
+            format!("no keep-for (Redis): **{} runs** in 4 periods", s.ran)
+        })
+        .await,
+    ));
+    let pg = pg_url.to_owned();
+    col.cells.push((
+        "stuck",
+        cell(
+            async move {
+                let adv: Arc<dyn LeaseBackend> = Arc::new(
+                    lease::postgres::AdvisoryLockBackend::connect(&pg)
+                        .await
+                        .unwrap(),
+                );
+                scenarios::stuck_holder_lease(adv, Duration::from_secs(5)).await
+            },
+            |r| match r {
+                Some(d) => format!("PG advisory lock: others get in after {}", secs(d)),
+                None => "PG advisory lock: **still blocked after 5 s**".into(),
+            },
+        )
+        .await,
+    ));
+    col
+}
+
+#[tokio::main]
+async fn main() {
+    let mut out = String::from("docs/comparison.md");
+    let mut soak = 0usize;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--out" => out = args.next().expect("--out PATH"),
+            "--soak" => {
+                soak = args
+                    .next()
+                    .expect("--soak ROUNDS")
+                    .parse()
+                    .expect("a number")
+            }
+            other => panic!("unknown argument {other}"),
+        }
+    }
+    let m = Matrix::beside_current_exe().expect("lease-holder next to lease-report: build both");
+    let mut columns = Vec::new();
+    for kind in ["redis", "postgres", "etcd"] {
+        eprintln!("== {kind}");
+        columns.push(store_column(kind, &m).await);
+    }
+    let redis = RedisServer::start().await.unwrap();
+    let pg = PostgresServer::shared().await.unwrap();
+    columns.push(alternatives(&redis.url(), &pg.url()).await);
+
+    let mut md = String::new();
+    writeln!(md, "# The ADR's alternatives, measured").unwrap();
+    writeln!(md).unwrap();
+    writeln!(
+        md,
+        "Generated by `cargo run --release -p lease-conformance --bin lease-report{}` on local \
+         servers started by the test harness (Redis 7, PostgreSQL 15, etcd 3.4, one machine, \
+         loopback). Store columns use the library (lease with watchdog, TTL 500 ms or the \
+         store's minimum; etcd rounds to whole seconds); the last column runs the alternatives \
+         the source documents discuss. Bold marks the failure each scenario demonstrates.",
+        if soak > 0 {
+            format!(" -- --soak {soak}")
+        } else {
+            String::new()
+        }
+    )
+    .unwrap();
+    writeln!(md).unwrap();
+    write!(md, "| scenario |").unwrap();
+    for c in &columns {
+        write!(md, " {} |", c.name).unwrap();
+    }
+    writeln!(md).unwrap();
+    write!(md, "|---|").unwrap();
+    for _ in &columns {
+        write!(md, "---|").unwrap();
+    }
+    writeln!(md).unwrap();
+    for (key, title) in ROWS {
+        write!(md, "| {title} |").unwrap();
+        for c in &columns {
+            let v = c
+                .cells
+                .iter()
+                .find(|(k, _)| k == key)
+                .map_or("—".to_owned(), |(_, v)| v.clone());
+            write!(md, " {} |", v.replace('|', "/")).unwrap();
+        }
+        writeln!(md).unwrap();
+    }
+    writeln!(md).unwrap();
+    writeln!(
+        md,
+        "Network cut between one holder and the store (network namespace): not run yet."
+    )
+    .unwrap();
+
+    if soak > 0 {
+        let mut total = Report::default();
+        let mut rounds = 0;
+        let mut failures = Vec::new();
+        let servers = [
+            ("redis", start("redis").await),
+            ("postgres", start("postgres").await),
+            ("etcd", start("etcd").await),
+        ];
+        let started = std::time::Instant::now();
+        while rounds < soak {
+            for (kind, server) in &servers {
+                if rounds >= soak {
+                    break;
+                }
+                let url = server.url();
+                let case = rounds % 2;
+                let m1 = m.clone();
+                let result = tokio::spawn(async move {
+                    if case == 0 {
+                        matrix::holder_killed(&m1, &url).await.1
+                    } else {
+                        matrix::holder_paused(&m1, &url).await
+                    }
+                })
+                .await;
+                match result {
+                    Ok(r) => {
+                        total.accepted += r.accepted;
+                        total.stale_rejected += r.stale_rejected;
+                        total.accepted_out_of_order += r.accepted_out_of_order;
+                        total.double_beliefs.extend(r.double_beliefs);
+                        total.takeovers.extend(r.takeovers);
+                    }
+                    Err(e) => failures.push(format!("round {rounds} on {kind}: {e}")),
+                }
+                rounds += 1;
+                if rounds % 50 == 0 {
+                    eprintln!("soak: {rounds}/{soak} rounds, {:?}", started.elapsed());
+                }
+            }
+        }
+        let max_takeover = total.takeovers.iter().max().copied().unwrap_or_default();
+        writeln!(md).unwrap();
+        writeln!(md, "## Soak: {rounds} rounds of the fault matrix").unwrap();
+        writeln!(md).unwrap();
+        writeln!(
+            md,
+            "Holder killed and holder paused, alternating, over Redis, PostgreSQL and etcd, \
+             {:.0} minutes.\n\n- accepted writes: {}\n- stale writes rejected by token: {}\n\
+             - accepted writes out of token order: **{}**\n- periods with two believers \
+             (a paused holder that has not yet seen its lost signal): {}\n- takeovers: {}, \
+             longest {}\n- failed rounds (a case's assertion, a panic, a call past its \
+             timeout): **{}**",
+            started.elapsed().as_secs_f64() / 60.0,
+            total.accepted,
+            total.stale_rejected,
+            total.accepted_out_of_order,
+            total.double_beliefs.len(),
+            total.takeovers.len(),
+            secs(max_takeover),
+            failures.len()
+        )
+        .unwrap();
+        for f in &failures {
+            writeln!(md, "  - {f}").unwrap();
+        }
+        eprintln!(
+            "soak totals: {rounds} rounds, {} accepted, {} stale rejected, {} out of order, {} failures",
+            total.accepted,
+            total.stale_rejected,
+            total.accepted_out_of_order,
+            failures.len()
+        );
+    }
+    if let Some(dir) = std::path::Path::new(&out).parent() {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    std::fs::write(&out, &md).unwrap();
+    println!("{md}");
+    eprintln!("wrote {out}");
+}

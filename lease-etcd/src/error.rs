@@ -1,0 +1,236 @@
+//! Converting `etcd-client` errors into [`lease_core::Error`].
+
+use std::future::Future;
+use std::time::Duration;
+
+use lease_core::Error;
+use tonic::Code;
+
+pub(crate) const BACKEND: &str = "etcd";
+
+/// Maps an `etcd-client` error from `operation` to the error of the crate family.
+///
+/// - connection failures, `Unavailable` (no leader, leader changed, request timed out on
+///   the server, member stopping), cancelled or reset streams -> [`Error::Unavailable`];
+/// - `DeadlineExceeded` -> [`Error::Timeout`];
+/// - authentication and permission failures, requests the server refuses as too large or
+///   out of space, unknown RPCs -> [`Error::Rejected`];
+/// - undecodable replies -> [`Error::UnexpectedReply`];
+/// - anything else -> [`Error::Backend`].
+pub(crate) fn convert(operation: &'static str, timeout: Duration, e: etcd_client::Error) -> Error {
+    use etcd_client::Error as E;
+    match e {
+        E::GRpcStatus(status) => match status.code() {
+            Code::Unavailable | Code::Cancelled | Code::Aborted => {
+                Error::unavailable(BACKEND, status)
+            }
+            Code::DeadlineExceeded => Error::Timeout {
+                operation,
+                after: timeout,
+            },
+            Code::Unauthenticated
+            | Code::PermissionDenied
+            | Code::InvalidArgument
+            | Code::FailedPrecondition
+            | Code::OutOfRange
+            | Code::ResourceExhausted
+            | Code::Unimplemented => Error::Rejected {
+                backend: BACKEND,
+                source: Box::new(status),
+            },
+            Code::Unknown | Code::Internal => {
+                // tonic reports broken connections (h2 errors, closed streams) this way.
+                Error::Backend {
+                    backend: BACKEND,
+                    retryable: true,
+                    source: Box::new(status),
+                }
+            }
+            _ => Error::Backend {
+                backend: BACKEND,
+                retryable: false,
+                source: Box::new(status),
+            },
+        },
+        E::TransportError(_) | E::IoError(_) | E::WatchError(_) => Error::unavailable(BACKEND, e),
+        E::LeaseKeepAliveError(_) => Error::Backend {
+            backend: BACKEND,
+            retryable: true,
+            source: Box::new(e),
+        },
+        E::Utf8Error(_) => Error::unexpected(BACKEND, format!("{operation}: {e}")),
+        _ => Error::Backend {
+            backend: BACKEND,
+            retryable: false,
+            source: Box::new(e),
+        },
+    }
+}
+
+/// Whether a write failed because the etcd lease it refers to no longer exists
+/// (`etcdserver: requested lease not found`).
+pub(crate) fn is_lease_not_found(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            s.code() == Code::NotFound && s.message().contains("lease not found")
+        }
+        etcd_client::Error::LeaseKeepAliveError(m) => m.contains("lease not found"),
+        _ => false,
+    }
+}
+
+/// Runs one request with a timeout; a raw result so callers can look at the error first.
+pub(crate) async fn bounded<T>(
+    operation: &'static str,
+    timeout: Duration,
+    fut: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<Result<T, etcd_client::Error>, Error> {
+    tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| Error::Timeout {
+            operation,
+            after: timeout,
+        })
+}
+
+/// Whether a request failed before it reached any server (the connection to the member
+/// the balancer picked was refused): then it is safe to send again, to another member.
+pub(crate) fn not_sent(e: &etcd_client::Error) -> bool {
+    let etcd_client::Error::GRpcStatus(status) = e else {
+        return false;
+    };
+    if status.code() != Code::Unavailable {
+        return false;
+    }
+    if status.message().contains("connect error") {
+        return true;
+    }
+    let mut source = std::error::Error::source(status);
+    while let Some(err) = source {
+        if err
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// Runs a request with a timeout, sending it again (up to `tries` times in all, within the
+/// same timeout) while it fails without having reached a server. The client balances over
+/// all endpoints and keeps sending to a member that is down; another try picks again.
+pub(crate) async fn retrying<T, F, Fut>(
+    operation: &'static str,
+    timeout: Duration,
+    tries: usize,
+    mut attempt: F,
+) -> Result<Result<T, etcd_client::Error>, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut tried = 1;
+    loop {
+        let result = tokio::time::timeout_at(deadline, attempt())
+            .await
+            .map_err(|_| Error::Timeout {
+                operation,
+                after: timeout,
+            })?;
+        match result {
+            Err(e) if tried < tries && not_sent(&e) => {
+                tried += 1;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            other => return Ok(other),
+        }
+    }
+}
+
+/// [`retrying`], converting the error.
+pub(crate) async fn call_retrying<T, F, Fut>(
+    operation: &'static str,
+    timeout: Duration,
+    tries: usize,
+    attempt: F,
+) -> Result<T, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    retrying(operation, timeout, tries, attempt)
+        .await?
+        .map_err(|e| convert(operation, timeout, e))
+}
+
+/// Runs one request with a timeout and converts its error.
+pub(crate) async fn call<T>(
+    operation: &'static str,
+    timeout: Duration,
+    fut: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, Error> {
+    bounded(operation, timeout, fut)
+        .await?
+        .map_err(|e| convert(operation, timeout, e))
+}
+
+/// A reply of the wrong shape.
+pub(crate) fn unexpected(operation: &'static str, detail: impl std::fmt::Display) -> Error {
+    Error::unexpected(BACKEND, format!("{operation}: {detail}"))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    fn status(code: Code, msg: &str) -> etcd_client::Error {
+        etcd_client::Error::GRpcStatus(tonic::Status::new(code, msg))
+    }
+
+    #[test]
+    fn classification() {
+        let t = Duration::from_secs(1);
+        let e = convert(
+            "acquire",
+            t,
+            status(Code::Unavailable, "etcdserver: no leader"),
+        );
+        assert!(matches!(e, Error::Unavailable { .. }) && e.is_retryable());
+        let e = convert("acquire", t, status(Code::DeadlineExceeded, "x"));
+        assert!(matches!(
+            e,
+            Error::Timeout {
+                operation: "acquire",
+                ..
+            }
+        ));
+        let e = convert(
+            "acquire",
+            t,
+            status(Code::PermissionDenied, "etcdserver: permission denied"),
+        );
+        assert!(matches!(e, Error::Rejected { .. }) && !e.is_retryable());
+        let e = convert(
+            "acquire",
+            t,
+            status(Code::InvalidArgument, "etcdserver: user name is empty"),
+        );
+        assert!(matches!(e, Error::Rejected { .. }));
+        assert!(is_lease_not_found(&status(
+            Code::NotFound,
+            "etcdserver: requested lease not found"
+        )));
+        assert!(!is_lease_not_found(&status(Code::NotFound, "key")));
+        assert!(not_sent(&status(Code::Unavailable, "tcp connect error")));
+        assert!(!not_sent(&status(
+            Code::Unavailable,
+            "etcdserver: no leader"
+        )));
+        assert!(!not_sent(&status(Code::Internal, "tcp connect error")));
+    }
+}

@@ -1,0 +1,233 @@
+//! Mapping lease names to etcd keys, and the value stored under each key.
+//!
+//! **Keys.** A name `N` under the prefix `P` is stored at
+//!
+//! ```text
+//! P/l/<hex(N)>.
+//! ```
+//!
+//! where `hex(N)` is the lowercase hex of the name's bytes and `.` a terminator. Hex is
+//! injective, so two names never share a key. The terminator is not a hex digit, so no
+//! name's key is a proper prefix of another name's key: a prefix range (`get --prefix`,
+//! a prefix watch) on one name's key can never reach another name. Every key lies under
+//! `P/l/`, whatever bytes the name contains (slashes, `..`, non-UTF-8), so no name can
+//! escape the prefix either.
+//!
+//! **Values.** `lease1\n<state>\n<owner token>\n<holder label>`, where `state` is `held`
+//! or `released` (released with keep-for: still taken, never renewable). Labels contain no
+//! control characters, so the newline split is unambiguous. Anything else under the
+//! prefix is reported as an unexpected reply, never mistaken for a lease.
+
+use lease_core::{InvalidInput, OwnerToken};
+
+/// Longest accepted key prefix, in bytes.
+pub(crate) const MAX_PREFIX_LEN: usize = 256;
+
+const MAGIC: &str = "lease1";
+const HELD: &str = "held";
+const RELEASED: &str = "released";
+
+/// Checks a key prefix: 1 to 256 bytes, no control characters or whitespace.
+pub(crate) fn validate_prefix(prefix: &str) -> Result<(), InvalidInput> {
+    if prefix.is_empty() {
+        return Err(InvalidInput::Other("etcd key prefix is empty".into()));
+    }
+    if prefix.len() > MAX_PREFIX_LEN {
+        return Err(InvalidInput::Other(format!(
+            "etcd key prefix is {} bytes, more than the maximum of {MAX_PREFIX_LEN}",
+            prefix.len()
+        )));
+    }
+    if let Some(c) = prefix.chars().find(|c| c.is_control() || c.is_whitespace()) {
+        return Err(InvalidInput::Other(format!(
+            "etcd key prefix must not contain {c:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// The key layout of one backend (one prefix).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Layout {
+    /// `P/l/`: every lease key starts with it.
+    range: Vec<u8>,
+}
+
+impl Layout {
+    pub(crate) fn new(prefix: &str) -> Self {
+        let mut range = Vec::with_capacity(prefix.len() + 3);
+        range.extend_from_slice(prefix.as_bytes());
+        range.extend_from_slice(b"/l/");
+        Layout { range }
+    }
+
+    /// The common prefix of every lease key (for the watch).
+    pub(crate) fn range_prefix(&self) -> &[u8] {
+        &self.range
+    }
+
+    /// The key of a name.
+    pub(crate) fn key(&self, name: &[u8]) -> Vec<u8> {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut key = Vec::with_capacity(self.range.len() + name.len() * 2 + 1);
+        key.extend_from_slice(&self.range);
+        for b in name {
+            key.push(DIGITS[usize::from(b >> 4)]);
+            key.push(DIGITS[usize::from(b & 0x0f)]);
+        }
+        key.push(b'.');
+        key
+    }
+}
+
+/// A decoded value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Stored {
+    pub(crate) token: OwnerToken,
+    pub(crate) released: bool,
+    pub(crate) label: String,
+}
+
+/// Encodes the value of a held (or, with `released`, a released-with-keep-for) lease.
+pub(crate) fn encode_value(token: &OwnerToken, label: &str, released: bool) -> Vec<u8> {
+    let state = if released { RELEASED } else { HELD };
+    format!("{MAGIC}\n{state}\n{token}\n{label}").into_bytes()
+}
+
+/// Decodes a value; `Err` with a short reason for anything that is not ours.
+pub(crate) fn decode_value(value: &[u8]) -> Result<Stored, String> {
+    let text = std::str::from_utf8(value).map_err(|_| "value is not UTF-8".to_owned())?;
+    let mut parts = text.splitn(4, '\n');
+    let (Some(magic), Some(state), Some(token), Some(label)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(format!("value {:?} is not a lease record", preview(text)));
+    };
+    if magic != MAGIC {
+        return Err(format!("value {:?} is not a lease record", preview(text)));
+    }
+    let released = match state {
+        HELD => false,
+        RELEASED => true,
+        other => return Err(format!("unknown lease state {:?}", preview(other))),
+    };
+    let token = OwnerToken::parse(token)
+        .map_err(|_| format!("malformed owner token {:?}", preview(token)))?;
+    if label.is_empty() || label.chars().any(char::is_control) {
+        return Err(format!("malformed holder label {:?}", preview(label)));
+    }
+    Ok(Stored {
+        token,
+        released,
+        label: label.to_owned(),
+    })
+}
+
+/// At most 40 characters of `s`, for error messages.
+fn preview(s: &str) -> String {
+    s.chars().take(40).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    fn names() -> Vec<Vec<u8>> {
+        let mut v: Vec<Vec<u8>> = [
+            "a", "a.", "a/", "a/b", "ab", "b", ".", "..", "/", "a:", "{a}", "*", "잠금", "a\n",
+            "61", "6", "x.y",
+        ]
+        .iter()
+        .map(|s| s.as_bytes().to_vec())
+        .collect();
+        v.push(vec![0xff, 0xfe]);
+        v.push(vec![0x01]);
+        v.push(vec![0x2e, 0xff]);
+        v.push(vec![0xff, 0x2e]);
+        v.push(vec![b'x'; 1024]);
+        v
+    }
+
+    #[test]
+    fn keys_are_injective_and_prefix_free() {
+        let layout = Layout::new("lease");
+        let names = names();
+        let keys: Vec<Vec<u8>> = names.iter().map(|n| layout.key(n)).collect();
+        for (i, a) in keys.iter().enumerate() {
+            assert!(a.starts_with(b"lease/l/"));
+            assert!(a.ends_with(b"."));
+            for (j, b) in keys.iter().enumerate() {
+                if i != j {
+                    assert_ne!(a, b, "{:?} and {:?} share a key", names[i], names[j]);
+                    assert!(
+                        !b.starts_with(a),
+                        "key of {:?} is a prefix of the key of {:?}",
+                        names[i],
+                        names[j]
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn key_is_hex_with_terminator() {
+        let layout = Layout::new("app/x");
+        assert_eq!(layout.key(b"a/b"), b"app/x/l/612f62.".to_vec());
+        assert_eq!(layout.key(&[0x00, 0xff]), b"app/x/l/00ff.".to_vec());
+        assert_eq!(layout.range_prefix(), b"app/x/l/");
+    }
+
+    #[test]
+    fn every_byte_pair_maps_to_a_distinct_key() {
+        let layout = Layout::new("p");
+        let mut seen = std::collections::HashSet::new();
+        for a in 0..=255u8 {
+            assert!(seen.insert(layout.key(&[a])));
+            for b in [0u8, 0x2e, 0x2f, 0x30, 0x61, 0xff] {
+                assert!(seen.insert(layout.key(&[a, b])));
+            }
+        }
+    }
+
+    #[test]
+    fn values_round_trip() {
+        let token = OwnerToken::random();
+        for released in [false, true] {
+            let v = encode_value(&token, "host:42 with spaces", released);
+            let d = decode_value(&v).expect("decode");
+            assert_eq!(d.token, token);
+            assert_eq!(d.released, released);
+            assert_eq!(d.label, "host:42 with spaces");
+        }
+    }
+
+    #[test]
+    fn garbage_values_are_rejected() {
+        let token = OwnerToken::random();
+        for bad in [
+            b"".to_vec(),
+            b"hello".to_vec(),
+            vec![0xff, 0x00],
+            format!("lease2\nheld\n{token}\nx").into_bytes(),
+            format!("lease1\nmaybe\n{token}\nx").into_bytes(),
+            b"lease1\nheld\nnot-a-uuid\nx".to_vec(),
+            format!("lease1\nheld\n{token}\n").into_bytes(),
+            format!("lease1\nheld\n{token}\na\nb").into_bytes(),
+        ] {
+            assert!(decode_value(&bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn prefixes_are_validated() {
+        assert!(validate_prefix("lease").is_ok());
+        assert!(validate_prefix("team/app").is_ok());
+        assert!(validate_prefix("").is_err());
+        assert!(validate_prefix("a b").is_err());
+        assert!(validate_prefix("a\nb").is_err());
+        assert!(validate_prefix(&"x".repeat(257)).is_err());
+    }
+}

@@ -1,0 +1,314 @@
+//! What one backend instance knows locally: its session leases, the keys it holds, the
+//! state of its watch and who waits for a release.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use lease_core::OwnerToken;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+
+/// The shared, lock-protected state. Never held across an `.await`.
+#[derive(Debug, Default)]
+pub(crate) struct Shared {
+    state: Mutex<State>,
+}
+
+impl Shared {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves the maps consistent (every mutation is a
+        // single insert/remove/assignment), so keep going.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct State {
+    /// Keys this instance holds, acquires right now, or has seen events for while doing so.
+    pub(crate) keys: HashMap<Vec<u8>, KeyState>,
+    /// The current session lease per TTL in whole seconds.
+    pub(crate) sessions: HashMap<u64, Session>,
+    pub(crate) watch: WatchStatus,
+    /// Release waiters per key.
+    pub(crate) waiters: HashMap<Vec<u8>, Waiter>,
+    /// When `renew` last looked for keys nobody renewed.
+    pub(crate) last_sweep: Option<Instant>,
+    /// Keepalives in flight, per etcd lease.
+    pub(crate) flights: HashMap<i64, Flight>,
+    flight_seq: u64,
+}
+
+/// A keepalive in flight that concurrent renewals may wait for.
+#[derive(Debug)]
+pub(crate) struct Flight {
+    seq: u64,
+    /// When it was sent.
+    pub(crate) sent: Instant,
+    /// `Some(alive)` once answered; the sender is dropped if it fails or is cancelled.
+    pub(crate) answer: watch::Receiver<Option<bool>>,
+}
+
+/// Publishes a keepalive in flight; unpublishes it when dropped.
+pub(crate) struct FlightGuard {
+    shared: Arc<Shared>,
+    lease: i64,
+    seq: u64,
+    answer: watch::Sender<Option<bool>>,
+}
+
+impl FlightGuard {
+    pub(crate) fn start(shared: &Arc<Shared>, lease: i64, sent: Instant) -> Self {
+        let (answer, rx) = watch::channel(None);
+        let mut st = shared.lock();
+        st.flight_seq += 1;
+        let seq = st.flight_seq;
+        st.flights.insert(
+            lease,
+            Flight {
+                seq,
+                sent,
+                answer: rx,
+            },
+        );
+        FlightGuard {
+            shared: shared.clone(),
+            lease,
+            seq,
+            answer,
+        }
+    }
+
+    /// Hands the answer to everyone waiting for it.
+    pub(crate) fn finish(self, alive: bool) {
+        let _ = self.answer.send(Some(alive));
+    }
+}
+
+impl Drop for FlightGuard {
+    fn drop(&mut self) {
+        let mut st = self.shared.lock();
+        if st
+            .flights
+            .get(&self.lease)
+            .is_some_and(|f| f.seq == self.seq)
+        {
+            st.flights.remove(&self.lease);
+        }
+    }
+}
+
+/// One etcd lease shared by every key this instance acquires with the same TTL.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Session {
+    pub(crate) id: i64,
+    /// The TTL etcd granted (may exceed the request: the server has a minimum).
+    pub(crate) granted: Duration,
+    /// When the grant or the last successful keepalive was *sent*: the lease lasts at least
+    /// until `refreshed_at + granted`.
+    pub(crate) refreshed_at: Instant,
+}
+
+impl Session {
+    pub(crate) fn expires_at(&self) -> Instant {
+        self.refreshed_at + self.granted
+    }
+
+    /// Whether new keys may still join it: at least half its TTL is left. A key that joins
+    /// gets only the lease's remaining time, so a lease nobody renews is replaced by a fresh
+    /// one rather than handed out with little time left.
+    pub(crate) fn usable(&self, now: Instant) -> bool {
+        now.saturating_duration_since(self.refreshed_at) <= self.granted / 2
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct KeyState {
+    pub(crate) held: Option<Held>,
+    /// Acquisitions of this key in flight.
+    pub(crate) pending: u32,
+    /// Highest revision of any watch event seen for this key while it was held or pending.
+    pub(crate) last_event_rev: i64,
+}
+
+/// A key this instance holds.
+#[derive(Debug, Clone)]
+pub(crate) struct Held {
+    pub(crate) token: OwnerToken,
+    pub(crate) label: String,
+    /// The etcd lease the key is attached to.
+    pub(crate) lease: i64,
+    pub(crate) granted: Duration,
+    /// Revision of our put: the key's create and mod revision while it is ours.
+    pub(crate) rev: i64,
+    /// Start of the acquire call (keep-for is measured from here).
+    pub(crate) locked_at: Instant,
+    /// Lower bound of the key's expiry had nobody but its own renewals kept the lease alive.
+    pub(crate) deadline: Instant,
+    /// The watch saw the key deleted or overwritten by someone else.
+    pub(crate) lost: bool,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct WatchStatus {
+    /// The watch task was spawned.
+    pub(crate) started: bool,
+    /// The watch stream is established.
+    pub(crate) healthy: bool,
+    /// Incremented each time a watch stream is established.
+    pub(crate) generation: u64,
+    /// Events were lost (history compacted): verify held keys on the store before trusting
+    /// the watch again.
+    pub(crate) needs_resync: bool,
+    /// The next revision the watch has not delivered yet (0: from "now").
+    pub(crate) next_rev: i64,
+}
+
+#[derive(Debug)]
+pub(crate) struct Waiter {
+    pub(crate) notify: Arc<Notify>,
+    count: usize,
+}
+
+impl State {
+    pub(crate) fn held(&self, key: &[u8]) -> Option<&Held> {
+        self.keys.get(key).and_then(|k| k.held.as_ref())
+    }
+
+    /// Drops the record of `key` once nothing refers to it.
+    pub(crate) fn forget_if_idle(&mut self, key: &[u8]) {
+        if self
+            .keys
+            .get(key)
+            .is_some_and(|k| k.held.is_none() && k.pending == 0)
+        {
+            self.keys.remove(key);
+        }
+    }
+
+    /// Forgets that we hold `key` at revision `rev` (released, lost or swept).
+    pub(crate) fn forget_held(&mut self, key: &[u8], rev: i64) {
+        if let Some(k) = self.keys.get_mut(key) {
+            if k.held.as_ref().is_some_and(|h| h.rev == rev) {
+                k.held = None;
+            }
+        }
+        self.forget_if_idle(key);
+    }
+
+    /// A watch event: `key` was written (`delete == false`) or deleted at `rev`.
+    pub(crate) fn on_event(&mut self, key: &[u8], rev: i64, delete: bool) {
+        if let Some(k) = self.keys.get_mut(key) {
+            k.last_event_rev = k.last_event_rev.max(rev);
+            if let Some(h) = &mut k.held {
+                // Our own put has exactly `h.rev`; anything later is someone else's
+                // delete, expiry or overwrite (our own keep-for re-put happens after we
+                // forgot the key).
+                if rev > h.rev {
+                    h.lost = true;
+                }
+            }
+        }
+        if delete {
+            if let Some(w) = self.waiters.get(key) {
+                w.notify.notify_waiters();
+            }
+        }
+    }
+
+    /// Wakes every release waiter (they re-check; used when events may have been lost).
+    pub(crate) fn wake_all(&self) {
+        for w in self.waiters.values() {
+            w.notify.notify_waiters();
+        }
+    }
+
+    /// The watch lost history: every held key must be verified on the store.
+    pub(crate) fn on_history_lost(&mut self) {
+        self.watch.needs_resync = true;
+        self.wake_all();
+    }
+
+    /// Forgets the session lease `id` (expired or revoked) and every key attached to it.
+    pub(crate) fn on_lease_gone(&mut self, id: i64) {
+        self.sessions.retain(|_, s| s.id != id);
+        let gone: Vec<Vec<u8>> = self
+            .keys
+            .iter()
+            .filter(|(_, k)| k.held.as_ref().is_some_and(|h| h.lease == id))
+            .map(|(key, _)| key.clone())
+            .collect();
+        for key in gone {
+            if let Some(k) = self.keys.get_mut(&key) {
+                k.held = None;
+            }
+            self.forget_if_idle(&key);
+        }
+    }
+}
+
+/// Marks an acquisition of `key` in flight, so watch events for it are recorded before
+/// the acquisition's result is known. Dropping it (also on cancellation) unmarks.
+pub(crate) struct Pending {
+    shared: Arc<Shared>,
+    key: Vec<u8>,
+}
+
+impl Pending {
+    pub(crate) fn new(shared: Arc<Shared>, key: Vec<u8>) -> Self {
+        shared.lock().keys.entry(key.clone()).or_default().pending += 1;
+        Pending { shared, key }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let mut st = self.shared.lock();
+        if let Some(k) = st.keys.get_mut(&self.key) {
+            k.pending = k.pending.saturating_sub(1);
+        }
+        st.forget_if_idle(&self.key);
+    }
+}
+
+/// A registered release waiter; unregisters on drop.
+pub(crate) struct WaiterGuard {
+    shared: Arc<Shared>,
+    key: Vec<u8>,
+    pub(crate) notify: Arc<Notify>,
+}
+
+impl WaiterGuard {
+    pub(crate) fn new(shared: Arc<Shared>, key: Vec<u8>) -> Self {
+        let notify = {
+            let mut st = shared.lock();
+            let w = st.waiters.entry(key.clone()).or_insert_with(|| Waiter {
+                notify: Arc::new(Notify::new()),
+                count: 0,
+            });
+            w.count += 1;
+            w.notify.clone()
+        };
+        WaiterGuard {
+            shared,
+            key,
+            notify,
+        }
+    }
+}
+
+impl Drop for WaiterGuard {
+    fn drop(&mut self) {
+        let mut st = self.shared.lock();
+        let remove = match st.waiters.get_mut(&self.key) {
+            Some(w) => {
+                w.count = w.count.saturating_sub(1);
+                w.count == 0
+            }
+            None => false,
+        };
+        if remove {
+            st.waiters.remove(&self.key);
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! Parsing `etcd://` URLs.
+//!
+//! ```text
+//! etcd://[user[:password]@]host[:port][,host[:port]...][/prefix]
+//! ```
+//!
+//! The port defaults to 2379; IPv6 hosts are written in brackets (`[::1]:2379`). User,
+//! password and prefix may be percent-encoded (`%40` for `@`). Error messages never
+//! contain the password.
+
+use lease_core::InvalidInput;
+
+use crate::EtcdConfig;
+
+/// Default client port of etcd.
+pub(crate) const DEFAULT_PORT: u16 = 2379;
+
+/// The endpoints (`http://host:port`) and settings a URL describes.
+pub(crate) fn parse(url: &str) -> Result<(Vec<String>, EtcdConfig), InvalidInput> {
+    let malformed = |why: &str| InvalidInput::MalformedUrl(format!("{}: {why}", redact(url)));
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(malformed(
+            "expected etcd://[user:password@]host:port[,host:port...][/prefix]",
+        ));
+    };
+    match scheme.to_ascii_lowercase().as_str() {
+        "etcd" => {}
+        "etcds" | "https" => {
+            return Err(malformed(
+                "TLS is not supported by lease-etcd yet; build an etcd_client::Client with TLS \
+                 and use EtcdBackend::from_client",
+            ));
+        }
+        _ => return Err(malformed("the scheme must be etcd://")),
+    }
+    if rest.contains(['?', '#']) {
+        return Err(malformed("query strings and fragments are not supported"));
+    }
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i + 1..]),
+        None => (rest, ""),
+    };
+    let mut config = EtcdConfig::default();
+    let hosts = match authority.rfind('@') {
+        Some(at) => {
+            let userinfo = &authority[..at];
+            let (user, password) = match userinfo.split_once(':') {
+                Some((u, p)) => (u, Some(p)),
+                None => (userinfo, None),
+            };
+            let user = percent_decode(user).map_err(|e| malformed(&format!("user: {e}")))?;
+            if user.is_empty() {
+                return Err(malformed("empty user name before '@'"));
+            }
+            config.user = Some(user);
+            config.password = match password {
+                Some(p) => Some(percent_decode(p).map_err(|_| malformed("bad password encoding"))?),
+                None => Some(String::new()),
+            };
+            &authority[at + 1..]
+        }
+        None => authority,
+    };
+    let mut endpoints = Vec::new();
+    for host in hosts.split(',') {
+        endpoints.push(endpoint(host).map_err(|e| malformed(&e))?);
+    }
+    let path = path.trim_end_matches('/');
+    if !path.is_empty() {
+        config.prefix = percent_decode(path).map_err(|e| malformed(&format!("prefix: {e}")))?;
+    }
+    Ok((endpoints, config))
+}
+
+/// `host[:port]` -> `http://host:port`.
+fn endpoint(host: &str) -> Result<String, String> {
+    if host.is_empty() {
+        return Err("empty host".into());
+    }
+    let (name, port) = if let Some(rest) = host.strip_prefix('[') {
+        let Some((v6, after)) = rest.split_once(']') else {
+            return Err(format!("unclosed '[' in {host:?}"));
+        };
+        let port = match after {
+            "" => None,
+            p => Some(
+                p.strip_prefix(':')
+                    .ok_or_else(|| format!("expected ':port' after ']' in {host:?}"))?,
+            ),
+        };
+        (format!("[{v6}]"), port)
+    } else {
+        match host.rsplit_once(':') {
+            Some((h, p)) => (h.to_owned(), Some(p)),
+            None => (host.to_owned(), None),
+        }
+    };
+    if name.is_empty() || name == "[]" {
+        return Err(format!("empty host name in {host:?}"));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| c.is_whitespace() || c.is_control() || matches!(c, '/' | '@' | '%' | '\\'))
+    {
+        return Err(format!("host {name:?} contains {c:?}"));
+    }
+    let port = match port {
+        None => DEFAULT_PORT,
+        Some(p) => match p.parse::<u16>() {
+            Ok(0) | Err(_) => return Err(format!("bad port {p:?}")),
+            Ok(p) => p,
+        },
+    };
+    Ok(format!("http://{name}:{port}"))
+}
+
+fn percent_decode(s: &str) -> Result<String, String> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes
+                .get(i + 1..i + 3)
+                .and_then(|h| std::str::from_utf8(h).ok())
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+                .ok_or_else(|| "bad percent-encoding".to_owned())?;
+            out.push(hex);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| "percent-encoding is not UTF-8".to_owned())
+}
+
+/// `url` with any userinfo replaced by `***`.
+pub(crate) fn redact(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        // Not a URL we can take apart: show nothing that might be a secret.
+        return "(unparsable address)".to_owned();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{}***{}", &url[..scheme_end + 3], &rest[at..]),
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    #[test]
+    fn single_host_defaults() {
+        let (eps, c) = parse("etcd://127.0.0.1:2379").unwrap();
+        assert_eq!(eps, vec!["http://127.0.0.1:2379"]);
+        assert_eq!(c.prefix, "lease");
+        assert_eq!(c.user, None);
+        let (eps, _) = parse("etcd://db.example").unwrap();
+        assert_eq!(eps, vec!["http://db.example:2379"]);
+    }
+
+    #[test]
+    fn several_hosts_prefix_and_user() {
+        let (eps, c) = parse("ETCD://u:p%40ss@h1:1,h2,[::1]:3/team/app/").unwrap();
+        assert_eq!(eps, vec!["http://h1:1", "http://h2:2379", "http://[::1]:3"]);
+        assert_eq!(c.prefix, "team/app");
+        assert_eq!(c.user.as_deref(), Some("u"));
+        assert_eq!(c.password.as_deref(), Some("p@ss"));
+    }
+
+    #[test]
+    fn errors_never_show_the_password() {
+        for bad in [
+            "etcd://u:secret@h:99999",
+            "etcd://u:secret@",
+            "etcd://u:secret@h:1,,h2",
+            "etcds://u:secret@h:1",
+            "etcd://u:secret@h:1?x=1",
+            "redis://u:secret@h:1",
+            "etcd://u:secret@h:1/%zz",
+        ] {
+            let e = parse(bad).unwrap_err();
+            assert!(matches!(e, InvalidInput::MalformedUrl(_)), "{bad}: {e:?}");
+            assert!(!e.to_string().contains("secret"), "{bad}: {e}");
+        }
+        assert!(parse("u:secret@h:1").is_err());
+        assert!(!redact("u:secret@h:1").contains("secret"));
+    }
+
+    #[test]
+    fn redaction() {
+        assert_eq!(redact("etcd://u:pw@h:1/p"), "etcd://***@h:1/p");
+        assert_eq!(redact("etcd://h:1/p@x"), "etcd://h:1/p@x");
+    }
+}

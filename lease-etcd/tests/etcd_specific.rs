@@ -1,0 +1,417 @@
+//! etcd-specific behaviour against real etcd processes: leader failover, quorum loss, a
+//! paused client whose etcd lease expires, an operator's force release seen by another
+//! process, fencing across a restart, and the cost of renewing many keys.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use lease_conformance::server::etcd::{EtcdCluster, EtcdServer};
+use lease_conformance::{Fault, FaultyBackend, Op};
+use lease_core::{
+    AcquireOutcome, Error, HolderLabel, LeaseBackend, LeaseClient, LeaseGuard, LeaseName,
+    LeaseOptions, LossReason, Owner, ReleaseOutcome, RenewItem, RenewOutcome, TryAcquire,
+};
+use lease_etcd::{EtcdBackend, EtcdConfig};
+use tokio::time::Instant;
+
+/// Logs to the test output with `RUST_LOG=lease_etcd=debug` and friends.
+fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
+fn config() -> EtcdConfig {
+    EtcdConfig {
+        prefix: lease_conformance::suite::namespace()
+            .trim_end_matches('/')
+            .to_owned(),
+        request_timeout: Duration::from_secs(1),
+        connect_timeout: Duration::from_secs(1),
+        ..EtcdConfig::default()
+    }
+}
+
+async fn backend(endpoints: &[String], config: &EtcdConfig) -> Arc<EtcdBackend> {
+    Arc::new(
+        EtcdBackend::connect(endpoints, config.clone())
+            .await
+            .expect("connect"),
+    )
+}
+
+fn client(backend: Arc<dyn LeaseBackend>, label: &str) -> LeaseClient {
+    LeaseClient::with_label(backend, HolderLabel::new(label).unwrap())
+}
+
+async fn take(c: &LeaseClient, name: &str, opts: &LeaseOptions) -> LeaseGuard {
+    match c.try_acquire(name, opts).await.expect("acquire") {
+        TryAcquire::Acquired(g) => g,
+        TryAcquire::Held(by) => panic!("{name} held by {by}"),
+    }
+}
+
+/// Retries `try_acquire` until it succeeds or `within` runs out (the store recovering).
+async fn take_eventually(
+    c: &LeaseClient,
+    name: &str,
+    opts: &LeaseOptions,
+    within: Duration,
+) -> LeaseGuard {
+    let start = Instant::now();
+    loop {
+        match c.try_acquire(name, opts).await {
+            Ok(TryAcquire::Acquired(g)) => return g,
+            Ok(TryAcquire::Held(by)) => {
+                assert!(start.elapsed() < within, "{name} still held by {by}")
+            }
+            Err(e) => assert!(
+                e.is_retryable() && start.elapsed() < within,
+                "no recovery after {:?}: {e}",
+                start.elapsed()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_killed_while_held() {
+    let mut cluster = EtcdCluster::start(3).await.expect("cluster");
+    let cfg = config();
+    let b = backend(&cluster.endpoints(), &cfg).await;
+    let c = client(b.clone(), "survivor");
+    let opts = LeaseOptions::new(Duration::from_secs(3)).unwrap();
+    let guard = take(&c, "job", &opts).await;
+    let leader = cluster
+        .wait_leader(Duration::from_secs(5))
+        .await
+        .expect("leader");
+    cluster.member(leader).kill().expect("kill leader");
+    let killed_at = Instant::now();
+    // A new leader is elected within a few election timeouts; the guard must ride it out.
+    let new_leader = loop {
+        if let Some(i) = cluster.leader_index().filter(|i| *i != leader) {
+            break i;
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(10),
+            "no new leader"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    eprintln!(
+        "leader n{leader} killed; n{new_leader} elected after {:?}",
+        killed_at.elapsed()
+    );
+    tokio::time::sleep(Duration::from_secs(6)).await; // two TTLs of renewals
+    assert!(
+        guard.is_held(),
+        "the guard was lost across the election: {:?}",
+        guard.loss_reason()
+    );
+    let other = take_eventually(&c, "after-election", &opts, Duration::from_secs(5)).await;
+    assert!(
+        other.fencing() > guard.fencing(),
+        "token {} after the election is not above {}",
+        other.fencing(),
+        guard.fencing()
+    );
+    let info = c.inspect("job").await.expect("inspect").expect("held");
+    assert_eq!(info.holder.as_deref(), Some("survivor"));
+    assert_eq!(info.fencing, Some(guard.fencing()));
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+    assert_eq!(other.release().await.unwrap(), ReleaseOutcome::Released);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quorum_loss_gives_typed_errors_then_recovers() {
+    let mut cluster = EtcdCluster::start(3).await.expect("cluster");
+    let cfg = config();
+    let b = backend(&cluster.endpoints(), &cfg).await;
+    let c = client(b.clone(), "quorum");
+    let ttl = Duration::from_secs(2);
+    let opts = LeaseOptions::new(ttl).unwrap();
+    let guard = take(&c, "held-through-outage", &opts).await;
+    let first = guard.fencing();
+
+    // Stop two of three members, one at a time: the last one has no quorum.
+    let lost_quorum_at = Instant::now();
+    cluster.member(1).stop().await.expect("stop n1");
+    cluster.member(2).stop().await.expect("stop n2");
+    eprintln!("quorum lost after {:?}", lost_quorum_at.elapsed());
+
+    // New acquisitions fail fast with a typed, retryable error.
+    for i in 0..3 {
+        let started = Instant::now();
+        match c.try_acquire(format!("during-outage-{i}"), &opts).await {
+            Err(e @ (Error::Unavailable { .. } | Error::Timeout { .. })) => {
+                assert!(e.is_retryable(), "{e}");
+                eprintln!("acquire without quorum: {e} after {:?}", started.elapsed());
+            }
+            other => panic!("expected Unavailable or Timeout, got {other:?}"),
+        }
+        assert!(
+            started.elapsed() < opts.call_timeout() + Duration::from_millis(500),
+            "acquire took {:?}",
+            started.elapsed()
+        );
+    }
+    // The holder cannot renew: it is told at its safety deadline.
+    let reason = tokio::time::timeout(ttl * 2, guard.lost())
+        .await
+        .expect("no lost signal without quorum");
+    assert_eq!(reason, LossReason::DeadlinePassed);
+
+    // Quorum back: work resumes, with greater fencing tokens.
+    cluster.member(1).start_again().await.expect("restart n1");
+    cluster.member(2).start_again().await.expect("restart n2");
+    cluster
+        .wait_healthy(Duration::from_secs(10))
+        .await
+        .expect("healthy again");
+    let after = take_eventually(&c, "after-outage", &opts, Duration::from_secs(10)).await;
+    assert!(after.fencing() > first);
+    assert_eq!(after.release().await.unwrap(), ReleaseOutcome::Released);
+    // The lost guard's key goes away (released on drop, or its etcd lease runs out).
+    drop(guard);
+    let again = take_eventually(
+        &c,
+        "held-through-outage",
+        &opts,
+        ttl * 3 + Duration::from_secs(2),
+    )
+    .await;
+    assert!(again.fencing() > first);
+    again.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_client_loses_its_lease_to_another() {
+    let server = EtcdServer::start().await.expect("etcd");
+    let cfg = config();
+    let a_backend = backend(&server.endpoints(), &cfg).await;
+    let faulty = Arc::new(FaultyBackend::new(a_backend.clone()));
+    let a = client(faulty.clone(), "paused");
+    let ttl = Duration::from_secs(1);
+    let opts = LeaseOptions::new(ttl).unwrap();
+    let guard = take(&a, "job", &opts).await;
+    let first = guard.fencing();
+    // A second key of the same instance, taken through the backend directly.
+    let raw_name = LeaseName::new("raw").unwrap();
+    let raw_owner = Owner::new(HolderLabel::new("paused").unwrap());
+    assert!(matches!(
+        a_backend.acquire(&raw_name, &raw_owner, ttl).await.unwrap(),
+        AcquireOutcome::Acquired { .. }
+    ));
+
+    // The holder stops talking to etcd (a GC pause, a frozen VM): nothing renews its lease.
+    faulty.set(Op::Renew, Fault::Hang);
+    let paused_at = Instant::now();
+    let reason = tokio::time::timeout(ttl * 2, guard.lost())
+        .await
+        .expect("no lost signal while paused");
+    assert_eq!(reason, LossReason::DeadlinePassed);
+    assert!(
+        paused_at.elapsed() < ttl,
+        "lost only after {:?}",
+        paused_at.elapsed()
+    );
+
+    // Another process takes over once etcd expires the lease.
+    let b_backend = backend(&server.endpoints(), &cfg).await;
+    let b = client(b_backend.clone(), "successor");
+    let next = take_eventually(&b, "job", &opts, ttl + Duration::from_millis(2500)).await;
+    let took = paused_at.elapsed();
+    assert!(
+        took + Duration::from_millis(50) >= ttl,
+        "taken after {took:?}"
+    );
+    assert!(next.fencing() > first);
+    let info = b.inspect("job").await.unwrap().expect("held");
+    assert_eq!(info.holder.as_deref(), Some("successor"));
+
+    // The paused holder wakes up: its renewal says lost, its release changes nothing.
+    faulty.set(Op::Renew, Fault::Pass);
+    let r = a_backend
+        .renew(
+            &[RenewItem {
+                name: raw_name.clone(),
+                token: raw_owner.token,
+            }],
+            ttl,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        r,
+        vec![RenewOutcome::Lost],
+        "a renewal after the etcd lease expired"
+    );
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::NotOwner);
+    assert!(next.is_held());
+    // The woken instance works again: a fresh session lease.
+    let fresh = take(&a, "another", &opts).await;
+    fresh.release().await.unwrap();
+    next.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_release_from_another_process_is_seen_by_the_holder() {
+    let server = EtcdServer::start().await.expect("etcd");
+    let cfg = config();
+    let holder_backend = backend(&server.endpoints(), &cfg).await;
+    let operator = backend(&server.endpoints(), &cfg).await;
+    let c = client(holder_backend.clone(), "victim");
+    let ttl = Duration::from_secs(2);
+    let guard = take(&c, "job", &LeaseOptions::new(ttl).unwrap()).await;
+    let name = LeaseName::new("job").unwrap();
+    assert!(operator.force_release(&name).await.unwrap());
+    assert!(!operator.force_release(&name).await.unwrap());
+    let reason = tokio::time::timeout(ttl * 2, guard.lost())
+        .await
+        .expect("holder never learnt of the force release");
+    assert_eq!(reason, LossReason::NotOwner);
+    let o = Owner::new(HolderLabel::new("next").unwrap());
+    match operator.acquire(&name, &o, ttl).await.unwrap() {
+        AcquireOutcome::Acquired { fencing, .. } => assert!(fencing > guard.fencing()),
+        AcquireOutcome::Held(by) => panic!("still held by {by}"),
+    }
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::NotOwner);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_survives_a_restart() {
+    let mut server = EtcdServer::start_local().await.expect("etcd");
+    let url = format!(
+        "etcd://{}/{}",
+        server.endpoints()[0].trim_start_matches("http://"),
+        config().prefix
+    );
+    let b = Arc::new(EtcdBackend::from_url(&url).await.expect("from_url"));
+    let c = client(b.clone(), "durable");
+    let opts = LeaseOptions::new(Duration::from_secs(2)).unwrap();
+    let g = take(&c, "job", &opts).await;
+    let first = g.fencing();
+    g.release().await.unwrap();
+    server.stop().await.expect("stop");
+    server.start_again().await.expect("start again");
+    let g = take_eventually(&c, "job", &opts, Duration::from_secs(10)).await;
+    assert!(
+        g.fencing() > first,
+        "token {} after restart not above {first}",
+        g.fencing()
+    );
+    g.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewing_ten_thousand_keys_is_one_keepalive() {
+    const KEYS: usize = 10_000;
+    init_tracing();
+    let server = EtcdServer::start().await.expect("etcd");
+    let b = backend(&server.endpoints(), &config()).await;
+    // Long enough to acquire them all on one etcd lease (a lease nobody renews takes new
+    // keys only while at least half its TTL is left).
+    let ttl = Duration::from_secs(30);
+    let owner = Owner::new(HolderLabel::new("many").unwrap());
+    let names: Vec<LeaseName> = (0..KEYS)
+        .map(|i| LeaseName::new(format!("key-{i}")).unwrap())
+        .collect();
+    let started = Instant::now();
+    let acquired = futures::stream::iter(names.iter())
+        .map(|n| {
+            let (b, owner) = (b.clone(), owner.clone());
+            async move { b.acquire(n, &owner, ttl).await.expect("acquire") }
+        })
+        .buffer_unordered(32)
+        .filter(|o| std::future::ready(matches!(o, AcquireOutcome::Acquired { .. })))
+        .count()
+        .await;
+    assert_eq!(acquired, KEYS);
+    eprintln!("{KEYS} leases acquired in {:?}", started.elapsed());
+    assert_eq!(b.etcd_leases_in_use(), 1, "all keys share one etcd lease");
+
+    let items: Vec<RenewItem> = names
+        .iter()
+        .map(|n| RenewItem {
+            name: n.clone(),
+            token: owner.token,
+        })
+        .collect();
+    let before = b.keepalives_sent();
+    for round in 0..4 {
+        if round > 0 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        let started = Instant::now();
+        let r = b.renew(&items, ttl).await.expect("renew");
+        eprintln!("renewed {KEYS} leases in {:?}", started.elapsed());
+        assert!(r.iter().all(|o| *o == RenewOutcome::Renewed));
+    }
+    assert_eq!(b.keepalives_sent() - before, 4, "one keepalive per renewal");
+    let probe = Owner::new(HolderLabel::new("probe").unwrap());
+    for n in [&names[0], &names[KEYS / 2], &names[KEYS - 1]] {
+        assert!(matches!(
+            b.acquire(n, &probe, ttl).await.unwrap(),
+            AcquireOutcome::Held(_)
+        ));
+    }
+    let released = futures::stream::iter(names.iter())
+        .map(|n| {
+            let b = b.clone();
+            async move {
+                b.release(n, &owner.token, Duration::ZERO)
+                    .await
+                    .expect("release")
+            }
+        })
+        .buffer_unordered(32)
+        .filter(|r| std::future::ready(*r == ReleaseOutcome::Released))
+        .count()
+        .await;
+    assert_eq!(released, KEYS);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_renews_many_guards_with_one_keepalive_per_tick() {
+    const GUARDS: usize = 2_000;
+    init_tracing();
+    let server = EtcdServer::start().await.expect("etcd");
+    let b = backend(&server.endpoints(), &config()).await;
+    let c = client(b.clone(), "many");
+    let opts = LeaseOptions::new(Duration::from_secs(3)).unwrap();
+    let started = Instant::now();
+    let guards: Vec<LeaseGuard> = futures::stream::iter(0..GUARDS)
+        .map(|i| {
+            let (c, opts) = (c.clone(), opts.clone());
+            async move { take(&c, &format!("guard-{i}"), &opts).await }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    eprintln!("{GUARDS} guards acquired in {:?}", started.elapsed());
+    assert_eq!(b.etcd_leases_in_use(), 1, "all keys share one etcd lease");
+
+    // Let the renewals fall into step, then count keepalives over five renewal periods.
+    tokio::time::sleep(opts.renew_every() * 3).await;
+    let before = b.keepalives_sent();
+    tokio::time::sleep(opts.renew_every() * 5).await;
+    let sent = b.keepalives_sent() - before;
+    eprintln!("{sent} keepalives in 5 renewal periods for {GUARDS} guards");
+    assert!(
+        (4..=7).contains(&sent),
+        "{sent} keepalives in 5 ticks for {GUARDS} guards"
+    );
+    assert!(guards.iter().all(LeaseGuard::is_held));
+    let released = futures::stream::iter(guards)
+        .map(|g| async move { g.release().await.expect("release") })
+        .buffer_unordered(32)
+        .filter(|r| std::future::ready(*r == ReleaseOutcome::Released))
+        .count()
+        .await;
+    assert_eq!(released, GUARDS);
+}
