@@ -79,7 +79,13 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
 impl FencedResource {
     /// Starts the server on a free loopback port.
     pub async fn start() -> std::io::Result<Self> {
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        Self::start_on("127.0.0.1".parse().map_err(std::io::Error::other)?).await
+    }
+
+    /// Starts the server on a free port of `ip` (an address of this machine, e.g. one end
+    /// of a test network namespace's link).
+    pub async fn start_on(ip: std::net::IpAddr) -> std::io::Result<Self> {
+        let listener = TcpListener::bind((ip, 0)).await?;
         let addr = listener.local_addr()?;
         let started = Instant::now();
         let state = Arc::new(Mutex::new(State::default()));

@@ -20,9 +20,10 @@ use std::sync::Arc;
 use lease_core::LeaseBackend;
 
 mod faulty;
-pub mod scenarios;
 pub mod fenced;
 pub mod matrix;
+pub mod netns;
+pub mod scenarios;
 pub mod server;
 pub mod suite;
 
@@ -70,7 +71,10 @@ where
     Fut: std::future::Future<Output = ()>,
 {
     let backend = fixture.backend.clone();
-    if tokio::time::timeout(CHECK_TIMEOUT, check(backend)).await.is_err() {
+    if tokio::time::timeout(CHECK_TIMEOUT, check(backend))
+        .await
+        .is_err()
+    {
         panic!("check did not finish within {CHECK_TIMEOUT:?}");
     }
     drop(fixture);

@@ -358,3 +358,107 @@ pub async fn store_restarted(url: &str, restart: impl AsyncFnOnce()) -> RestartR
     assert!(r.claim_held(), "fencing claim {claim:?} broken: {r:?}");
     r
 }
+
+/// What the network cut did.
+#[derive(Clone, Debug)]
+pub struct CutResult {
+    /// From the cut to the cut-off holder's lost signal.
+    pub lost_after: Duration,
+    /// From the cut to the other holder's acquisition.
+    pub takeover_after: Duration,
+    /// The checker's report.
+    pub report: Report,
+}
+
+/// Cuts the network between one holder (in its own network namespace) and the store while
+/// another holder waits: the cut-off holder signals lost at its deadline, before the other
+/// gets the lease; after the cut heals it does not believe it holds the lease.
+///
+/// `store` is the store's address on this machine; `url_via(addr)` is the store URL with
+/// its host and port replaced by `addr`. Returns `Err` with the reason when a namespace
+/// cannot be made here (not root, no `ip`).
+pub async fn network_cut(
+    m: &Matrix,
+    direct_url: &str,
+    store: std::net::SocketAddr,
+    url_via: impl Fn(std::net::SocketAddr) -> String,
+) -> Result<CutResult, String> {
+    let mut ns = crate::netns::TestNetns::create()?;
+    let port = ns.relay(store).await.map_err(|e| e.to_string())?;
+    let ns_url = url_via(std::net::SocketAddr::new(ns.store_ip(), port));
+    let resource = FencedResource::start_on(ns.resource_ip())
+        .await
+        .map_err(|e| e.to_string())?;
+    let name = format!("matrix-cut-{}", uuid::Uuid::new_v4().simple());
+    let ttl_ms = m.ttl.as_millis().to_string();
+    let resource_addr = resource.addr().to_string();
+    let holder = m.holder.to_string_lossy().into_owned();
+    let mut cutoff = Command::new("ip");
+    cutoff
+        .args(["netns", "exec", ns.name(), &holder])
+        .args(["--backend", &ns_url, "--name", &name, "--writer", "cutoff"])
+        .args(["--resource", &resource_addr, "--ttl-ms", &ttl_ms])
+        .env("LEASE_LOG", if verbose() { "info" } else { "error" })
+        .stdout(if verbose() {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        })
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let _cutoff = cutoff.spawn().map_err(|e| e.to_string())?;
+    let (first, _) =
+        wait_for_new_holder(&resource, Duration::ZERO, None, Duration::from_secs(10)).await;
+    assert_eq!(first, "cutoff");
+    assert!(
+        resource
+            .wait_for_writes("cutoff", 3, Duration::from_secs(5))
+            .await
+    );
+    let _other = Holder::spawn(&m.holder, m.ttl, direct_url, &name, "other", &resource);
+    tokio::time::sleep(m.ttl / 2).await;
+    ns.cut()?;
+    let cut_at = resource.now();
+    // The cut-off holder still reaches the resource, so it reports its lost signal.
+    let until = Instant::now() + m.ttl * 2;
+    let lost_at = loop {
+        let ended = resource
+            .beliefs()
+            .iter()
+            .find(|b| b.writer == "cutoff" && b.end.is_some())
+            .and_then(|b| b.end);
+        if let Some(end) = ended {
+            break end;
+        }
+        assert!(
+            Instant::now() < until,
+            "the cut-off holder never signalled lost"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    let (next, taken_at) = wait_for_new_holder(&resource, cut_at, Some("cutoff"), m.ttl * 4).await;
+    assert_eq!(next, "other");
+    assert!(
+        lost_at <= taken_at,
+        "the other holder got the lease at {taken_at:?}, before the cut-off holder's lost \
+         signal at {lost_at:?}"
+    );
+    ns.heal()?;
+    tokio::time::sleep(m.ttl * 2).await;
+    let believes = resource
+        .beliefs()
+        .iter()
+        .any(|b| b.writer == "cutoff" && b.end.is_none());
+    assert!(
+        !believes,
+        "after the cut healed, the cut-off holder believes it holds the lease"
+    );
+    let report = resource.report();
+    check(&report);
+    assert!(report.double_beliefs.is_empty(), "{report}");
+    Ok(CutResult {
+        lost_after: lost_at - cut_at,
+        takeover_after: taken_at - cut_at,
+        report,
+    })
+}

@@ -210,3 +210,54 @@ mod etcd {
         assert!(r.after > r.before);
     }
 }
+
+/// Network cut between one holder and the store, per store. Needs root (a network
+/// namespace); elsewhere each test says it was skipped and why.
+mod network_cut {
+    use super::*;
+    use lease_conformance::server::{EtcdServer, PostgresServer};
+    use std::net::SocketAddr;
+
+    fn host_port(url: &str) -> SocketAddr {
+        let rest = url.split("://").nth(1).unwrap();
+        let rest = rest.rsplit('@').next().unwrap();
+        let hp = rest.split(['/', ',', '?']).next().unwrap();
+        hp.parse().unwrap()
+    }
+
+    fn replace_host(url: &str, to: SocketAddr) -> String {
+        let from = host_port(url).to_string();
+        url.replacen(&from, &to.to_string(), 1)
+    }
+
+    async fn run(url: &str, store: &str) {
+        let addr = host_port(url);
+        match matrix::network_cut(&m(), url, addr, |to| replace_host(url, to)).await {
+            Ok(r) => eprintln!(
+                "{store}: cut-off holder lost after {:?}, other took over after {:?}; {}",
+                r.lost_after, r.takeover_after, r.report
+            ),
+            Err(why) => eprintln!("{store}: network cut skipped: {why}"),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_network_cut() {
+        let server = RedisServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+        run(&server.url(), "redis").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres_network_cut() {
+        let db = PostgresServer::shared()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        run(&db.url(), "postgres").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn etcd_network_cut() {
+        let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+        run(&server.url(), "etcd").await;
+    }
+}
