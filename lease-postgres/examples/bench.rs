@@ -4,7 +4,12 @@
 //! Run: `cargo run --release -p lease-postgres --example bench` (starts a throwaway
 //! PostgreSQL with default durability, fsync on, through the test harness, or uses
 //! `LEASE_TEST_POSTGRES_URL`). Prints cycles/s and ratios; asserts nothing.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a benchmark binary
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::needless_range_loop
+)] // a benchmark binary
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -732,6 +732,19 @@ fn http(port: u16, method: &str, path: &str, body: &str) -> Option<String> {
     Some(String::from_utf8_lossy(&reply).into_owned())
 }
 
+/// `etcd://host:port,host:port` from client endpoints such as `http://127.0.0.1:2379`.
+pub fn etcd_url(endpoints: &[String]) -> String {
+    let hosts: Vec<&str> = endpoints
+        .iter()
+        .map(|e| {
+            e.trim_start_matches("http://")
+                .trim_start_matches("https://")
+                .trim_end_matches('/')
+        })
+        .collect();
+    format!("etcd://{}", hosts.join(","))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -752,17 +765,4 @@ mod tests {
             "n0=http://127.0.0.1:2,n1=http://127.0.0.1:4"
         );
     }
-}
-
-/// `etcd://host:port,host:port` from client endpoints such as `http://127.0.0.1:2379`.
-pub fn etcd_url(endpoints: &[String]) -> String {
-    let hosts: Vec<&str> = endpoints
-        .iter()
-        .map(|e| {
-            e.trim_start_matches("http://")
-                .trim_start_matches("https://")
-                .trim_end_matches('/')
-        })
-        .collect();
-    format!("etcd://{}", hosts.join(","))
 }
