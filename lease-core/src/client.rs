@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -13,7 +12,7 @@ use tracing::Instrument;
 use crate::backend::LeaseBackend;
 use crate::error::{Error, Result};
 use crate::guard::{GuardShared, LeaseGuard, LossReason};
-use crate::heartbeat::{self, Command, Registration};
+use crate::heartbeat::{self, Command, HeartbeatHandle, Registration};
 use crate::types::{
     AcquireOutcome, Capabilities, FencingToken, HeldBy, HolderLabel, LeaseInfo, LeaseName,
     LeaseOptions, Owner,
@@ -60,7 +59,7 @@ pub(crate) struct ClientInner {
     pub(crate) backend: Arc<dyn LeaseBackend>,
     caps: Capabilities,
     label: HolderLabel,
-    heartbeat: OnceLock<mpsc::UnboundedSender<Command>>,
+    heartbeat: OnceLock<HeartbeatHandle>,
     next_id: AtomicU64,
     epoch: Instant,
 }
@@ -69,16 +68,23 @@ impl ClientInner {
     /// Sends a command to the heartbeat; `false` if it is not running.
     pub(crate) fn send(&self, cmd: Command) -> bool {
         match self.heartbeat.get() {
-            Some(tx) => tx.send(cmd).is_ok(),
+            Some(hb) => hb.send(cmd),
             None => false,
         }
     }
 
-    fn heartbeat(&self) -> Result<&mpsc::UnboundedSender<Command>> {
-        if let Some(tx) = self.heartbeat.get() {
-            return Ok(tx);
+    /// Queues an unregistration without waking the heartbeat.
+    pub(crate) fn unregister_quiet(&self, id: u64) {
+        if let Some(hb) = self.heartbeat.get() {
+            hb.unregister_quiet(id);
         }
-        let tx = heartbeat::spawn(self.backend.clone(), self.caps.max_renew_batch)?;
+    }
+
+    fn heartbeat(&self) -> Result<&HeartbeatHandle> {
+        if let Some(hb) = self.heartbeat.get() {
+            return Ok(hb);
+        }
+        let tx = heartbeat::spawn(self.backend.clone(), self.caps.max_renew_batch, self.epoch)?;
         // If another task won the race, its sender is kept and ours is dropped, which
         // ends the extra heartbeat task at once.
         Ok(self.heartbeat.get_or_init(|| tx))
@@ -163,7 +169,7 @@ impl LeaseClient {
         let inner = &self.inner;
         // Start the heartbeat before touching the store, so a missing runtime is an
         // error before anything is taken.
-        let hb = inner.heartbeat()?.clone();
+        let hb = inner.heartbeat()?;
         let owner = Owner::new(inner.label.clone());
         let span = tracing::debug_span!("lease.acquire", lease = %name, holder = %inner.label);
         async {
@@ -224,7 +230,7 @@ impl LeaseClient {
                         opts.keep_for(),
                         opts.call_timeout(),
                     );
-                    if hb.send(Command::Register(Box::new(reg))).is_err() {
+                    if !hb.register(reg) {
                         // Cannot happen while `inner` holds the sender; treat as lost.
                         return Err(Error::unexpected("client", "heartbeat task stopped"));
                     }

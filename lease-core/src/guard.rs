@@ -47,6 +47,8 @@ pub(crate) struct GuardShared {
     lost: CancellationToken,
     reason: OnceLock<LossReason>,
     released: AtomicBool,
+    /// Set by the heartbeat while a renewal of this lease is in flight.
+    in_flight: AtomicBool,
     epoch: Instant,
     /// Local safety deadline in nanoseconds after `epoch`.
     deadline_nanos: AtomicU64,
@@ -68,6 +70,7 @@ impl GuardShared {
             lost: CancellationToken::new(),
             reason: OnceLock::new(),
             released: AtomicBool::new(false),
+            in_flight: AtomicBool::new(false),
             epoch,
             deadline_nanos: AtomicU64::new(0),
         }
@@ -89,6 +92,14 @@ impl GuardShared {
 
     pub(crate) fn deadline(&self) -> Instant {
         self.epoch + Duration::from_nanos(self.deadline_nanos.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn is_released(&self) -> bool {
+        self.released.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn set_in_flight(&self, on: bool) {
+        self.in_flight.store(on, Ordering::SeqCst);
     }
 
     pub(crate) fn mark_lost(&self, reason: LossReason) {
@@ -162,7 +173,7 @@ impl LeaseGuard {
     /// released, and the safety deadline not passed.
     pub fn is_held(&self) -> bool {
         !self.shared.lost.is_cancelled()
-            && !self.shared.released.load(Ordering::Acquire)
+            && !self.shared.released.load(Ordering::SeqCst)
             && Instant::now() < self.shared.deadline()
     }
 
@@ -199,6 +210,7 @@ impl LeaseGuard {
             fencing = self.shared.fencing.get(),
         );
         async {
+            self.shared.released.store(true, Ordering::SeqCst);
             self.stop_renewal().await;
             let outcome = release_on_store(
                 &self.client,
@@ -208,7 +220,6 @@ impl LeaseGuard {
                 self.call_timeout,
             )
             .await;
-            self.shared.released.store(true, Ordering::Release);
             self.armed = false;
             match &outcome {
                 Ok(ReleaseOutcome::Released) => tracing::info!("released"),
@@ -227,14 +238,17 @@ impl LeaseGuard {
     /// TTL (or keep-for) runs out on the store.
     pub fn disarm(mut self) {
         self.armed = false;
-        self.shared.released.store(true, Ordering::Release);
-        self.client.send(Command::Unregister {
-            id: self.id,
-            ack: None,
-        });
+        self.shared.released.store(true, Ordering::SeqCst);
+        self.client.unregister_quiet(self.id);
     }
 
+    /// Call after setting `released`: returns once no renewal of this lease is in flight
+    /// and none can start.
     async fn stop_renewal(&self) {
+        if !self.shared.in_flight.load(Ordering::SeqCst) {
+            self.client.unregister_quiet(self.id);
+            return;
+        }
         let (tx, rx) = oneshot::channel();
         if self.client.send(Command::Unregister {
             id: self.id,
@@ -267,12 +281,19 @@ impl Drop for LeaseGuard {
         if !self.armed {
             return;
         }
-        self.shared.released.store(true, Ordering::Release);
-        let (tx, rx) = oneshot::channel();
-        let sent = self.client.send(Command::Unregister {
-            id: self.id,
-            ack: Some(tx),
-        });
+        self.shared.released.store(true, Ordering::SeqCst);
+        let wait = if self.shared.in_flight.load(Ordering::SeqCst) {
+            let (tx, rx) = oneshot::channel();
+            self.client
+                .send(Command::Unregister {
+                    id: self.id,
+                    ack: Some(tx),
+                })
+                .then_some(rx)
+        } else {
+            self.client.unregister_quiet(self.id);
+            None
+        };
         let Ok(handle) = tokio::runtime::Handle::try_current() else {
             tracing::debug!(lease = %self.shared.name, "guard dropped outside a runtime; the lease lapses at its TTL");
             return;
@@ -282,7 +303,7 @@ impl Drop for LeaseGuard {
         let keep_for = self.keep_for;
         let call_timeout = self.call_timeout;
         handle.spawn(async move {
-            if sent {
+            if let Some(rx) = wait {
                 let _ = rx.await;
             }
             match release_on_store(&client, &shared.name, &shared.token, keep_for, call_timeout)

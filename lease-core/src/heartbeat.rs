@@ -9,7 +9,8 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -42,6 +43,8 @@ pub(crate) struct Registration {
 
 pub(crate) enum Command {
     Register(Box<Registration>),
+    /// Look at the pending queue now.
+    Wake,
     /// Stop renewing `id`; `ack` fires once no renewal for it is in flight.
     Unregister {
         id: u64,
@@ -68,21 +71,100 @@ struct BatchResult {
     result: Result<Vec<RenewOutcome>, Error>,
 }
 
-/// Spawns the heartbeat task on the current runtime and returns its command channel.
+/// The client's side of the heartbeat.
+///
+/// Registrations and quiet unregistrations go to a queue that the heartbeat drains each
+/// time it wakes; the task is woken only when a new lease needs attention before its
+/// next scheduled wake-up. So acquiring and releasing a lease costs no cross-task wake-up
+/// in the steady state, only a queue push.
+#[derive(Debug)]
+pub(crate) struct HeartbeatHandle {
+    tx: mpsc::UnboundedSender<Command>,
+    shared: Arc<Queue>,
+}
+
+struct Queue {
+    pending: Mutex<Vec<Command>>,
+    /// The heartbeat's next wake-up in nanoseconds after `epoch`; `u64::MAX` while idle.
+    wake_at: AtomicU64,
+    epoch: Instant,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("wake_at", &self.wake_at)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Queue {
+    fn nanos(&self, t: Instant) -> u64 {
+        u64::try_from(t.saturating_duration_since(self.epoch).as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn push(&self, cmd: Command) {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(cmd);
+    }
+
+    fn take(&self) -> Vec<Command> {
+        std::mem::take(&mut *self.pending.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+impl HeartbeatHandle {
+    /// Hands a new lease to the heartbeat; `false` if the heartbeat is gone.
+    pub(crate) fn register(&self, reg: Registration) -> bool {
+        let attention = self
+            .shared
+            .nanos((reg.sent_at + reg.renew_every).min(reg.first_deadline));
+        self.shared.push(Command::Register(Box::new(reg)));
+        // Pushed before reading `wake_at`; the heartbeat publishes `wake_at` before it
+        // drains the queue. So either it sees this entry, or we see its wake-up time and
+        // wake it if that is too late.
+        if self.shared.wake_at.load(Ordering::SeqCst) > attention {
+            return self.tx.send(Command::Wake).is_ok();
+        }
+        !self.tx.is_closed()
+    }
+
+    /// Stops renewing `id` without waiting (the guard has set its `released` flag and no
+    /// renewal of it is in flight).
+    pub(crate) fn unregister_quiet(&self, id: u64) {
+        self.shared.push(Command::Unregister { id, ack: None });
+    }
+
+    /// Sends a command that needs the heartbeat now; `false` if it is gone.
+    pub(crate) fn send(&self, cmd: Command) -> bool {
+        self.tx.send(cmd).is_ok()
+    }
+}
+
+/// Spawns the heartbeat task on the current runtime.
 pub(crate) fn spawn(
     backend: Arc<dyn LeaseBackend>,
     max_batch: usize,
-) -> Result<mpsc::UnboundedSender<Command>, Error> {
+    epoch: Instant,
+) -> Result<HeartbeatHandle, Error> {
     let handle = tokio::runtime::Handle::try_current().map_err(|_| Error::NoRuntime)?;
     let (tx, rx) = mpsc::unbounded_channel();
-    handle.spawn(run(backend, max_batch.max(1), rx));
-    Ok(tx)
+    let shared = Arc::new(Queue {
+        pending: Mutex::new(Vec::new()),
+        wake_at: AtomicU64::new(u64::MAX),
+        epoch,
+    });
+    handle.spawn(run(backend, max_batch.max(1), rx, shared.clone()));
+    Ok(HeartbeatHandle { tx, shared })
 }
 
 async fn run(
     backend: Arc<dyn LeaseBackend>,
     max_batch: usize,
     mut rx: mpsc::UnboundedReceiver<Command>,
+    queue: Arc<Queue>,
 ) {
     let mut entries: HashMap<u64, Entry> = HashMap::new();
     let mut in_flight: FuturesUnordered<BatchFuture> = FuturesUnordered::new();
@@ -92,12 +174,30 @@ async fn run(
     let mut dirty = true;
     let mut wake: Option<Instant> = None;
     loop {
+        for cmd in queue.take() {
+            if let Some(t) = apply(&mut entries, cmd) {
+                wake = Some(wake.map_or(t, |w| w.min(t)));
+            }
+        }
         if dirty {
             let now = Instant::now();
             expire(&mut entries, now);
             start_due(&backend, max_batch, &mut entries, &mut in_flight, now);
             wake = next_wake(&entries);
             dirty = false;
+        }
+        // Publish the wake-up time, then look at the queue once more (see `register`).
+        queue
+            .wake_at
+            .store(wake.map_or(u64::MAX, |w| queue.nanos(w)), Ordering::SeqCst);
+        let late = queue.take();
+        if !late.is_empty() {
+            for cmd in late {
+                if let Some(t) = apply(&mut entries, cmd) {
+                    wake = Some(wake.map_or(t, |w| w.min(t)));
+                }
+            }
+            continue;
         }
         tokio::select! {
             cmd = rx.recv() => {
@@ -149,6 +249,7 @@ fn apply(entries: &mut HashMap<u64, Entry>, cmd: Command) -> Option<Instant> {
             unregister(entries, id, ack);
             None
         }
+        Command::Wake => None,
     }
 }
 
@@ -176,6 +277,13 @@ fn next_wake(entries: &HashMap<u64, Entry>) -> Option<Instant> {
 fn expire(entries: &mut HashMap<u64, Entry>, now: Instant) {
     let mut gone = Vec::new();
     for (id, e) in entries.iter_mut() {
+        if e.reg.shared.is_released() {
+            // Released (its unregistration may still be queued): never reported lost.
+            if !e.in_flight {
+                gone.push(*id);
+            }
+            continue;
+        }
         if !e.lost && e.deadline <= now {
             e.lost = true;
             tracing::warn!(
@@ -247,16 +355,29 @@ fn start_due(
         ids.sort_unstable();
         for chunk in ids.chunks(max_batch) {
             let mut items = Vec::with_capacity(chunk.len());
+            let mut ids = Vec::with_capacity(chunk.len());
             for id in chunk {
                 if let Some(e) = entries.get_mut(id) {
+                    // Mark in flight first, then check `released` (the guard sets
+                    // `released` first, then checks in flight): a release either sees
+                    // this renewal and waits for it, or this renewal sees the release.
+                    e.reg.shared.set_in_flight(true);
+                    if e.reg.shared.is_released() {
+                        e.reg.shared.set_in_flight(false);
+                        e.lost = true;
+                        continue;
+                    }
                     e.in_flight = true;
+                    ids.push(*id);
                     items.push(RenewItem {
                         name: e.reg.name.clone(),
                         token: e.reg.token,
                     });
                 }
             }
-            let ids = chunk.to_vec();
+            if ids.is_empty() {
+                continue;
+            }
             let backend = backend.clone();
             tracing::debug!(leases = items.len(), ?ttl, "renewing batch");
             in_flight.push(Box::pin(async move {
@@ -303,6 +424,7 @@ fn finish(entries: &mut HashMap<u64, Entry>, done: BatchResult) {
             continue;
         };
         e.in_flight = false;
+        e.reg.shared.set_in_flight(false);
         if let Some(acks) = e.unregister_acks.take() {
             for ack in acks {
                 let _ = ack.send(());

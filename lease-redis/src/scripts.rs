@@ -1,15 +1,16 @@
 //! The Lua scripts. Each primitive is one script, so each is atomic on the server and costs
 //! one round trip (`EVALSHA`; the script is loaded once after a `NOSCRIPT`).
 //!
-//! The lease is a hash at the lock key with a TTL (PEXPIRE):
+//! The lease is a string at the lock key with a TTL (`SET ... PX`), one line per field:
 //!
-//! | field       | value                                                    |
-//! |-------------|----------------------------------------------------------|
-//! | `owner`     | owner token, hyphenated UUID text                        |
-//! | `holder`    | holder label                                             |
-//! | `fencing`   | fencing token of this acquisition (decimal)              |
-//! | `locked_at` | server time of the acquisition, ms since the Unix epoch  |
-//! | `released`  | `0`, or `1` once released with keep-for                  |
+//! ```text
+//! <owner token, 36 chars>\n<released: 0 or 1>\n<locked_at: TIME secs.usecs>\n<fencing>\n<holder label>
+//! ```
+//!
+//! One string (not a hash) so that acquire is one `SET ... PX` and the owner check of
+//! renew and release is a prefix comparison: every server-side command counts, since the
+//! library's acquire + release must cost what the bare `SET NX PX` + compare-and-delete
+//! cost. Holder labels have no control characters, so the label is the whole last line.
 //!
 //! Times come from the server's `TIME` (scripts may call it: Redis >= 5 replicates a
 //! script's effects, not the script; `redis.replicate_commands()` is called where it exists
@@ -26,23 +27,18 @@ use redis::Script;
 /// else, and `{2, holder, pttl, fencing}` when held by this very token (only a retry after
 /// a dropped connection can see that: owner tokens are fresh for every acquisition).
 const ACQUIRE: &str = r"
-if redis.replicate_commands then redis.replicate_commands() end
-if redis.call('EXISTS', KEYS[1]) == 1 then
+local v = redis.call('GET', KEYS[1])
+if v then
   local pttl = redis.call('PTTL', KEYS[1])
-  local v = redis.pcall('HMGET', KEYS[1], 'owner', 'holder', 'fencing', 'released')
-  if type(v) ~= 'table' or v.err ~= nil then return {0, '', pttl} end
-  if v[1] == ARGV[1] and v[4] == '0' then
-    return {2, v[2] or '', pttl, tonumber(v[3]) or 0}
-  end
-  return {0, v[2] or '', pttl}
+  local tok, rel, _, f, holder = string.match(v, '^(.-)\n(.)\n([%d.]+)\n(%d+)\n(.*)$')
+  if tok == nil then return {0, '', pttl} end
+  if tok == ARGV[1] and rel == '0' then return {2, holder, pttl, tonumber(f)} end
+  return {0, holder, pttl}
 end
 local fencing = redis.call('INCR', KEYS[2])
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'holder', ARGV[2], 'fencing', fencing,
-  'locked_at', now, 'released', '0')
-redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return {1, fencing, tonumber(ARGV[3])}
+redis.call('SET', KEYS[1], ARGV[1] .. '\n0\n' .. t[1] .. '.' .. t[2] .. '\n' .. fencing .. '\n' .. ARGV[2], 'PX', ARGV[3])
+return {1, fencing, ARGV[3]}
 ";
 
 /// `KEYS[i]` lock keys; `ARGV[1]` ttl in ms, `ARGV[i + 1]` the owner token for `KEYS[i]`.
@@ -52,8 +48,8 @@ return {1, fencing, tonumber(ARGV[3])}
 const RENEW: &str = r"
 local out = {}
 for i, key in ipairs(KEYS) do
-  local v = redis.pcall('HMGET', key, 'owner', 'released')
-  if type(v) == 'table' and v.err == nil and v[1] == ARGV[i + 1] and v[2] == '0' then
+  local v = redis.pcall('GET', key)
+  if type(v) == 'string' and string.sub(v, 1, 38) == ARGV[i + 1] .. '\n0' then
     redis.call('PEXPIRE', key, ARGV[1])
     out[i] = 1
   else
@@ -69,19 +65,18 @@ return out
 /// `max(now, locked_at + keep_for)` and is marked released (renew then fails); if that is
 /// not in the future it is deleted at once. The fencing counter is never touched.
 const RELEASE: &str = r"
-if redis.replicate_commands then redis.replicate_commands() end
-local v = redis.pcall('HMGET', KEYS[1], 'owner', 'released', 'locked_at')
-if type(v) ~= 'table' or v.err ~= nil or v[1] ~= ARGV[1] or v[2] ~= '0' then
+local v = redis.pcall('GET', KEYS[1])
+if type(v) ~= 'string' or string.sub(v, 1, 38) ~= ARGV[1] .. '\n0' then
   return 0
 end
 local keep = tonumber(ARGV[2]) or 0
 if keep > 0 then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local keep_until = (tonumber(v[3]) or 0) + keep
+  local secs, usecs = string.match(v, '^.-\n.\n(%d+)%.(%d+)\n')
+  local keep_until = (tonumber(secs) or 0) * 1000 + math.floor((tonumber(usecs) or 0) / 1000) + keep
   if keep_until > now then
-    redis.call('HSET', KEYS[1], 'released', '1')
-    redis.call('PEXPIRE', KEYS[1], keep_until - now)
+    redis.call('SET', KEYS[1], ARGV[1] .. '\n1' .. string.sub(v, 39), 'PX', keep_until - now)
     return 1
   end
 end
@@ -95,11 +90,13 @@ return 1
 /// Returns `{0}` when free, else `{1, holder, fencing, pttl}` (holder and fencing `''` when
 /// missing, for a key this crate did not write).
 const INSPECT: &str = r"
+local v = redis.pcall('GET', KEYS[1])
+if v == false or v == nil then return {0} end
 local pttl = redis.call('PTTL', KEYS[1])
-if pttl == -2 then return {0} end
-local v = redis.pcall('HMGET', KEYS[1], 'holder', 'fencing')
-if type(v) ~= 'table' or v.err ~= nil then return {1, '', '', pttl} end
-return {1, v[1] or '', v[2] or '', pttl}
+if type(v) ~= 'string' then return {1, '', '', pttl} end
+local tok, rel, _, f, holder = string.match(v, '^(.-)\n(.)\n([%d.]+)\n(%d+)\n(.*)$')
+if tok == nil then return {1, '', '', pttl} end
+return {1, holder, f, pttl}
 ";
 
 /// `KEYS[1]` lock; `ARGV[1]` channel. Deletes the lease whoever holds it (the fencing
