@@ -7,6 +7,8 @@
 //!   with `UPDATE ... WHERE fence <= $token`); the answer is `OK` or `STALE <highest>`.
 //! - `B <writer> <token> start|end`: the writer starts or stops believing it holds the
 //!   lease (acquired / lost or released). Answer `OK`.
+//! - `T <writer> <operation> <ms>`: a call to the store took longer than its timeout
+//!   allows. Answer `OK`.
 //!
 //! Every write, accepted or rejected, is recorded with its time and writer. [`Report`]
 //! checks the records: accepted writes out of token order (must be 0), stale writes
@@ -55,6 +57,7 @@ struct State {
     highest: u64,
     writes: Vec<WriteRecord>,
     beliefs: Vec<Belief>,
+    overruns: Vec<(String, String, u64)>,
 }
 
 /// The fenced resource server. Dropping it stops accepting connections.
@@ -163,9 +166,16 @@ impl FencedResource {
         }
     }
 
+    /// Calls past their timeout reported by writers: (writer, operation, ms).
+    pub fn overruns(&self) -> Vec<(String, String, u64)> {
+        lock(&self.state).overruns.clone()
+    }
+
     /// The checker's report over everything recorded so far.
     pub fn report(&self) -> Report {
-        Report::from_records(&self.writes(), &self.beliefs(), self.now())
+        let mut r = Report::from_records(&self.writes(), &self.beliefs(), self.now());
+        r.overruns = self.overruns();
+        r
     }
 }
 
@@ -222,6 +232,15 @@ fn handle(st: &Mutex<State>, started: Instant, line: &str) -> String {
             }
             "OK\n".into()
         }
+        ["T", writer, op, ms] => {
+            let Ok(ms) = ms.parse::<u64>() else {
+                return "ERR bad ms\n".into();
+            };
+            lock(st)
+                .overruns
+                .push(((*writer).to_owned(), (*op).to_owned(), ms));
+            "OK\n".into()
+        }
         _ => "ERR unknown command\n".into(),
     }
 }
@@ -242,6 +261,8 @@ pub struct Report {
     pub takeovers: Vec<Duration>,
     /// Distinct fencing tokens seen in accepted writes, in order.
     pub tokens: Vec<u64>,
+    /// Calls to the store that outlived their timeout: (writer, operation, ms).
+    pub overruns: Vec<(String, String, u64)>,
 }
 
 impl Report {
@@ -294,11 +315,12 @@ impl fmt::Display for Report {
         write!(
             f,
             "{} writes accepted, {} stale writes rejected, {} accepted out of token order, \
-             {} double-belief periods, takeovers {:?}, tokens {:?}",
+             {} double-belief periods, {} calls past their timeout, takeovers {:?}, tokens {:?}",
             self.accepted,
             self.stale_rejected,
             self.accepted_out_of_order,
             self.double_beliefs.len(),
+            self.overruns.len(),
             self.takeovers,
             self.tokens
         )

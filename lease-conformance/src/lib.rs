@@ -26,8 +26,10 @@ pub mod netns;
 pub mod scenarios;
 pub mod server;
 pub mod suite;
+mod timed;
 
 pub use faulty::{Fault, FaultyBackend, Op, RenewCall};
+pub use timed::{Overrun, TimedBackend};
 
 /// A backend under test, plus whatever must live as long as the test (a server handle).
 pub struct Fixture {

@@ -141,6 +141,11 @@ async fn first_holder(resource: &FencedResource) -> String {
 fn check(report: &Report) {
     tracing::info!("checker: {report}");
     assert_eq!(report.accepted_out_of_order, 0);
+    assert!(
+        report.overruns.is_empty(),
+        "calls past their timeout: {:?}",
+        report.overruns
+    );
 }
 
 /// SIGKILL the active holder: another takes over within TTL + renewal period.
@@ -236,7 +241,9 @@ pub async fn holder_paused(m: &Matrix, url: &str) -> Report {
         .iter()
         .filter(|w| w.writer == active && w.token == old_token && w.at >= resumed_at)
         .count();
-    let report = resource.report();
+    let mut report = resource.report();
+    // A frozen process's calls in flight look long; they are not the library's.
+    report.overruns.retain(|(w, _, _)| *w != active);
     tracing::info!(
         "paused holder: {late_attempts} write(s) with the old token after resuming (all rejected)"
     );

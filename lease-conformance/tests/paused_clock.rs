@@ -220,3 +220,27 @@ async fn scheduled_job_skips_runs_while_the_store_is_down() {
     assert_eq!(stats.ran, 4, "{stats:?}");
     assert_eq!(stats.store_errors, 2, "{stats:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn timed_backend_records_calls_past_the_limit_even_when_cancelled() {
+    use lease_conformance::TimedBackend;
+    let memory = Arc::new(MemoryBackend::new());
+    let faulty = Arc::new(FaultyBackend::new(memory));
+    let timed = TimedBackend::new(faulty.clone(), Duration::from_millis(100));
+    let owner = lease_core::Owner::new(HolderLabel::new("t").unwrap());
+    let name = lease_core::LeaseName::new("x").unwrap();
+    timed
+        .acquire(&name, &owner, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(
+        timed.take_overruns().is_empty(),
+        "a quick call is not an overrun"
+    );
+    faulty.set(Op::Inspect, Fault::Hang);
+    let _ = tokio::time::timeout(Duration::from_millis(300), timed.inspect(&name)).await;
+    let o = timed.take_overruns();
+    assert_eq!(o.len(), 1);
+    assert_eq!(o[0].operation, "inspect");
+    assert_eq!(o[0].took, Duration::from_millis(300));
+}

@@ -96,3 +96,28 @@ fn not_compiled(scheme: &str, feature: &'static str) -> Result<Arc<dyn LeaseBack
         feature,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The error every `connect_*` returns for a store whose feature is off (the workspace
+    /// build compiles all stores in, so this checks the error itself).
+    #[test]
+    fn not_compiled_in_is_one_line_naming_the_feature() {
+        let Err(e) = not_compiled("etcd", "etcd") else {
+            panic!("expected an error");
+        };
+        assert!(matches!(
+            e,
+            Error::NotCompiledIn {
+                feature: "etcd",
+                ..
+            }
+        ));
+        let msg = e.to_string();
+        assert!(msg.contains("`etcd` feature"), "{msg}");
+        assert_eq!(msg.lines().count(), 1);
+        assert!(!e.is_retryable());
+    }
+}

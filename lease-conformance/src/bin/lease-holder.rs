@@ -11,7 +11,10 @@
 
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use lease::{HolderLabel, LeaseClient, LeaseOptions};
+use lease_conformance::TimedBackend;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
@@ -76,6 +79,18 @@ impl Resource {
     }
 }
 
+async fn report_overruns(timed: &TimedBackend, res: &mut Resource, writer: &str) {
+    for o in timed.take_overruns() {
+        println!("overrun {} {:?}", o.operation, o.took);
+        res.send(format!(
+            "T {writer} {} {}\n",
+            o.operation,
+            o.took.as_millis()
+        ))
+        .await;
+    }
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let args = match parse() {
@@ -113,13 +128,24 @@ async fn main() {
             }
         }
     };
-    let client = LeaseClient::with_label(backend, HolderLabel::new(args.writer.clone()).unwrap());
     let opts = LeaseOptions::builder(args.ttl)
         .wait(Duration::from_secs(3600))
         .build()
         .unwrap();
+    // Every store call is measured until it returns or is cancelled; one that outlives
+    // its timeout by more than 200 ms (timer and scheduling slack on a loaded 2-core
+    // machine) is reported to the resource.
+    let timed = Arc::new(TimedBackend::new(
+        backend,
+        opts.call_timeout() + Duration::from_millis(200),
+    ));
+    let client = LeaseClient::with_label(
+        timed.clone(),
+        HolderLabel::new(args.writer.clone()).unwrap(),
+    );
     let mut seq = 0u64;
     loop {
+        report_overruns(&timed, &mut res, &args.writer).await;
         let guard = match client.acquire(&args.name, &opts).await {
             Ok(g) => g,
             Err(e) => {
@@ -138,6 +164,7 @@ async fn main() {
             if reply.starts_with("STALE") {
                 println!("stale-write {token} {seq} {reply}");
             }
+            report_overruns(&timed, &mut res, &args.writer).await;
             tokio::select! {
                 _ = tokio::time::sleep(args.write_every) => {}
                 _ = guard.lost() => {}

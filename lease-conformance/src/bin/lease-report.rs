@@ -463,6 +463,7 @@ async fn main() {
                         total.accepted_out_of_order += r.accepted_out_of_order;
                         total.double_beliefs.extend(r.double_beliefs);
                         total.takeovers.extend(r.takeovers);
+                        total.overruns.extend(r.overruns);
                     }
                     Err(e) => failures.push(format!("round {rounds} on {kind}: {e}")),
                 }
@@ -480,7 +481,9 @@ async fn main() {
             md,
             "Holder killed and holder paused, alternating, over Redis, PostgreSQL and etcd \
              (TTL 400 ms; etcd 1 s), {:.0} minutes.\n\n- accepted writes: {}\n- stale writes rejected by token: {}\n\
-             - accepted writes out of token order: **{}**\n- periods with two believers \
+             - accepted writes out of token order: **{}**\n- calls past their timeout \
+             (measured in every holder until the call returned or was cancelled; limit: \
+             call timeout + 200 ms): **{}**\n- periods with two believers \
              (a paused holder that has not yet seen its lost signal): {}\n- takeovers: {}, \
              longest {}\n- failed rounds (a case's assertion, a panic, a call past its \
              timeout): **{}**",
@@ -488,6 +491,7 @@ async fn main() {
             total.accepted,
             total.stale_rejected,
             total.accepted_out_of_order,
+            total.overruns.len(),
             total.double_beliefs.len(),
             total.takeovers.len(),
             secs(max_takeover),
@@ -498,10 +502,11 @@ async fn main() {
             writeln!(md, "  - {f}").unwrap();
         }
         eprintln!(
-            "soak totals: {rounds} rounds, {} accepted, {} stale rejected, {} out of order, {} failures",
+            "soak totals: {rounds} rounds, {} accepted, {} stale rejected, {} out of order, {} overruns, {} failures",
             total.accepted,
             total.stale_rejected,
             total.accepted_out_of_order,
+            total.overruns.len(),
             failures.len()
         );
     }
