@@ -7,8 +7,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lease::{HolderLabel, LeaseBackend, LeaseClient, LeaseOptions, MemoryBackend};
-use lease_conformance::{Fault, FaultyBackend};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use lease::{
+    AcquireOutcome, Capabilities, HolderLabel, LeaseBackend, LeaseClient, LeaseInfo, LeaseName,
+    LeaseOptions, MemoryBackend, Owner, OwnerToken, ReleaseOutcome, RenewItem, RenewOutcome,
+};
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_millis(1000);
@@ -33,6 +37,59 @@ impl FencedResource {
         self.highest = token;
         self.accepted += 1;
         true
+    }
+}
+
+/// One worker "process"'s view of the store: freezing it makes every call hang, as if the
+/// process had been killed mid-flight (no renewal, no release).
+#[derive(Debug)]
+struct Process {
+    store: Arc<dyn LeaseBackend>,
+    frozen: AtomicBool,
+}
+
+impl Process {
+    async fn gate(&self) {
+        if self.frozen.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+#[lease::async_trait]
+impl LeaseBackend for Process {
+    fn capabilities(&self) -> Capabilities {
+        self.store.capabilities()
+    }
+    async fn acquire(
+        &self,
+        n: &LeaseName,
+        o: &Owner,
+        ttl: Duration,
+    ) -> lease::Result<AcquireOutcome> {
+        self.gate().await;
+        self.store.acquire(n, o, ttl).await
+    }
+    async fn renew(&self, l: &[RenewItem], ttl: Duration) -> lease::Result<Vec<RenewOutcome>> {
+        self.gate().await;
+        self.store.renew(l, ttl).await
+    }
+    async fn release(
+        &self,
+        n: &LeaseName,
+        t: &OwnerToken,
+        k: Duration,
+    ) -> lease::Result<ReleaseOutcome> {
+        self.gate().await;
+        self.store.release(n, t, k).await
+    }
+    async fn inspect(&self, n: &LeaseName) -> lease::Result<Option<LeaseInfo>> {
+        self.gate().await;
+        self.store.inspect(n).await
+    }
+    async fn wait_released(&self, n: &LeaseName, max: Duration) -> lease::Result<()> {
+        self.gate().await;
+        self.store.wait_released(n, max).await
     }
 }
 
@@ -68,7 +125,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for w in 0..WORKERS {
         // Each worker reaches the store through its own "process": a decorator we can
         // freeze to simulate the process being killed.
-        let process = Arc::new(FaultyBackend::new(store.clone()));
+        let process = Arc::new(Process {
+            store: store.clone(),
+            frozen: AtomicBool::new(false),
+        });
         let client =
             LeaseClient::with_label(process.clone(), HolderLabel::new(format!("worker-{w}"))?);
         let (opts, resource, log) = (opts.clone(), resource.clone(), log.clone());
@@ -129,7 +189,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         let (process, task) = &workers[active];
         // Kill: the process freezes (no renewal, no release) and its work stops.
-        process.set_all(Fault::Hang);
+        process.frozen.store(true, Ordering::SeqCst);
         task.abort();
         let killed_at = Instant::now();
         let before = log.lock().unwrap_or_else(|p| p.into_inner()).acquired.len();
