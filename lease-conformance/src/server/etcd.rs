@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use super::process::ChildProcess;
+use super::process::{ChildProcess, DirWatcher};
 use super::{HarnessError, Source, env_nonempty, find_binary, free_port};
 
 /// Environment variable with the endpoints (`host:port[,host:port...]`) of an etcd cluster
@@ -154,8 +154,9 @@ pub struct EtcdServer {
 
 #[derive(Debug)]
 struct Local {
-    // Declared before `dir`: the process goes before its directory.
+    // Declared in drop order: the process, its watcher, then its directory.
     member: EtcdMember,
+    _watcher: DirWatcher,
     dir: tempfile::TempDir,
 }
 
@@ -192,6 +193,7 @@ impl EtcdServer {
     pub async fn start_local() -> Result<EtcdServer, HarnessError> {
         let binary = etcd_binary()?;
         let dir = data_root("lease-etcd-")?;
+        let watcher = DirWatcher::spawn(dir.path())?;
         let token = cluster_token();
         let mut last_error = String::new();
         for _ in 0..PORT_ATTEMPTS {
@@ -229,7 +231,11 @@ impl EtcdServer {
                     return Ok(EtcdServer {
                         source: Source::LocalProcess,
                         endpoints: vec![member.endpoint()],
-                        local: Some(Local { member, dir }),
+                        local: Some(Local {
+                            member,
+                            _watcher: watcher,
+                            dir,
+                        }),
                     });
                 }
                 Err(why) => {
@@ -364,8 +370,9 @@ impl Drop for EtcdServer {
 /// data directories.
 #[derive(Debug)]
 pub struct EtcdCluster {
-    // Declared before `dir`: the processes go before their directory.
+    // Declared in drop order: the processes, their watcher, then their directory.
     members: Vec<EtcdMember>,
+    _watcher: DirWatcher,
     dir: tempfile::TempDir,
 }
 
@@ -411,6 +418,7 @@ impl EtcdCluster {
     async fn start_once(size: usize, timing: (u32, u32)) -> Result<EtcdCluster, HarnessError> {
         let binary = etcd_binary()?;
         let dir = data_root("lease-etcd-cluster-")?;
+        let watcher = DirWatcher::spawn(dir.path())?;
         let token = cluster_token();
         let mut ports = Vec::with_capacity(size);
         for _ in 0..size {
@@ -439,7 +447,11 @@ impl EtcdCluster {
                 process,
             });
         }
-        let mut cluster = EtcdCluster { members, dir };
+        let mut cluster = EtcdCluster {
+            members,
+            _watcher: watcher,
+            dir,
+        };
         if let Err(why) = cluster.wait_healthy(READY_TIMEOUT).await {
             let tails: Vec<String> = cluster
                 .members

@@ -158,3 +158,55 @@ impl Drop for ChildProcess {
         let _ = self.kill();
     }
 }
+
+/// Kills every process whose command line mentions `$1` (other than the watcher itself)
+/// and removes `$1`, once stdin reaches EOF.
+const DIR_WATCHER_SCRIPT: &str = r#"
+read -r _ignored
+# Only ever a harness temp dir: an empty or broad pattern would match other processes.
+case "$1" in */lease-?*) ;; *) exit 0 ;; esac
+for pid in $(pgrep -f -- "$1"); do
+  [ "$pid" != "$$" ] && kill -KILL "$pid" 2>/dev/null
+done
+rm -rf -- "$1"
+"#;
+
+/// Cleans up after a test process that dies without running its destructors (SIGKILL,
+/// abort): a small `sh` holds a pipe from the test process; when the pipe closes (the
+/// handle dropped, or the process died), it SIGKILLs every process started with the
+/// temp directory in its arguments and removes the directory.
+#[derive(Debug)]
+pub(crate) struct DirWatcher {
+    child: Child,
+    pipe: Option<std::process::ChildStdin>,
+}
+
+impl DirWatcher {
+    pub(crate) fn spawn(dir: &std::path::Path) -> Result<Self, HarnessError> {
+        let mut command = Command::new("/bin/sh");
+        command
+            .arg("-c")
+            .arg(DIR_WATCHER_SCRIPT)
+            // `sh -c SCRIPT NAME ARG`: NAME is $0, ARG is $1.
+            .arg("lease-dir-watcher")
+            .arg(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // Its own process group: a Ctrl-C to the test run must not kill the watcher
+        // before it has cleaned up.
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let mut child = command
+            .spawn()
+            .map_err(|e| HarnessError::io("spawning the cleanup watcher (/bin/sh)", e))?;
+        let pipe = child.stdin.take();
+        Ok(DirWatcher { child, pipe })
+    }
+}
+
+impl Drop for DirWatcher {
+    fn drop(&mut self) {
+        self.pipe.take();
+        let _ = self.child.wait();
+    }
+}

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use super::process::ChildProcess;
+use super::process::{ChildProcess, DirWatcher};
 use super::{HarnessError, Source, env_nonempty, find_binary, free_port};
 
 /// Environment variable with the URL of a Redis server to use instead of starting one.
@@ -41,8 +41,9 @@ pub struct RedisServer {
 struct Local {
     port: u16,
     persistent: bool,
-    // Declared before `dir`: the process goes before its directory.
+    // Declared in drop order: the process, its watcher, then its directory.
     process: ChildProcess,
+    _watcher: DirWatcher,
     dir: tempfile::TempDir,
 }
 
@@ -89,6 +90,7 @@ impl RedisServer {
             .prefix("lease-redis-")
             .tempdir()
             .map_err(|e| HarnessError::io("creating a temp dir for redis-server", e))?;
+        let watcher = DirWatcher::spawn(dir.path())?;
         let log_path = dir.path().join("redis.log");
         let mut last_error = String::new();
         for _ in 0..PORT_ATTEMPTS {
@@ -117,6 +119,7 @@ impl RedisServer {
                             port,
                             persistent,
                             process,
+                            _watcher: watcher,
                             dir,
                         }),
                     });
@@ -252,6 +255,10 @@ fn server_args(port: u16, dir: &Path, persistent: bool) -> Vec<OsString> {
         "--save",
         "",
         "--daemonize",
+        "no",
+        // Keep the command line (with --dir) as it is, so the cleanup watcher can find
+        // the process by its directory.
+        "--set-proc-title",
         "no",
     ]
     .iter()
