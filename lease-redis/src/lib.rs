@@ -581,9 +581,9 @@ impl LeaseBackend for RedisBackend {
 
     async fn inspect(&self, name: &LeaseName) -> Result<Option<LeaseInfo>> {
         const OP: &str = "inspect";
-        let lock = keys::lock_key(self.prefix(), name);
+        let k = keys::keys(self.prefix(), name);
         let mut inv = scripts::INSPECT_SCRIPT.prepare_invoke();
-        inv.key(&lock);
+        inv.key(&k.lock).key(&k.fence);
         let (reply, _) = self.invoke(OP, &inv).await?;
         let items = array(OP, reply)?;
         match items.as_slice() {

@@ -4,13 +4,17 @@
 //! The lease is a string at the lock key with a TTL (`SET ... PX`), one line per field:
 //!
 //! ```text
-//! <owner token, 36 chars>\n<released: 0 or 1>\n<locked_at: TIME secs.usecs>\n<fencing>\n<holder label>
+//! <owner token, 36 chars>\n<released: 0 or 1>\n<locked_at: TIME secs.usecs>\n<holder label>
 //! ```
 //!
-//! One string (not a hash) so that acquire is one `SET ... PX` and the owner check of
+//! One string (not a hash) so that acquire is one `SET ... NX PX` and the owner check of
 //! renew and release is a prefix comparison: every server-side command counts, since the
 //! library's acquire + release must cost what the bare `SET NX PX` + compare-and-delete
 //! cost. Holder labels have no control characters, so the label is the whole last line.
+//!
+//! The fencing counter (`...:fence`, same hash tag) is `INCR`ed only when `SET NX`
+//! succeeded, so while a lease is live the counter *is* its holder's fencing token:
+//! inspect reads it from there, and the value does not carry it.
 //!
 //! Times come from the server's `TIME` (scripts may call it: Redis >= 5 replicates a
 //! script's effects, not the script; `redis.replicate_commands()` is called where it exists
@@ -27,18 +31,20 @@ use redis::Script;
 /// else, and `{2, holder, pttl, fencing}` when held by this very token (only a retry after
 /// a dropped connection can see that: owner tokens are fresh for every acquisition).
 const ACQUIRE: &str = r"
-local v = redis.call('GET', KEYS[1])
-if v then
-  local pttl = redis.call('PTTL', KEYS[1])
-  local tok, rel, _, f, holder = string.match(v, '^(.-)\n(.)\n([%d.]+)\n(%d+)\n(.*)$')
-  if tok == nil then return {0, '', pttl} end
-  if tok == ARGV[1] and rel == '0' then return {2, holder, pttl, tonumber(f)} end
-  return {0, holder, pttl}
-end
-local fencing = redis.call('INCR', KEYS[2])
 local t = redis.call('TIME')
-redis.call('SET', KEYS[1], ARGV[1] .. '\n0\n' .. t[1] .. '.' .. t[2] .. '\n' .. fencing .. '\n' .. ARGV[2], 'PX', ARGV[3])
-return {1, fencing, ARGV[3]}
+if redis.call('SET', KEYS[1], ARGV[1] .. '\n0\n' .. t[1] .. '.' .. t[2] .. '\n' .. ARGV[2],
+    'NX', 'PX', ARGV[3]) then
+  return {1, redis.call('INCR', KEYS[2]), ARGV[3]}
+end
+local v = redis.pcall('GET', KEYS[1])
+local pttl = redis.call('PTTL', KEYS[1])
+if type(v) ~= 'string' then return {0, '', pttl} end
+local tok, rel, _, holder = string.match(v, '^(.-)\n(.)\n([%d.]+)\n(.*)$')
+if tok == nil then return {0, '', pttl} end
+if tok == ARGV[1] and rel == '0' then
+  return {2, holder, pttl, tonumber(redis.call('GET', KEYS[2])) or 0}
+end
+return {0, holder, pttl}
 ";
 
 /// `KEYS[i]` lock keys; `ARGV[1]` ttl in ms, `ARGV[i + 1]` the owner token for `KEYS[i]`.
@@ -85,7 +91,7 @@ redis.call('PUBLISH', ARGV[3], '1')
 return 1
 ";
 
-/// `KEYS[1]` lock.
+/// `KEYS[1]` lock, `KEYS[2]` fence.
 ///
 /// Returns `{0}` when free, else `{1, holder, fencing, pttl}` (holder and fencing `''` when
 /// missing, for a key this crate did not write).
@@ -94,9 +100,9 @@ local v = redis.pcall('GET', KEYS[1])
 if v == false or v == nil then return {0} end
 local pttl = redis.call('PTTL', KEYS[1])
 if type(v) ~= 'string' then return {1, '', '', pttl} end
-local tok, rel, _, f, holder = string.match(v, '^(.-)\n(.)\n([%d.]+)\n(%d+)\n(.*)$')
+local tok, rel, _, holder = string.match(v, '^(.-)\n(.)\n([%d.]+)\n(.*)$')
 if tok == nil then return {1, '', '', pttl} end
-return {1, holder, f, pttl}
+return {1, holder, redis.call('GET', KEYS[2]) or '', pttl}
 ";
 
 /// `KEYS[1]` lock; `ARGV[1]` channel. Deletes the lease whoever holds it (the fencing
