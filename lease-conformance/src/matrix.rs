@@ -469,3 +469,20 @@ pub async fn network_cut(
         report,
     })
 }
+
+/// The `host:port` of a store URL (`redis://`, `postgres://`, `etcd://`; the first host of
+/// a list).
+pub fn store_addr(url: &str) -> Option<std::net::SocketAddr> {
+    let rest = url.split("://").nth(1)?;
+    let rest = rest.rsplit('@').next()?;
+    let hp = rest.split(['/', ',', '?']).next()?;
+    hp.parse().ok()
+}
+
+/// `url` with its `host:port` replaced by `to`.
+pub fn with_store_addr(url: &str, to: std::net::SocketAddr) -> String {
+    match store_addr(url) {
+        Some(from) => url.replacen(&from.to_string(), &to.to_string(), 1),
+        None => url.to_owned(),
+    }
+}

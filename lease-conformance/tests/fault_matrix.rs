@@ -216,23 +216,10 @@ mod etcd {
 mod network_cut {
     use super::*;
     use lease_conformance::server::{EtcdServer, PostgresServer};
-    use std::net::SocketAddr;
-
-    fn host_port(url: &str) -> SocketAddr {
-        let rest = url.split("://").nth(1).unwrap();
-        let rest = rest.rsplit('@').next().unwrap();
-        let hp = rest.split(['/', ',', '?']).next().unwrap();
-        hp.parse().unwrap()
-    }
-
-    fn replace_host(url: &str, to: SocketAddr) -> String {
-        let from = host_port(url).to_string();
-        url.replacen(&from, &to.to_string(), 1)
-    }
 
     async fn run(url: &str, store: &str) {
-        let addr = host_port(url);
-        match matrix::network_cut(&m(), url, addr, |to| replace_host(url, to)).await {
+        let addr = matrix::store_addr(url).unwrap();
+        match matrix::network_cut(&m(), url, addr, |to| matrix::with_store_addr(url, to)).await {
             Ok(r) => eprintln!(
                 "{store}: cut-off holder lost after {:?}, other took over after {:?}; {}",
                 r.lost_after, r.takeover_after, r.report
