@@ -305,14 +305,21 @@ pub async fn lock_at_least_for(
     keep_for: bool,
     periods: u32,
 ) -> JobStats {
-    let ttl = backend
-        .capabilities()
-        .effective_ttl(Duration::from_millis(500));
-    let period = ttl * 2;
+    let caps = backend.capabilities();
+    let ttl = caps.effective_ttl(Duration::from_millis(500));
+    // Keep-for must end before the next tick. Where TTLs are coarse (etcd: whole seconds,
+    // expired up to 0.5 s late) it is rounded up on the store, so leave that much room.
+    let coarse = caps.ttl_granularity >= Duration::from_secs(1);
+    let slack = if coarse {
+        caps.ttl_granularity + Duration::from_millis(500)
+    } else {
+        Duration::ZERO
+    };
+    let period = if coarse { ttl * 4 } else { ttl * 2 };
     let skew = period / 5;
     let mut b = LeaseOptions::builder(ttl);
     if keep_for {
-        b = b.keep_for(period * 9 / 10);
+        b = b.keep_for(period * 9 / 10 - slack);
     }
     let opts = b.build().expect("options");
     let name = unique("at-least-for");

@@ -170,6 +170,11 @@ mod etcd {
         );
         let wd = scenarios::lock_at_most_for_dilemma(backend.clone(), DilemmaMode::Watchdog).await;
         assert!(!wd.duplicated, "{wd:?}");
+        let with = scenarios::lock_at_least_for(backend.clone(), true, 4).await;
+        assert!(
+            (3..=4).contains(&with.ran),
+            "keep-for: once per period: {with:?}"
+        );
         let recovered = scenarios::stuck_holder_lease(backend, Duration::from_secs(8)).await;
         assert!(recovered.is_some(), "the lease must recover after its ttl");
     }
