@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use lease_core::LeaseBackend;
 
+pub mod bench;
 mod faulty;
 pub mod fenced;
 pub mod matrix;

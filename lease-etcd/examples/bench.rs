@@ -105,54 +105,28 @@ async fn main() {
         "library backend acquire + release",
         "library LeaseClient try_acquire + release",
     ];
-    let mut samples = vec![vec![Vec::new(); 2]; labels.len()];
-    for round in 0..ROUNDS {
-        for (ti, tasks) in [1, TASKS].into_iter().enumerate() {
-            for which in 0..labels.len() {
-                let per = CYCLES / tasks;
-                let start = Instant::now();
-                let mut handles = Vec::new();
-                for t in 0..tasks {
-                    let prefix = format!("{which}-{run}-{round}-{tasks}-{t}");
-                    handles.push(match which {
-                        0 => tokio::spawn(bare_cycles(bare.clone(), bare_lease, prefix, per)),
-                        1 => tokio::spawn(lib_cycles(backend.clone(), prefix, per)),
-                        _ => tokio::spawn(client_cycles(client.clone(), prefix, per)),
-                    });
+    let rows = lease_conformance::bench::alternating(
+        labels.len(),
+        ROUNDS,
+        CYCLES,
+        TASKS,
+        |case, prefix, per| {
+            let (bare, backend, client) = (bare.clone(), backend.clone(), client.clone());
+            async move {
+                match case {
+                    0 => bare_cycles(bare, bare_lease, prefix, per).await,
+                    1 => lib_cycles(backend, prefix, per).await,
+                    _ => client_cycles(client, prefix, per).await,
                 }
-                for h in handles {
-                    h.await.unwrap();
-                }
-                samples[which][ti].push((per * tasks) as f64 / start.elapsed().as_secs_f64());
             }
-        }
-    }
-    let median = |v: &Vec<f64>| {
-        let mut v = v.clone();
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[v.len() / 2]
-    };
+        },
+    )
+    .await;
     println!(
         "etcd benchmark: {CYCLES} acquire+release cycles per case and round, one client \
          (one gRPC channel), median of {ROUNDS} alternating rounds\n"
     );
-    println!("| case | 1 task cycles/s | {TASKS} tasks cycles/s |");
-    println!("|---|---:|---:|");
-    let rows: Vec<[f64; 2]> = samples
-        .iter()
-        .map(|s| [median(&s[0]), median(&s[1])])
-        .collect();
-    for (label, r) in labels.iter().zip(&rows) {
-        println!("| {label} | {:.0} | {:.0} |", r[0], r[1]);
-    }
-    println!();
-    for (i, label) in ["backend", "LeaseClient"].iter().enumerate() {
-        println!(
-            "ratio {label} / bare: {:.2} (1 task), {:.2} ({TASKS} tasks)",
-            rows[i + 1][0] / rows[0][0],
-            rows[i + 1][1] / rows[0][1]
-        );
-    }
+    lease_conformance::bench::print_table(&labels, TASKS, &rows);
     println!("(the library's fencing token is the put's revision: no extra work)\n");
 
     for n in [1_000usize, 10_000] {

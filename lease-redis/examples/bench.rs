@@ -85,10 +85,6 @@ async fn client_cycles(client: LeaseClient, prefix: String, n: usize) {
     }
 }
 
-fn rate(n: usize, d: Duration) -> f64 {
-    n as f64 / d.as_secs_f64()
-}
-
 async fn evalsha_calls(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
@@ -124,64 +120,36 @@ async fn main() {
     lib_cycles(backend.clone(), format!("warm-lib-{run}"), 500).await;
     client_cycles(lease_client.clone(), format!("warm-client-{run}"), 500).await;
 
-    // Rounds alternate the cases so that noise from the machine hits them alike; each
-    // figure is the median over the rounds.
     const ROUNDS: usize = 5;
     let labels = [
         "bare SET NX PX + Lua compare-and-delete",
         "library backend acquire + release",
         "library LeaseClient try_acquire + release",
     ];
-    let mut samples = vec![vec![Vec::new(); 2]; labels.len()];
-    for round in 0..ROUNDS {
-        for (ti, tasks) in [1, TASKS].into_iter().enumerate() {
-            for (which, label) in labels.iter().enumerate() {
-                let per = CYCLES / tasks;
-                let start = Instant::now();
-                let mut handles = Vec::new();
-                for t in 0..tasks {
-                    let prefix = format!("{which}-{run}-{round}-{tasks}-{t}");
-                    let h = match which {
-                        0 => tokio::spawn(bare_cycles(bare_conn.clone(), prefix, per)),
-                        1 => tokio::spawn(lib_cycles(backend.clone(), prefix, per)),
-                        _ => tokio::spawn(client_cycles(lease_client.clone(), prefix, per)),
-                    };
-                    handles.push(h);
+    let rows = lease_conformance::bench::alternating(
+        labels.len(),
+        ROUNDS,
+        CYCLES,
+        TASKS,
+        |case, prefix, per| {
+            let (bare, backend, client) =
+                (bare_conn.clone(), backend.clone(), lease_client.clone());
+            async move {
+                match case {
+                    0 => bare_cycles(bare, prefix, per).await,
+                    1 => lib_cycles(backend, prefix, per).await,
+                    _ => client_cycles(client, prefix, per).await,
                 }
-                for h in handles {
-                    h.await.unwrap();
-                }
-                let _ = label;
-                samples[which][ti].push(rate(per * tasks, start.elapsed()));
             }
-        }
-    }
-    let median = |v: &Vec<f64>| {
-        let mut v = v.clone();
-        v.sort_by(|a, b| a.total_cmp(b));
-        v[v.len() / 2]
-    };
+        },
+    )
+    .await;
     println!(
         "Redis benchmark: {CYCLES} acquire+release cycles per case and round, one connection, \
-         median of {ROUNDS} alternating rounds\n"
+         median of {ROUNDS} alternating rounds (rounds alternate the cases so that noise from \
+         the machine hits them alike)\n"
     );
-    println!("| case | 1 task cycles/s | {TASKS} tasks cycles/s |");
-    println!("|---|---:|---:|");
-    let rows: Vec<[f64; 2]> = samples
-        .iter()
-        .map(|s| [median(&s[0]), median(&s[1])])
-        .collect();
-    for (label, r) in labels.iter().zip(&rows) {
-        println!("| {label} | {:.0} | {:.0} |", r[0], r[1]);
-    }
-    println!();
-    for (i, label) in ["backend", "LeaseClient"].iter().enumerate() {
-        println!(
-            "ratio {label} / bare: {:.2} (1 task), {:.2} ({TASKS} tasks)",
-            rows[i + 1][0] / rows[0][0],
-            rows[i + 1][1] / rows[0][1]
-        );
-    }
+    lease_conformance::bench::print_table(&labels, TASKS, &rows);
     println!("(the library's acquire also INCRs the fencing counter and returns the token)\n");
 
     for n in [1_000usize, 10_000] {
