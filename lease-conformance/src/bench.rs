@@ -3,7 +3,12 @@
 //! each case's ratio to the first (the bare floor).
 
 use std::future::Future;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use lease_core::{
+    AcquireOutcome, HolderLabel, LeaseBackend, LeaseClient, LeaseName, LeaseOptions, Owner,
+    OwnerToken, TryAcquire,
+};
 
 /// Runs `run(case, prefix, cycles_per_task)` for every case, for 1 and `tasks` concurrent
 /// tasks, `rounds` times in alternation; returns cycles/s medians as `[case][0 = 1 task, 1
@@ -64,5 +69,48 @@ pub fn print_table(labels: &[&str], tasks: usize, rows: &[[f64; 2]]) {
             r[0] / rows[0][0],
             r[1] / rows[0][1]
         );
+    }
+}
+
+/// The library's acquire + release through the backend primitives, `n` times over 64
+/// names under `prefix`.
+pub async fn backend_cycles(backend: std::sync::Arc<dyn LeaseBackend>, prefix: String, n: usize) {
+    let label = HolderLabel::new("bench").expect("label");
+    for i in 0..n {
+        let name = LeaseName::new(format!("{prefix}:{}", i % 64)).expect("name");
+        let owner = Owner {
+            token: OwnerToken::random(),
+            label: label.clone(),
+        };
+        match backend
+            .acquire(&name, &owner, Duration::from_secs(30))
+            .await
+            .expect("acquire")
+        {
+            AcquireOutcome::Acquired { .. } => {}
+            AcquireOutcome::Held(by) => panic!("{name} held by {by}"),
+        }
+        backend
+            .release(&name, &owner.token, Duration::ZERO)
+            .await
+            .expect("release");
+    }
+}
+
+/// The library's acquire + release through [`LeaseClient`] (guard, heartbeat
+/// registration), `n` times over 64 names under `prefix`.
+pub async fn client_cycles(client: LeaseClient, prefix: String, n: usize) {
+    let opts = LeaseOptions::new(Duration::from_secs(30)).expect("options");
+    for i in 0..n {
+        match client
+            .try_acquire(format!("{prefix}:{}", i % 64), &opts)
+            .await
+            .expect("try_acquire")
+        {
+            TryAcquire::Acquired(g) => {
+                g.release().await.expect("release");
+            }
+            TryAcquire::Held(by) => panic!("held by {by}"),
+        }
     }
 }

@@ -14,11 +14,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lease_conformance::bench::{backend_cycles, client_cycles};
 use lease_conformance::server::PostgresServer;
-use lease_core::{
-    AcquireOutcome, HolderLabel, LeaseBackend, LeaseClient, LeaseName, LeaseOptions, Owner,
-    OwnerToken, RenewItem, TryAcquire,
-};
+use lease_core::{HolderLabel, LeaseBackend, LeaseClient, LeaseName, Owner, RenewItem};
 use lease_postgres::PostgresBackend;
 use lease_postgres::sqlx::{self, PgPool};
 
@@ -54,45 +52,6 @@ async fn bare_cycles(pool: PgPool, prefix: String, n: usize) {
     }
 }
 
-async fn lib_cycles(backend: Arc<dyn LeaseBackend>, prefix: String, n: usize) {
-    let label = HolderLabel::new("bench").unwrap();
-    for i in 0..n {
-        let name = LeaseName::new(format!("{prefix}:{}", i % 64)).unwrap();
-        let owner = Owner {
-            token: OwnerToken::random(),
-            label: label.clone(),
-        };
-        match backend
-            .acquire(&name, &owner, Duration::from_secs(30))
-            .await
-            .unwrap()
-        {
-            AcquireOutcome::Acquired { .. } => {}
-            AcquireOutcome::Held(_) => panic!("held"),
-        }
-        backend
-            .release(&name, &owner.token, Duration::ZERO)
-            .await
-            .unwrap();
-    }
-}
-
-async fn client_cycles(client: LeaseClient, prefix: String, n: usize) {
-    let opts = LeaseOptions::new(Duration::from_secs(30)).unwrap();
-    for i in 0..n {
-        match client
-            .try_acquire(format!("{prefix}:{}", i % 64), &opts)
-            .await
-            .unwrap()
-        {
-            TryAcquire::Acquired(g) => {
-                g.release().await.unwrap();
-            }
-            TryAcquire::Held(_) => panic!("held"),
-        }
-    }
-}
-
 #[tokio::main]
 async fn main() {
     let server = PostgresServer::start()
@@ -112,7 +71,7 @@ async fn main() {
     let client = LeaseClient::with_label(backend.clone(), HolderLabel::new("bench").unwrap());
     let run = uuid::Uuid::new_v4().simple().to_string();
     bare_cycles(pool.clone(), format!("warm-{run}"), 200).await;
-    lib_cycles(backend.clone(), format!("warm-{run}"), 200).await;
+    backend_cycles(backend.clone(), format!("warm-{run}"), 200).await;
     client_cycles(client.clone(), format!("warm-c-{run}"), 200).await;
 
     let labels = [
@@ -130,7 +89,7 @@ async fn main() {
             async move {
                 match case {
                     0 => bare_cycles(pool, prefix, per).await,
-                    1 => lib_cycles(backend, prefix, per).await,
+                    1 => backend_cycles(backend, prefix, per).await,
                     _ => client_cycles(client, prefix, per).await,
                 }
             }

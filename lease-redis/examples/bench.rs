@@ -9,11 +9,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use lease_conformance::bench::{backend_cycles, client_cycles};
 use lease_conformance::server::RedisServer;
-use lease_core::{
-    AcquireOutcome, HolderLabel, LeaseBackend, LeaseClient, LeaseName, LeaseOptions, Owner,
-    RenewItem, TryAcquire,
-};
+use lease_core::{HolderLabel, LeaseBackend, LeaseClient, LeaseName, Owner, RenewItem};
 use lease_redis::RedisBackend;
 
 const CYCLES: usize = 10_000;
@@ -43,45 +41,6 @@ async fn bare_cycles(conn: redis::aio::MultiplexedConnection, prefix: String, n:
             .invoke_async(&mut conn)
             .await
             .unwrap();
-    }
-}
-
-async fn lib_cycles(backend: Arc<dyn LeaseBackend>, prefix: String, n: usize) {
-    let owner = Owner::new(HolderLabel::new("bench").unwrap());
-    for i in 0..n {
-        let name = LeaseName::new(format!("{prefix}:{}", i % 64)).unwrap();
-        let owner = Owner {
-            token: lease_core::OwnerToken::random(),
-            ..owner.clone()
-        };
-        match backend
-            .acquire(&name, &owner, Duration::from_secs(30))
-            .await
-            .unwrap()
-        {
-            AcquireOutcome::Acquired { .. } => {}
-            AcquireOutcome::Held(_) => panic!("held"),
-        }
-        backend
-            .release(&name, &owner.token, Duration::ZERO)
-            .await
-            .unwrap();
-    }
-}
-
-async fn client_cycles(client: LeaseClient, prefix: String, n: usize) {
-    let opts = LeaseOptions::new(Duration::from_secs(30)).unwrap();
-    for i in 0..n {
-        match client
-            .try_acquire(format!("{prefix}:{}", i % 64), &opts)
-            .await
-            .unwrap()
-        {
-            TryAcquire::Acquired(g) => {
-                g.release().await.unwrap();
-            }
-            TryAcquire::Held(_) => panic!("held"),
-        }
     }
 }
 
@@ -117,7 +76,7 @@ async fn main() {
 
     // Warm up scripts and connections.
     bare_cycles(bare_conn.clone(), format!("warm-bare-{run}"), 500).await;
-    lib_cycles(backend.clone(), format!("warm-lib-{run}"), 500).await;
+    backend_cycles(backend.clone(), format!("warm-lib-{run}"), 500).await;
     client_cycles(lease_client.clone(), format!("warm-client-{run}"), 500).await;
 
     const ROUNDS: usize = 5;
@@ -137,7 +96,7 @@ async fn main() {
             async move {
                 match case {
                     0 => bare_cycles(bare, prefix, per).await,
-                    1 => lib_cycles(backend, prefix, per).await,
+                    1 => backend_cycles(backend, prefix, per).await,
                     _ => client_cycles(client, prefix, per).await,
                 }
             }
