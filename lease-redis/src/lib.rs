@@ -465,21 +465,21 @@ impl LeaseBackend for RedisBackend {
             .arg(owner.label.as_str())
             .arg(ttl_ms);
         let (reply, retried) = self.invoke(OP, &inv).await?;
+        // Acquired: the fencing token alone, for the TTL asked for.
+        if let Value::Int(_) = reply {
+            let fencing = non_negative(OP, "fencing token", &reply)?;
+            tracing::debug!(lease = %name, fencing, ttl_ms, "redis lease acquired");
+            return Ok(AcquireOutcome::Acquired {
+                fencing: FencingToken(fencing),
+                ttl: Duration::from_millis(ttl_ms),
+            });
+        }
         let items = array(OP, reply)?;
         let (flag, rest) = match items.split_first() {
             Some((flag, rest)) => (int(OP, "flag", flag)?, rest),
             None => return Err(unexpected(OP, "empty reply")),
         };
         match (flag, rest) {
-            (1, [fencing, applied]) => {
-                let fencing = non_negative(OP, "fencing token", fencing)?;
-                let applied = non_negative(OP, "ttl", applied)?;
-                tracing::debug!(lease = %name, fencing, ttl_ms = applied, "redis lease acquired");
-                Ok(AcquireOutcome::Acquired {
-                    fencing: FencingToken(fencing),
-                    ttl: Duration::from_millis(applied),
-                })
-            }
             // Our own acquisition, seen by the retry after a dropped connection.
             (2, [_, pttl, fencing]) if retried => {
                 let fencing = non_negative(OP, "fencing token", fencing)?;

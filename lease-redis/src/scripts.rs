@@ -4,7 +4,7 @@
 //! The lease is a string at the lock key with a TTL (`SET ... PX`), one line per field:
 //!
 //! ```text
-//! <owner token, 36 chars>\n<released: 0 or 1>\n<locked_at: TIME secs.usecs>\n<holder label>
+//! <owner token, 36 chars>\n<released: 0 or 1>\n<anchor>\n<holder label>
 //! ```
 //!
 //! One string (not a hash) so that acquire is one `SET ... NX PX` and the owner check of
@@ -12,13 +12,20 @@
 //! library's acquire + release must cost what the bare `SET NX PX` + compare-and-delete
 //! cost. Holder labels have no control characters, so the label is the whole last line.
 //!
+//! The anchor says when the lease was taken (`locked_at`, which keep-for counts from):
+//!
+//! - `~<ttl ms>` as written by acquire: `locked_at` is the key's expiry minus that TTL, so
+//!   it holds while the expiry set by acquire stands, and acquire needs no `TIME` (which
+//!   measurably slows the script on the hot path);
+//! - `<ms>`, the server's Unix time in milliseconds, written by the first renewal (which
+//!   moves the expiry) and by a release with keep-for.
+//!
 //! The fencing counter (`...:fence`, same hash tag) is `INCR`ed only when `SET NX`
 //! succeeded, so while a lease is live the counter *is* its holder's fencing token:
 //! inspect reads it from there, and the value does not carry it.
 //!
-//! Times come from the server's `TIME` (scripts may call it: Redis >= 5 replicates a
-//! script's effects, not the script; `redis.replicate_commands()` is called where it exists
-//! for older servers).
+//! Times come from the server's `TIME` and `PTTL` (scripts may call `TIME`: Redis >= 5
+//! replicates a script's effects, not the script).
 
 use std::sync::LazyLock;
 
@@ -27,19 +34,19 @@ use redis::Script;
 /// `KEYS[1]` lock, `KEYS[2]` fence; `ARGV[1]` owner token, `ARGV[2]` holder label,
 /// `ARGV[3]` ttl in ms.
 ///
-/// Returns `{1, fencing, ttl_ms}` when acquired, `{0, holder, pttl}` when held by someone
-/// else, and `{2, holder, pttl, fencing}` when held by this very token (only a retry after
-/// a dropped connection can see that: owner tokens are fresh for every acquisition).
+/// Returns the fencing token (an integer) when acquired for `ARGV[3]` ms; else
+/// `{0, holder, pttl}` when held by someone else, and `{2, holder, pttl, fencing}` when held
+/// by this very token (only a retry after a dropped connection can see that: owner tokens
+/// are fresh for every acquisition).
 const ACQUIRE: &str = r"
-local t = redis.call('TIME')
-if redis.call('SET', KEYS[1], ARGV[1] .. '\n0\n' .. t[1] .. '.' .. t[2] .. '\n' .. ARGV[2],
+if redis.call('SET', KEYS[1], ARGV[1] .. '\n0\n~' .. ARGV[3] .. '\n' .. ARGV[2],
     'NX', 'PX', ARGV[3]) then
-  return {1, redis.call('INCR', KEYS[2]), ARGV[3]}
+  return redis.call('INCR', KEYS[2])
 end
 local v = redis.pcall('GET', KEYS[1])
 local pttl = redis.call('PTTL', KEYS[1])
 if type(v) ~= 'string' then return {0, '', pttl} end
-local tok, rel, _, holder = string.match(v, '^(.-)\n(.)\n([%d.]+)\n(.*)$')
+local tok, rel, holder = string.match(v, '^(.-)\n(.)\n[~%d.]+\n(.*)$')
 if tok == nil then return {0, '', pttl} end
 if tok == ARGV[1] and rel == '0' then
   return {2, holder, pttl, tonumber(redis.call('GET', KEYS[2])) or 0}
@@ -50,13 +57,29 @@ return {0, holder, pttl}
 /// `KEYS[i]` lock keys; `ARGV[1]` ttl in ms, `ARGV[i + 1]` the owner token for `KEYS[i]`.
 ///
 /// Returns one integer per key: 1 renewed, 0 lost. A key of the wrong type counts as lost
-/// instead of failing the whole batch.
+/// instead of failing the whole batch. A lease renewed for the first time has its
+/// `~ttl` anchor replaced by the absolute `locked_at` before its expiry moves (`TIME` at
+/// most once per batch).
 const RENEW: &str = r"
 local out = {}
+local now
 for i, key in ipairs(KEYS) do
   local v = redis.pcall('GET', key)
   if type(v) == 'string' and string.sub(v, 1, 38) == ARGV[i + 1] .. '\n0' then
-    redis.call('PEXPIRE', key, ARGV[1])
+    local ttl, label = string.match(v, '^~(%d+)\n(.*)$', 40)
+    if ttl then
+      if now == nil then
+        local t = redis.call('TIME')
+        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      end
+      local pttl = redis.call('PTTL', key)
+      local locked = now
+      if pttl > 0 then locked = now + pttl - tonumber(ttl) end
+      redis.call('SET', key, string.sub(v, 1, 39) .. string.format('%.0f', locked) .. '\n' .. label,
+        'PX', ARGV[1])
+    else
+      redis.call('PEXPIRE', key, ARGV[1])
+    end
     out[i] = 1
   else
     out[i] = 0
@@ -79,10 +102,20 @@ local keep = tonumber(ARGV[2]) or 0
 if keep > 0 then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local secs, usecs = string.match(v, '^.-\n.\n(%d+)%.(%d+)\n')
-  local keep_until = (tonumber(secs) or 0) * 1000 + math.floor((tonumber(usecs) or 0) / 1000) + keep
-  if keep_until > now then
-    redis.call('SET', KEYS[1], ARGV[1] .. '\n1' .. string.sub(v, 39), 'PX', keep_until - now)
+  local locked = now
+  local rel_ttl, label = string.match(v, '^~(%d+)\n(.*)$', 40)
+  if rel_ttl then
+    local pttl = redis.call('PTTL', KEYS[1])
+    if pttl > 0 then locked = now + pttl - tonumber(rel_ttl) end
+  else
+    local abs
+    abs, label = string.match(v, '^(%d+)\n(.*)$', 40)
+    locked = tonumber(abs) or now
+  end
+  local keep_until = locked + keep
+  if keep_until > now and label then
+    redis.call('SET', KEYS[1], ARGV[1] .. '\n1\n' .. string.format('%.0f', locked) .. '\n' .. label,
+      'PX', keep_until - now)
     return 1
   end
 end
@@ -100,7 +133,7 @@ local v = redis.pcall('GET', KEYS[1])
 if v == false or v == nil then return {0} end
 local pttl = redis.call('PTTL', KEYS[1])
 if type(v) ~= 'string' then return {1, '', '', pttl} end
-local tok, rel, _, holder = string.match(v, '^(.-)\n(.)\n([%d.]+)\n(.*)$')
+local tok, rel, holder = string.match(v, '^(.-)\n(.)\n[~%d.]+\n(.*)$')
 if tok == nil then return {1, '', '', pttl} end
 return {1, holder, redis.call('GET', KEYS[2]) or '', pttl}
 ";

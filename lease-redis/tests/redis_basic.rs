@@ -243,6 +243,54 @@ async fn keep_for() {
     assert!(r > Duration::from_secs(2), "{r:?}");
 }
 
+/// Keep-for counts from the acquisition, also after renewals moved the key's expiry (the
+/// first renewal pins `locked_at` in the value, since acquire stores it relative to the
+/// expiry it set).
+#[tokio::test]
+async fn keep_for_counts_from_acquisition_across_renewals() {
+    let server = RedisServer::start().await.unwrap();
+    let b = backend(&server).await;
+    let n = name(b"keep-renewed");
+    let a = owner("a");
+    let t0 = Instant::now();
+    acquired(&b, &n, &a, Duration::from_millis(600)).await;
+    let t1 = Instant::now();
+    let item = RenewItem {
+        name: n.clone(),
+        token: a.token,
+    };
+    // Two renewals, 300 ms apart, each for a longer TTL than the one before.
+    for ttl in [2_000, 10_000] {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let out = b
+            .renew(std::slice::from_ref(&item), Duration::from_millis(ttl))
+            .await
+            .unwrap();
+        assert_eq!(out, vec![RenewOutcome::Renewed]);
+    }
+    // Keep-for 1.5 s from the acquisition, of which at least 600 ms have passed.
+    let t2 = Instant::now();
+    assert_eq!(
+        b.release(&n, &a.token, Duration::from_millis(1_500))
+            .await
+            .unwrap(),
+        ReleaseOutcome::Released
+    );
+    let r = b.inspect(&n).await.unwrap().unwrap().remaining.unwrap();
+    let t3 = Instant::now();
+    // The server took the lease between t0 and t1 and answered inspect between t2 and t3,
+    // so the remaining time lies in [t0 + 1.5 s - t3, t1 + 1.5 s - t2], give or take the
+    // server's millisecond rounding.
+    let keep = Duration::from_millis(1_500);
+    let ms = Duration::from_millis(2);
+    let low = (t0 + keep).saturating_duration_since(t3);
+    let high = (t1 + keep).saturating_duration_since(t2);
+    assert!(
+        r + ms >= low && r <= high + ms,
+        "remaining {r:?} outside [{low:?}, {high:?}]"
+    );
+}
+
 #[tokio::test]
 async fn names_never_collide() {
     let server = RedisServer::start().await.unwrap();
