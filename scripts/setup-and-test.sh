@@ -23,4 +23,4 @@ if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
   ${sudo:-} systemctl stop redis-server etcd postgresql >/dev/null 2>&1 || true
 fi
 
-cargo test --workspace
+cargo test --workspace --exclude lease-bench

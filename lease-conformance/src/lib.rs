@@ -19,7 +19,6 @@ use std::sync::Arc;
 
 use lease_core::LeaseBackend;
 
-pub mod bench;
 mod faulty;
 pub mod fenced;
 pub mod matrix;

@@ -1,0 +1,399 @@
+//! Acquire + release cycles: the runner (cases in alternating rounds, one task and many
+//! tasks, per-round ratios) and the cycle loops of the bare commands, the library and the
+//! peer libraries.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lease_core::{
+    AcquireOutcome, HolderLabel, LeaseBackend, LeaseClient, LeaseName, LeaseOptions, Owner,
+    OwnerToken, TryAcquire,
+};
+use lease_etcd::etcd_client::{self, Compare, CompareOp, PutOptions, Txn, TxnOp};
+use lease_postgres::sqlx::{self, PgPool};
+
+/// A boxed cycle loop: `(prefix, cycles)`; each task gets a prefix of its own, so tasks
+/// never contend.
+pub type Loop =
+    Arc<dyn Fn(String, usize) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+/// One measured case.
+pub struct Case {
+    /// What it runs.
+    pub label: String,
+    /// Its cycle loop.
+    pub run: Loop,
+}
+
+impl Case {
+    /// A case from a cycle loop.
+    pub fn new<F, Fut>(label: impl Into<String>, f: F) -> Self
+    where
+        F: Fn(String, usize) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        Case {
+            label: label.into(),
+            run: Arc::new(move |p, n| Box::pin(f(p, n))),
+        }
+    }
+}
+
+/// How much to run.
+#[derive(Clone, Copy, Debug)]
+pub struct Plan {
+    /// Rounds; every round runs every case once with one task and once with `tasks`.
+    pub rounds: usize,
+    /// Cycles per round with one task.
+    pub cycles_one: usize,
+    /// Concurrent tasks of the second mode.
+    pub tasks: usize,
+    /// Cycles per task and round with `tasks` tasks.
+    pub cycles_per_task: usize,
+}
+
+/// Median and spread of one figure over the rounds.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Spread {
+    /// Median.
+    pub median: f64,
+    /// Lowest round.
+    pub min: f64,
+    /// Highest round.
+    pub max: f64,
+}
+
+impl Spread {
+    fn of(mut v: Vec<f64>) -> Spread {
+        v.sort_by(|a, b| a.total_cmp(b));
+        if v.is_empty() {
+            return Spread::default();
+        }
+        Spread {
+            median: v[v.len() / 2],
+            min: v[0],
+            max: v[v.len() - 1],
+        }
+    }
+}
+
+/// The results of one case: cycles/s and its ratio to the first case (the floor), for one
+/// task (`[0]`) and for many (`[1]`).
+#[derive(Clone, Debug)]
+pub struct Row {
+    /// The case's label.
+    pub label: String,
+    /// Cycles per second over the rounds.
+    pub rate: [Spread; 2],
+    /// Per-round ratio to the first case of the same round.
+    pub ratio: [Spread; 2],
+    /// Per-round ratios to each other case (`vs[j]` = this case / case `j`).
+    pub vs: Vec<[Spread; 2]>,
+}
+
+async fn timed(case: &Case, tasks: usize, per_task: usize, tag: &str) -> f64 {
+    let start = Instant::now();
+    let handles: Vec<_> = (0..tasks)
+        .map(|t| tokio::spawn((case.run)(format!("{tag}-{t}"), per_task)))
+        .collect();
+    for h in handles {
+        h.await.expect("benchmark task");
+    }
+    (tasks * per_task) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Runs every case in `plan.rounds` rounds. Within a round the cases run one after the
+/// other, starting at a different case each round, so that drift on the machine hits them
+/// alike; a case's ratio is taken within each round and the median over rounds reported.
+pub async fn run(cases: &[Case], plan: Plan) -> Vec<Row> {
+    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let k = cases.len();
+    // rates[case][mode][round]
+    let mut rates = vec![[Vec::new(), Vec::new()]; k];
+    for round in 0..plan.rounds {
+        for (mode, (tasks, per)) in [(1, plan.cycles_one), (plan.tasks, plan.cycles_per_task)]
+            .into_iter()
+            .enumerate()
+        {
+            for i in 0..k {
+                let c = (i + round) % k;
+                let tag = format!("{run_id}-{c}-{round}-{mode}");
+                let r = timed(&cases[c], tasks, per, &tag).await;
+                rates[c][mode].push(r);
+            }
+        }
+    }
+    (0..k)
+        .map(|c| {
+            let per_mode = |mode: usize, j: usize| {
+                Spread::of(
+                    rates[c][mode]
+                        .iter()
+                        .zip(&rates[j][mode])
+                        .map(|(a, b)| a / b)
+                        .collect(),
+                )
+            };
+            Row {
+                label: cases[c].label.clone(),
+                rate: [
+                    Spread::of(rates[c][0].clone()),
+                    Spread::of(rates[c][1].clone()),
+                ],
+                ratio: [per_mode(0, 0), per_mode(1, 0)],
+                vs: (0..k).map(|j| [per_mode(0, j), per_mode(1, j)]).collect(),
+            }
+        })
+        .collect()
+}
+
+/// Warms every case up (connections, prepared statements, scripts).
+pub async fn warm_up(cases: &[Case], cycles: usize) {
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    for (i, c) in cases.iter().enumerate() {
+        (c.run)(format!("warm-{tag}-{i}"), cycles).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The library.
+
+/// The library's acquire + release through the backend primitives, over 64 names.
+pub fn backend_case(label: &str, backend: Arc<dyn LeaseBackend>) -> Case {
+    Case::new(label, move |prefix, n| {
+        let backend = backend.clone();
+        async move {
+            let label = HolderLabel::new("bench").expect("label");
+            for i in 0..n {
+                let name = LeaseName::new(format!("{prefix}:{}", i % 64)).expect("name");
+                let owner = Owner {
+                    token: OwnerToken::random(),
+                    label: label.clone(),
+                };
+                match backend
+                    .acquire(&name, &owner, Duration::from_secs(30))
+                    .await
+                    .expect("acquire")
+                {
+                    AcquireOutcome::Acquired { .. } => {}
+                    AcquireOutcome::Held(by) => panic!("{name} held by {by}"),
+                }
+                backend
+                    .release(&name, &owner.token, Duration::ZERO)
+                    .await
+                    .expect("release");
+            }
+        }
+    })
+}
+
+/// The library's acquire + release through [`LeaseClient`] (guard, heartbeat
+/// registration), over 64 names.
+pub fn client_case(label: &str, backend: Arc<dyn LeaseBackend>) -> Case {
+    let client = LeaseClient::with_label(backend, HolderLabel::new("bench").expect("label"));
+    Case::new(label, move |prefix, n| {
+        let client = client.clone();
+        async move {
+            let opts = LeaseOptions::new(Duration::from_secs(30)).expect("options");
+            for i in 0..n {
+                match client
+                    .try_acquire(format!("{prefix}:{}", i % 64), &opts)
+                    .await
+                    .expect("try_acquire")
+                {
+                    TryAcquire::Acquired(g) => {
+                        g.release().await.expect("release");
+                    }
+                    TryAcquire::Held(by) => panic!("held by {by}"),
+                }
+            }
+        }
+    })
+}
+
+// ---------------------------------------------------------------------------------------
+// Redis: the bare commands and rslock.
+
+const CAD: &str = r#"if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) else return 0 end"#;
+
+/// `SET key token NX PX 30000` + Lua compare-and-delete, on one multiplexed connection.
+pub fn redis_bare(conn: redis::aio::MultiplexedConnection) -> Case {
+    let script = Arc::new(redis::Script::new(CAD));
+    Case::new(
+        "bare SET NX PX + Lua compare-and-delete",
+        move |prefix, n| {
+            let (mut conn, script) = (conn.clone(), script.clone());
+            async move {
+                for i in 0..n {
+                    let key = format!("bare:{prefix}:{}", i % 64);
+                    let token = uuid::Uuid::new_v4().to_string();
+                    let ok: Option<String> = redis::cmd("SET")
+                        .arg(&key)
+                        .arg(&token)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(30_000)
+                        .query_async(&mut conn)
+                        .await
+                        .expect("SET");
+                    assert!(ok.is_some(), "{key} taken");
+                    let _: i64 = script
+                        .key(&key)
+                        .arg(&token)
+                        .invoke_async(&mut conn)
+                        .await
+                        .expect("compare-and-delete");
+                }
+            }
+        },
+    )
+}
+
+/// rslock (Redlock on one instance): `lock` + `unlock`.
+pub fn redis_rslock(url: &str) -> Case {
+    let manager = rslock::LockManager::new(vec![url.to_owned()]);
+    Case::new(
+        "rslock lock + unlock (no fencing token)",
+        move |prefix, n| {
+            let manager = manager.clone();
+            async move {
+                for i in 0..n {
+                    let key = format!("rslock:{prefix}:{}", i % 64);
+                    let lock = manager
+                        .lock(key.as_bytes(), Duration::from_secs(30))
+                        .await
+                        .expect("rslock lock");
+                    manager.unlock(&lock).await;
+                }
+            }
+        },
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// PostgreSQL: the bare statements and sqlx's advisory lock.
+
+/// The bare floor's table.
+pub async fn postgres_bare_table(pool: &PgPool) {
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS bare_locks (name BYTEA PRIMARY KEY, owner_token UUID, \
+         lock_until TIMESTAMPTZ NOT NULL)",
+    )
+    .execute(pool)
+    .await
+    .expect("create bare_locks");
+}
+
+/// The upsert (`INSERT ... ON CONFLICT DO UPDATE ... WHERE lock_until <= clock_timestamp()`)
+/// + an owner-checked `UPDATE` release, on the pool.
+pub fn postgres_bare(pool: PgPool) -> Case {
+    Case::new("bare upsert + release statements", move |prefix, n| {
+        let pool = pool.clone();
+        async move {
+            for i in 0..n {
+                let name = format!("{prefix}:{}", i % 64);
+                let token = uuid::Uuid::new_v4();
+                let r = sqlx::query(
+                    "INSERT INTO bare_locks (name, owner_token, lock_until) \
+                     VALUES ($1, $2, clock_timestamp() + interval '30 seconds') \
+                     ON CONFLICT (name) DO UPDATE SET owner_token = EXCLUDED.owner_token, \
+                     lock_until = EXCLUDED.lock_until WHERE bare_locks.lock_until <= clock_timestamp()",
+                )
+                .bind(name.as_bytes())
+                .bind(token)
+                .execute(&pool)
+                .await
+                .expect("upsert");
+                assert_eq!(r.rows_affected(), 1, "{name} taken");
+                sqlx::query(
+                    "UPDATE bare_locks SET lock_until = clock_timestamp() \
+                     WHERE name = $1 AND owner_token = $2",
+                )
+                .bind(name.as_bytes())
+                .bind(token)
+                .execute(&pool)
+                .await
+                .expect("release");
+            }
+        }
+    })
+}
+
+/// sqlx's `PgAdvisoryLock`: a pooled connection, `pg_advisory_lock` +
+/// `pg_advisory_unlock` (no TTL, no fencing token, held by the session).
+pub fn postgres_sqlx_advisory(pool: PgPool) -> Case {
+    Case::new(
+        "sqlx PgAdvisoryLock acquire + release (no TTL, no fencing token)",
+        move |prefix, n| {
+            let pool = pool.clone();
+            async move {
+                for i in 0..n {
+                    let lock = sqlx::postgres::PgAdvisoryLock::new(format!("{prefix}:{}", i % 64));
+                    let conn = pool.acquire().await.expect("pool connection");
+                    let guard = lock.acquire(conn).await.expect("advisory lock");
+                    guard.release_now().await.expect("advisory unlock");
+                }
+            }
+        },
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// etcd: the bare transactions and etcd's lock service.
+
+/// Put-if-absent transaction (with a lease granted once) + compare-and-delete
+/// transaction.
+pub fn etcd_bare(client: etcd_client::Client, lease: i64) -> Case {
+    Case::new(
+        "bare txn put-if-absent + txn compare-and-delete",
+        move |prefix, n| {
+            let mut client = client.clone();
+            async move {
+                for i in 0..n {
+                    let key = format!("bare/{prefix}/{}", i % 64);
+                    let value = uuid::Uuid::new_v4().to_string();
+                    let txn = Txn::new()
+                        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                        .and_then([TxnOp::put(
+                            key.clone(),
+                            value.clone(),
+                            Some(PutOptions::new().with_lease(lease)),
+                        )])
+                        .or_else([TxnOp::get(key.clone(), None)]);
+                    let r = client.txn(txn).await.expect("txn acquire");
+                    assert!(r.succeeded(), "{key} taken");
+                    let txn = Txn::new()
+                        .when([Compare::value(key.clone(), CompareOp::Equal, value)])
+                        .and_then([TxnOp::delete(key, None)]);
+                    client.txn(txn).await.expect("txn release");
+                }
+            }
+        },
+    )
+}
+
+/// etcd's lock service through `etcd-client` (`Lock` + `Unlock` RPCs, with a lease
+/// granted once, as in the bare floor).
+pub fn etcd_lock_service(client: etcd_client::Client, lease: i64) -> Case {
+    Case::new(
+        "etcd-client lock + unlock (etcd lock service)",
+        move |prefix, n| {
+            let mut client = client.clone();
+            async move {
+                for i in 0..n {
+                    let name = format!("svc/{prefix}/{}", i % 64);
+                    let r = client
+                        .lock(
+                            name,
+                            Some(etcd_client::LockOptions::new().with_lease(lease)),
+                        )
+                        .await
+                        .expect("etcd lock");
+                    client.unlock(r.key()).await.expect("etcd unlock");
+                }
+            }
+        },
+    )
+}

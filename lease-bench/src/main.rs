@@ -1,0 +1,416 @@
+//! The benchmark report: every store against its bare commands and the peer libraries,
+//! renewal at scale, handoff and takeover, measured in one run against local servers
+//! started by the test harness (or the `LEASE_TEST_*` addresses).
+//!
+//! ```text
+//! cargo run --release -p lease-bench -- [--out BENCHMARKS.md] [--svg docs/benchmarks.svg]
+//!     [--notes docs/benchmark-notes.md] [--only redis,postgres,etcd] [--quick]
+//! ```
+//!
+//! Without `--out` the report goes to standard output. `--quick` runs fewer rounds and
+//! sizes (a smoke run; its figures are not the ones to quote). Nothing here asserts a
+//! speed: a benchmark measures, tests decide.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a benchmark binary: failures should be loud
+
+mod cycles;
+mod handoff;
+mod report;
+mod scale;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_conformance::server::{EtcdServer, PostgresServer, RedisServer};
+use lease_core::LeaseBackend;
+use lease_etcd::EtcdBackend;
+use lease_postgres::{AdvisoryLockBackend, PostgresBackend};
+use lease_redis::RedisBackend;
+
+use crate::cycles::{Case, Plan};
+use crate::report::StoreResult;
+
+struct Args {
+    out: Option<String>,
+    svg: Option<String>,
+    notes: String,
+    stores: Vec<String>,
+    quick: bool,
+}
+
+const USAGE: &str = "usage: lease-bench [--out FILE] [--svg FILE] [--notes FILE] \
+                     [--only redis,postgres,etcd] [--quick]\n       lease-bench hold URL NAME TTL_MS";
+
+fn parse(args: &[String]) -> Result<Args, String> {
+    let mut a = Args {
+        out: None,
+        svg: None,
+        notes: "docs/benchmark-notes.md".into(),
+        stores: vec!["redis".into(), "postgres".into(), "etcd".into()],
+        quick: false,
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let mut value = || it.next().cloned().ok_or(format!("{arg} needs a value"));
+        match arg.as_str() {
+            "--out" => a.out = Some(value()?),
+            "--svg" => a.svg = Some(value()?),
+            "--notes" => a.notes = value()?,
+            "--only" => {
+                a.stores = value()?.split(',').map(|s| s.trim().to_owned()).collect();
+                if let Some(bad) = a
+                    .stores
+                    .iter()
+                    .find(|s| !matches!(s.as_str(), "redis" | "postgres" | "etcd"))
+                {
+                    return Err(format!("unknown store {bad:?}"));
+                }
+            }
+            "--quick" => a.quick = true,
+            "-h" | "--help" => return Err(String::new()),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    Ok(a)
+}
+
+fn machine() -> String {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpuinfo = read("/proc/cpuinfo");
+    let model = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map_or("unknown CPU".to_owned(), |s| s.trim().to_owned());
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem = read("/proc/meminfo")
+        .lines()
+        .find(|l| l.starts_with("MemTotal"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or("unknown".to_owned(), |kb| {
+            format!("{:.1} GiB", kb as f64 / 1024.0 / 1024.0)
+        });
+    let kernel = read("/proc/sys/kernel/osrelease");
+    let cmd = |c: &str, args: &[&str]| {
+        std::process::Command::new(c)
+            .args(args)
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            .unwrap_or_default()
+    };
+    format!(
+        "- Date: {}\n- CPU: {cpus} × {model} (a virtual machine: other tenants add noise)\n\
+         - Memory: {mem}\n- Kernel: Linux {}\n- Compiler: {}, `--release`\n\
+         - Client and servers on the same machine, over loopback TCP",
+        cmd("date", &["-u", "+%Y-%m-%d %H:%M UTC"]),
+        kernel.trim(),
+        cmd("rustc", &["--version"]),
+    )
+}
+
+struct Sizes {
+    plan: Plan,
+    scale: Vec<usize>,
+    handoff: (usize, usize),
+    takeover: Vec<(Duration, usize)>,
+}
+
+fn sizes(quick: bool, cycles_one: usize, cycles_per_task: usize, rounds: usize) -> Sizes {
+    if quick {
+        Sizes {
+            plan: Plan {
+                rounds: 3,
+                cycles_one: cycles_one / 4,
+                tasks: 32,
+                cycles_per_task: cycles_per_task / 4,
+            },
+            scale: vec![1_000, 10_000],
+            handoff: (10, 6),
+            takeover: vec![(Duration::from_secs(1), 2)],
+        }
+    } else {
+        Sizes {
+            plan: Plan {
+                rounds,
+                cycles_one,
+                tasks: 32,
+                cycles_per_task,
+            },
+            scale: vec![1_000, 10_000, 100_000],
+            handoff: (50, 30),
+            takeover: vec![(Duration::from_secs(1), 5), (Duration::from_secs(3), 3)],
+        }
+    }
+}
+
+/// What one store brings to the common measurements.
+struct Setup {
+    store: &'static str,
+    server: String,
+    url: String,
+    cases: Vec<Case>,
+    backend: Arc<dyn LeaseBackend>,
+    counter: Option<scale::Counter>,
+    round_trip_source: &'static str,
+}
+
+async fn common(setup: Setup, s: &Sizes) -> StoreResult {
+    let Setup {
+        store,
+        server,
+        url,
+        cases,
+        backend,
+        counter,
+        round_trip_source,
+    } = setup;
+    let url = url.as_str();
+    eprintln!("{store}: acquire + release ({} rounds)", s.plan.rounds);
+    cycles::warm_up(&cases, 200).await;
+    let rows = cycles::run(&cases, s.plan).await;
+    eprintln!("{store}: renewal at scale {:?}", s.scale);
+    let scale = scale::renewal(backend.clone(), &s.scale, 5, counter).await;
+    eprintln!("{store}: handoff");
+    let handoff_notify = if backend.capabilities().release_notification {
+        Some(handoff::handoff(backend.clone(), false, s.handoff.0).await)
+    } else {
+        None
+    };
+    let handoff_poll = handoff::handoff(backend.clone(), true, s.handoff.1).await;
+    eprintln!("{store}: takeover");
+    let mut takeover = Vec::new();
+    for &(ttl, rounds) in &s.takeover {
+        takeover.push(handoff::takeover(backend.clone(), url, ttl, rounds).await);
+    }
+    StoreResult {
+        store,
+        server,
+        plan: s.plan,
+        peer: 3,
+        extra_pairs: Vec::new(),
+        rows,
+        scale,
+        round_trip_source,
+        handoff_notify,
+        handoff_poll,
+        takeover,
+    }
+}
+
+async fn redis_store(quick: bool) -> StoreResult {
+    let server = RedisServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let url = server.url();
+    let client = redis::Client::open(url.as_str()).expect("redis client");
+    let conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis connection");
+    let admin = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis connection");
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .query_async(&mut admin.clone())
+        .await
+        .expect("INFO");
+    let version = info
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:"))
+        .unwrap_or("?")
+        .trim()
+        .to_owned();
+    let backend: Arc<dyn LeaseBackend> =
+        Arc::new(RedisBackend::connect(&url).await.expect("redis backend"));
+    let cases = vec![
+        cycles::redis_bare(conn),
+        cycles::backend_case("library backend acquire + release", backend.clone()),
+        cycles::client_case("library LeaseClient try_acquire + release", backend.clone()),
+        cycles::redis_rslock(&url),
+    ];
+    let counter: scale::Counter = Box::new(move || {
+        let mut admin = admin.clone();
+        Box::pin(async move {
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut admin)
+                .await
+                .expect("INFO commandstats");
+            info.lines()
+                .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+                .filter_map(|l| {
+                    l.split("calls=")
+                        .nth(1)?
+                        .split(',')
+                        .next()?
+                        .parse::<u64>()
+                        .ok()
+                })
+                .sum()
+        })
+    });
+    let s = sizes(quick, 3_000, 300, 11);
+    let setup = Setup {
+        store: "Redis",
+        server: format!("Redis {version} ({}, no persistence)", server.source()),
+        url,
+        cases,
+        backend,
+        counter: Some(counter),
+        round_trip_source: "script calls, INFO commandstats",
+    };
+    common(setup, &s).await
+}
+
+async fn postgres_store(quick: bool) -> StoreResult {
+    let server = PostgresServer::start()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let url = server.url();
+    let pg = PostgresBackend::connect(&url)
+        .await
+        .expect("postgres backend");
+    let pool = pg.pool().clone();
+    let (version,): (String,) = lease_postgres::sqlx::query_as("SHOW server_version")
+        .fetch_one(&pool)
+        .await
+        .expect("server_version");
+    let (fsync,): (String,) = lease_postgres::sqlx::query_as("SHOW fsync")
+        .fetch_one(&pool)
+        .await
+        .expect("fsync");
+    cycles::postgres_bare_table(&pool).await;
+    let backend: Arc<dyn LeaseBackend> = Arc::new(pg);
+    let advisory: Arc<dyn LeaseBackend> = Arc::new(
+        AdvisoryLockBackend::connect(&url)
+            .await
+            .expect("advisory backend"),
+    );
+    let cases = vec![
+        cycles::postgres_bare(pool.clone()),
+        cycles::backend_case("library backend acquire + release", backend.clone()),
+        cycles::client_case("library LeaseClient try_acquire + release", backend.clone()),
+        cycles::postgres_sqlx_advisory(pool.clone()),
+        cycles::backend_case("library advisory mode: backend acquire + release", advisory),
+    ];
+    let s = sizes(quick, 800, 50, 9);
+    let setup = Setup {
+        store: "PostgreSQL",
+        server: format!(
+            "PostgreSQL {version} ({}, fsync {fsync}; pool of {} connections)",
+            server.source(),
+            pool.options().get_max_connections()
+        ),
+        url,
+        cases,
+        backend,
+        counter: None,
+        round_trip_source: "",
+    };
+    let mut r = common(setup, &s).await;
+    r.extra_pairs = vec![(4, 3)];
+    r
+}
+
+async fn etcd_store(quick: bool) -> StoreResult {
+    let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let url = server.url();
+    let endpoints = server.endpoints();
+    let mut bare = lease_etcd::etcd_client::Client::connect(endpoints.clone(), None)
+        .await
+        .expect("etcd client");
+    let version = match endpoints.first() {
+        Some(ep) => bare
+            .status()
+            .await
+            .map(|s| s.version().to_owned())
+            .unwrap_or_else(|_| format!("? at {ep}")),
+        None => "?".into(),
+    };
+    let lease = bare.lease_grant(60, None).await.expect("lease grant").id();
+    // Keep the bare floor's and the lock service's lease alive for the whole run.
+    let (mut keeper, _stream) = bare.lease_keep_alive(lease).await.expect("keepalive");
+    let keep = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            if keeper.keep_alive().await.is_err() {
+                break;
+            }
+        }
+    });
+    let etcd = Arc::new(EtcdBackend::from_url(&url).await.expect("etcd backend"));
+    let backend: Arc<dyn LeaseBackend> = etcd.clone();
+    let cases = vec![
+        cycles::etcd_bare(bare.clone(), lease),
+        cycles::backend_case("library backend acquire + release", backend.clone()),
+        cycles::client_case("library LeaseClient try_acquire + release", backend.clone()),
+        cycles::etcd_lock_service(bare.clone(), lease),
+    ];
+    let counter: scale::Counter = Box::new(move || {
+        let etcd = etcd.clone();
+        Box::pin(async move { etcd.keepalives_sent() })
+    });
+    let s = sizes(quick, 600, 40, 9);
+    let setup = Setup {
+        store: "etcd",
+        server: format!("etcd {version} ({}, single member)", server.source()),
+        url,
+        cases,
+        backend,
+        counter: Some(counter),
+        round_trip_source: "keepalive requests sent",
+    };
+    let r = common(setup, &s).await;
+    keep.abort();
+    r
+}
+
+#[tokio::main]
+async fn main() {
+    let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.first().map(String::as_str) == Some("hold") {
+        let [_, url, name, ttl_ms] = argv.as_slice() else {
+            eprintln!("{USAGE}");
+            std::process::exit(64);
+        };
+        let ttl = Duration::from_millis(ttl_ms.parse().unwrap_or(1000));
+        handoff::hold(url, name, ttl).await;
+        return;
+    }
+    let args = match parse(&argv) {
+        Ok(a) => a,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("lease-bench: {e}");
+            }
+            eprintln!("{USAGE}");
+            std::process::exit(if e.is_empty() { 0 } else { 64 });
+        }
+    };
+    let command = if argv.is_empty() {
+        "cargo run --release -p lease-bench".to_owned()
+    } else {
+        format!("cargo run --release -p lease-bench -- {}", argv.join(" "))
+    };
+    let mut results = Vec::new();
+    for store in &args.stores {
+        results.push(match store.as_str() {
+            "redis" => redis_store(args.quick).await,
+            "postgres" => postgres_store(args.quick).await,
+            _ => etcd_store(args.quick).await,
+        });
+    }
+    let notes = std::fs::read_to_string(&args.notes).unwrap_or_default();
+    let md = report::markdown(&results, &machine(), &command, &notes);
+    match &args.out {
+        Some(path) => {
+            std::fs::write(path, &md).unwrap_or_else(|e| panic!("write {path}: {e}"));
+            eprintln!("wrote {path}");
+        }
+        None => println!("{md}"),
+    }
+    if let Some(path) = &args.svg {
+        std::fs::write(path, report::svg(&results)).unwrap_or_else(|e| panic!("write {path}: {e}"));
+        eprintln!("wrote {path}");
+    }
+}
