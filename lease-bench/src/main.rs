@@ -8,7 +8,8 @@
 //! ```
 //!
 //! Without `--out` the report goes to standard output. `--quick` runs fewer rounds and
-//! sizes (a smoke run; its figures are not the ones to quote). Nothing here asserts a
+//! sizes (a smoke run; its figures are not the ones to quote); `--cycles-only` runs only
+//! the acquire + release tables. Nothing here asserts a
 //! speed: a benchmark measures, tests decide.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a benchmark binary: failures should be loud
 
@@ -35,10 +36,11 @@ struct Args {
     notes: String,
     stores: Vec<String>,
     quick: bool,
+    cycles_only: bool,
 }
 
 const USAGE: &str = "usage: lease-bench [--out FILE] [--svg FILE] [--notes FILE] \
-                     [--only redis,postgres,etcd] [--quick]\n       lease-bench hold URL NAME TTL_MS";
+                     [--only redis,postgres,etcd] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS";
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let mut a = Args {
@@ -47,6 +49,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
         notes: "docs/benchmark-notes.md".into(),
         stores: vec!["redis".into(), "postgres".into(), "etcd".into()],
         quick: false,
+        cycles_only: false,
     };
     let mut it = args.iter();
     while let Some(arg) = it.next() {
@@ -66,6 +69,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
                 }
             }
             "--quick" => a.quick = true,
+            "--cycles-only" => a.cycles_only = true,
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -115,14 +119,31 @@ struct Sizes {
     takeover: Vec<(Duration, usize)>,
 }
 
-fn sizes(quick: bool, cycles_one: usize, cycles_per_task: usize, rounds: usize) -> Sizes {
+/// How much of the report to run.
+#[derive(Clone, Copy)]
+struct Mode {
+    quick: bool,
+    cycles_only: bool,
+}
+
+fn sizes(mode: Mode, cycles_one: usize, cycles_per_task: usize, rounds: usize) -> Sizes {
+    let mut s = full_sizes(mode.quick, cycles_one, cycles_per_task, rounds);
+    if mode.cycles_only {
+        s.scale.clear();
+        s.handoff = (0, 0);
+        s.takeover.clear();
+    }
+    s
+}
+
+fn full_sizes(quick: bool, cycles_one: usize, cycles_per_task: usize, rounds: usize) -> Sizes {
     if quick {
         Sizes {
             plan: Plan {
-                rounds: 3,
-                cycles_one: cycles_one / 4,
+                rounds: 7,
+                cycles_one,
                 tasks: 32,
-                cycles_per_task: cycles_per_task / 4,
+                cycles_per_task,
             },
             scale: vec![1_000, 10_000],
             handoff: (10, 6),
@@ -171,7 +192,7 @@ async fn common(setup: Setup, s: &Sizes) -> StoreResult {
     eprintln!("{store}: renewal at scale {:?}", s.scale);
     let scale = scale::renewal(backend.clone(), &s.scale, 5, counter).await;
     eprintln!("{store}: handoff");
-    let handoff_notify = if backend.capabilities().release_notification {
+    let handoff_notify = if backend.capabilities().release_notification && s.handoff.0 > 0 {
         Some(handoff::handoff(backend.clone(), false, s.handoff.0).await)
     } else {
         None
@@ -197,7 +218,7 @@ async fn common(setup: Setup, s: &Sizes) -> StoreResult {
     }
 }
 
-async fn redis_store(quick: bool) -> StoreResult {
+async fn redis_store(mode: Mode) -> StoreResult {
     let server = RedisServer::start().await.unwrap_or_else(|e| panic!("{e}"));
     let url = server.url();
     let client = redis::Client::open(url.as_str()).expect("redis client");
@@ -249,7 +270,7 @@ async fn redis_store(quick: bool) -> StoreResult {
                 .sum()
         })
     });
-    let s = sizes(quick, 3_000, 300, 11);
+    let s = sizes(mode, 400, 40, 41);
     let setup = Setup {
         store: "Redis",
         server: format!("Redis {version} ({}, no persistence)", server.source()),
@@ -262,7 +283,7 @@ async fn redis_store(quick: bool) -> StoreResult {
     common(setup, &s).await
 }
 
-async fn postgres_store(quick: bool) -> StoreResult {
+async fn postgres_store(mode: Mode) -> StoreResult {
     let server = PostgresServer::start()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -293,7 +314,7 @@ async fn postgres_store(quick: bool) -> StoreResult {
         cycles::postgres_sqlx_advisory(pool.clone()),
         cycles::backend_case("library advisory mode: backend acquire + release", advisory),
     ];
-    let s = sizes(quick, 800, 50, 9);
+    let s = sizes(mode, 120, 15, 41);
     let setup = Setup {
         store: "PostgreSQL",
         server: format!(
@@ -312,7 +333,7 @@ async fn postgres_store(quick: bool) -> StoreResult {
     r
 }
 
-async fn etcd_store(quick: bool) -> StoreResult {
+async fn etcd_store(mode: Mode) -> StoreResult {
     let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
     let url = server.url();
     let endpoints = server.endpoints();
@@ -350,7 +371,7 @@ async fn etcd_store(quick: bool) -> StoreResult {
         let etcd = etcd.clone();
         Box::pin(async move { etcd.keepalives_sent() })
     });
-    let s = sizes(quick, 600, 40, 9);
+    let s = sizes(mode, 80, 10, 41);
     let setup = Setup {
         store: "etcd",
         server: format!("etcd {version} ({}, single member)", server.source()),
@@ -392,12 +413,16 @@ async fn main() {
     } else {
         format!("cargo run --release -p lease-bench -- {}", argv.join(" "))
     };
+    let mode = Mode {
+        quick: args.quick,
+        cycles_only: args.cycles_only,
+    };
     let mut results = Vec::new();
     for store in &args.stores {
         results.push(match store.as_str() {
-            "redis" => redis_store(args.quick).await,
-            "postgres" => postgres_store(args.quick).await,
-            _ => etcd_store(args.quick).await,
+            "redis" => redis_store(mode).await,
+            "postgres" => postgres_store(mode).await,
+            _ => etcd_store(mode).await,
         });
     }
     let notes = std::fs::read_to_string(&args.notes).unwrap_or_default();

@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod batch;
 mod error;
 mod keys;
 mod scripts;
@@ -11,9 +12,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use lease_core::{
-    AcquireOutcome, Capabilities, Error, Fencing, FencingToken, HeldBy, InvalidInput, LeaseBackend,
-    LeaseInfo, LeaseName, MAX_TTL, Owner, OwnerToken, ReleaseOutcome, RenewItem, RenewOutcome,
-    Result,
+    AcquireOutcome, Capabilities, Error, Fencing, FencingToken, HeldBy, HolderLabel, InvalidInput,
+    LeaseBackend, LeaseInfo, LeaseName, MAX_TTL, Owner, OwnerToken, ReleaseOutcome, RenewItem,
+    RenewOutcome, Result,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, RedisError, Value};
@@ -131,6 +132,26 @@ struct Inner {
     caps: Capabilities,
     /// Server address without credentials, for Debug and logs.
     server: String,
+    /// Concurrent acquires and releases, combined into shared script runs.
+    acquires: batch::Combiner<AcquireReq>,
+    releases: batch::Combiner<ReleaseReq>,
+}
+
+/// One acquire, as carried in a (possibly shared) script run.
+struct AcquireReq {
+    lock: String,
+    fence: String,
+    token: String,
+    label: HolderLabel,
+    ttl_ms: u64,
+}
+
+/// One release, as carried in a (possibly shared) script run.
+struct ReleaseReq {
+    lock: String,
+    token: String,
+    keep_ms: u64,
+    channel: String,
 }
 
 impl fmt::Debug for RedisBackend {
@@ -236,6 +257,8 @@ impl RedisBackend {
                 config,
                 caps,
                 server,
+                acquires: batch::Combiner::default(),
+                releases: batch::Combiner::default(),
             }),
         })
     }
@@ -294,6 +317,45 @@ impl RedisBackend {
         }
     }
 
+    /// Runs the acquires of one script run; one reply per request, in order.
+    async fn run_acquires(self, reqs: Vec<AcquireReq>) -> Vec<batch::Reply> {
+        let mut inv = scripts::ACQUIRE_SCRIPT.prepare_invoke();
+        for r in &reqs {
+            inv.key(&r.lock)
+                .key(&r.fence)
+                .arg(&r.token)
+                .arg(r.label.as_str())
+                .arg(r.ttl_ms);
+        }
+        if reqs.len() > 1 {
+            tracing::trace!(
+                requests = reqs.len(),
+                "redis acquires combined into one script run"
+            );
+        }
+        let result = self.invoke("acquire", &inv).await;
+        per_request("acquire", result, reqs.len())
+    }
+
+    /// Runs the releases of one script run; one reply per request, in order.
+    async fn run_releases(self, reqs: Vec<ReleaseReq>) -> Vec<batch::Reply> {
+        let mut inv = scripts::RELEASE_SCRIPT.prepare_invoke();
+        for r in &reqs {
+            inv.key(&r.lock)
+                .arg(&r.token)
+                .arg(r.keep_ms)
+                .arg(&r.channel);
+        }
+        if reqs.len() > 1 {
+            tracing::trace!(
+                requests = reqs.len(),
+                "redis releases combined into one script run"
+            );
+        }
+        let result = self.invoke("release", &inv).await;
+        per_request("release", result, reqs.len())
+    }
+
     /// Runs one call to the server, bounded by the call timeout, converting errors.
     async fn call<T>(
         &self,
@@ -303,6 +365,21 @@ impl RedisBackend {
         let cfg = &self.inner.config;
         bounded(operation, cfg.call_timeout(), cfg.response_timeout, fut).await
     }
+}
+
+/// Splits a script run's reply (one array item per request) into per-request replies;
+/// a failed run fails every request alike.
+fn per_request(op: &'static str, result: Result<(Value, bool)>, n: usize) -> Vec<batch::Reply> {
+    let err = match result {
+        Ok((Value::Array(items), retried)) if items.len() == n => {
+            return items.into_iter().map(|v| Ok((v, retried))).collect();
+        }
+        Ok((other, _)) => unexpected(op, format!("expected {n} results, got {other:?}")),
+        Err(e) => e,
+    };
+    let mut out: Vec<batch::Reply> = (1..n).map(|_| Err(batch::share(&err))).collect();
+    out.insert(0, Err(err));
+    out
 }
 
 /// Bounds `fut` by `after` ([`Error::Timeout`] when it elapses) and converts its error;
@@ -458,13 +535,19 @@ impl LeaseBackend for RedisBackend {
         const OP: &str = "acquire";
         let ttl_ms = ttl_millis("ttl", ttl)?;
         let k = keys::keys(self.prefix(), name);
-        let mut inv = scripts::ACQUIRE_SCRIPT.prepare_invoke();
-        inv.key(&k.lock)
-            .key(&k.fence)
-            .arg(owner.token.to_string())
-            .arg(owner.label.as_str())
-            .arg(ttl_ms);
-        let (reply, retried) = self.invoke(OP, &inv).await?;
+        let req = AcquireReq {
+            lock: k.lock,
+            fence: k.fence,
+            token: owner.token.to_string(),
+            label: owner.label.clone(),
+            ttl_ms,
+        };
+        let backend = self.clone();
+        let (reply, retried) = self
+            .inner
+            .acquires
+            .call(req, move |reqs| backend.run_acquires(reqs))
+            .await?;
         // Acquired: the fencing token alone, for the TTL asked for.
         if let Value::Int(_) = reply {
             let fencing = non_negative(OP, "fencing token", &reply)?;
@@ -560,12 +643,18 @@ impl LeaseBackend for RedisBackend {
         const OP: &str = "release";
         let keep_ms = keep_millis(keep_for)?;
         let k = keys::keys(self.prefix(), name);
-        let mut inv = scripts::RELEASE_SCRIPT.prepare_invoke();
-        inv.key(&k.lock)
-            .arg(token.to_string())
-            .arg(keep_ms)
-            .arg(&k.channel);
-        let (reply, _) = self.invoke(OP, &inv).await?;
+        let req = ReleaseReq {
+            lock: k.lock,
+            token: token.to_string(),
+            keep_ms,
+            channel: k.channel,
+        };
+        let backend = self.clone();
+        let (reply, _) = self
+            .inner
+            .releases
+            .call(req, move |reqs| backend.run_releases(reqs))
+            .await?;
         match int(OP, "result", &reply)? {
             1 => {
                 tracing::debug!(lease = %name, keep_for_ms = keep_ms, "redis lease released");

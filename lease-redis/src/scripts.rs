@@ -31,27 +31,39 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// `KEYS[1]` lock, `KEYS[2]` fence; `ARGV[1]` owner token, `ARGV[2]` holder label,
-/// `ARGV[3]` ttl in ms.
+/// Acquires one or more leases (concurrent acquires are combined into one run, see
+/// `batch.rs`). For request `i`: `KEYS[2i-1]` lock, `KEYS[2i]` fence; `ARGV[3i-2]` owner
+/// token, `ARGV[3i-1]` holder label, `ARGV[3i]` ttl in ms.
 ///
-/// Returns the fencing token (an integer) when acquired for `ARGV[3]` ms; else
-/// `{0, holder, pttl}` when held by someone else, and `{2, holder, pttl, fencing}` when held
-/// by this very token (only a retry after a dropped connection can see that: owner tokens
-/// are fresh for every acquisition).
+/// Returns one item per request: the fencing token (an integer) when acquired for the
+/// TTL asked for; else `{0, holder, pttl}` when held by someone else, and
+/// `{2, holder, pttl, fencing}` when held by this very token (only a retry after a
+/// dropped connection can see that: owner tokens are fresh for every acquisition). Two
+/// requests for one name in one run are served in order: the second finds it held.
 const ACQUIRE: &str = r"
-if redis.call('SET', KEYS[1], ARGV[1] .. '\n0\n~' .. ARGV[3] .. '\n' .. ARGV[2],
-    'NX', 'PX', ARGV[3]) then
-  return redis.call('INCR', KEYS[2])
+local out = {}
+for i = 1, #KEYS / 2 do
+  local lock, fence = KEYS[2 * i - 1], KEYS[2 * i]
+  local tok, label, ttl = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
+  if redis.call('SET', lock, tok .. '\n0\n~' .. ttl .. '\n' .. label, 'NX', 'PX', ttl) then
+    out[i] = redis.call('INCR', fence)
+  else
+    local v = redis.pcall('GET', lock)
+    local pttl = redis.call('PTTL', lock)
+    local t, rel, holder
+    if type(v) == 'string' then
+      t, rel, holder = string.match(v, '^(.-)\n(.)\n[~%d.]+\n(.*)$')
+    end
+    if t == nil then
+      out[i] = {0, '', pttl}
+    elseif t == tok and rel == '0' then
+      out[i] = {2, holder, pttl, tonumber(redis.call('GET', fence)) or 0}
+    else
+      out[i] = {0, holder, pttl}
+    end
+  end
 end
-local v = redis.pcall('GET', KEYS[1])
-local pttl = redis.call('PTTL', KEYS[1])
-if type(v) ~= 'string' then return {0, '', pttl} end
-local tok, rel, holder = string.match(v, '^(.-)\n(.)\n[~%d.]+\n(.*)$')
-if tok == nil then return {0, '', pttl} end
-if tok == ARGV[1] and rel == '0' then
-  return {2, holder, pttl, tonumber(redis.call('GET', KEYS[2])) or 0}
-end
-return {0, holder, pttl}
+return out
 ";
 
 /// `KEYS[i]` lock keys; `ARGV[1]` ttl in ms, `ARGV[i + 1]` the owner token for `KEYS[i]`.
@@ -88,40 +100,53 @@ end
 return out
 ";
 
-/// `KEYS[1]` lock; `ARGV[1]` owner token, `ARGV[2]` keep-for in ms, `ARGV[3]` channel.
+/// Releases one or more leases (combined like acquire). For request `i`: `KEYS[i]`
+/// lock; `ARGV[3i-2]` owner token, `ARGV[3i-1]` keep-for in ms, `ARGV[3i]` channel.
 ///
-/// Returns 1 released, 0 not the owner. With keep-for the lease stays until
-/// `max(now, locked_at + keep_for)` and is marked released (renew then fails); if that is
-/// not in the future it is deleted at once. The fencing counter is never touched.
+/// Returns one integer per request: 1 released, 0 not the owner. With keep-for the lease
+/// stays until `max(now, locked_at + keep_for)` and is marked released (renew then
+/// fails); if that is not in the future it is deleted at once. The fencing counter is
+/// never touched.
 const RELEASE: &str = r"
-local v = redis.pcall('GET', KEYS[1])
-if type(v) ~= 'string' or string.sub(v, 1, 38) ~= ARGV[1] .. '\n0' then
-  return 0
-end
-local keep = tonumber(ARGV[2]) or 0
-if keep > 0 then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local locked = now
-  local rel_ttl, label = string.match(v, '^~(%d+)\n(.*)$', 40)
-  if rel_ttl then
-    local pttl = redis.call('PTTL', KEYS[1])
-    if pttl > 0 then locked = now + pttl - tonumber(rel_ttl) end
+local out = {}
+local now
+for i, lock in ipairs(KEYS) do
+  local tok, keep, channel = ARGV[3 * i - 2], tonumber(ARGV[3 * i - 1]) or 0, ARGV[3 * i]
+  local v = redis.pcall('GET', lock)
+  if type(v) ~= 'string' or string.sub(v, 1, 38) ~= tok .. '\n0' then
+    out[i] = 0
   else
-    local abs
-    abs, label = string.match(v, '^(%d+)\n(.*)$', 40)
-    locked = tonumber(abs) or now
-  end
-  local keep_until = locked + keep
-  if keep_until > now and label then
-    redis.call('SET', KEYS[1], ARGV[1] .. '\n1\n' .. string.format('%.0f', locked) .. '\n' .. label,
-      'PX', keep_until - now)
-    return 1
+    out[i] = 1
+    local kept = false
+    if keep > 0 then
+      if now == nil then
+        local t = redis.call('TIME')
+        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+      end
+      local locked = now
+      local rel_ttl, label = string.match(v, '^~(%d+)\n(.*)$', 40)
+      if rel_ttl then
+        local pttl = redis.call('PTTL', lock)
+        if pttl > 0 then locked = now + pttl - tonumber(rel_ttl) end
+      else
+        local abs
+        abs, label = string.match(v, '^(%d+)\n(.*)$', 40)
+        locked = tonumber(abs) or now
+      end
+      local keep_until = locked + keep
+      if keep_until > now and label then
+        redis.call('SET', lock, tok .. '\n1\n' .. string.format('%.0f', locked) .. '\n' .. label,
+          'PX', keep_until - now)
+        kept = true
+      end
+    end
+    if not kept then
+      redis.call('DEL', lock)
+      redis.call('PUBLISH', channel, '1')
+    end
   end
 end
-redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[3], '1')
-return 1
+return out
 ";
 
 /// `KEYS[1]` lock, `KEYS[2]` fence.

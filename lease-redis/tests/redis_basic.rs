@@ -583,3 +583,74 @@ async fn unreachable_server_fails_fast() {
     .unwrap_err();
     assert!(matches!(err, Error::InvalidInput(_)), "{err}");
 }
+
+async fn script_calls(server: &RedisServer) -> u64 {
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Concurrent acquires and releases through one backend share script runs, and every
+/// caller still gets its own answer: of two callers racing for each name exactly one
+/// wins, fencing tokens start at 1 per name, and every winner's release succeeds.
+#[tokio::test]
+async fn concurrent_calls_share_script_runs() {
+    let server = RedisServer::start().await.unwrap();
+    let b = Arc::new(backend(&server).await);
+    // Load the scripts, so that the count below has no NOSCRIPT retries in it.
+    let warm = owner("warm");
+    acquired(&b, &name(b"warm"), &warm, Duration::from_secs(5)).await;
+    b.release(&name(b"warm"), &warm.token, Duration::ZERO)
+        .await
+        .unwrap();
+
+    let before = script_calls(&server).await;
+    let names = 32usize;
+    let tasks: Vec<_> = (0..names * 2)
+        .map(|i| {
+            let b = b.clone();
+            tokio::spawn(async move {
+                let n = name(format!("race-{}", i % names).as_bytes());
+                let o = owner(&format!("t{i}"));
+                match b.acquire(&n, &o, Duration::from_secs(30)).await.unwrap() {
+                    AcquireOutcome::Acquired { fencing, .. } => {
+                        assert_eq!(fencing, FencingToken(1), "{n:?}");
+                        Some((n, o))
+                    }
+                    AcquireOutcome::Held(_) => None,
+                }
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    for t in tasks {
+        if let Some(w) = t.await.unwrap() {
+            winners.push(w);
+        }
+    }
+    assert_eq!(winners.len(), names, "exactly one winner per name");
+    let releases: Vec<_> = winners
+        .into_iter()
+        .map(|(n, o)| {
+            let b = b.clone();
+            tokio::spawn(async move { b.release(&n, &o.token, Duration::ZERO).await.unwrap() })
+        })
+        .collect();
+    for r in releases {
+        assert_eq!(r.await.unwrap(), ReleaseOutcome::Released);
+    }
+    let calls = script_calls(&server).await - before;
+    assert!(
+        calls < (names * 3) as u64,
+        "{calls} script runs for {} acquires and {names} releases",
+        names * 2
+    );
+}
