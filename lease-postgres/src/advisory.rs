@@ -74,9 +74,10 @@ const TERMINATE_HOLDER: &str = concat!(
 ///   connection dying, or by an operator (`SELECT pg_terminate_backend(pid)`). The
 ///   requested TTL is ignored; `renew` reports whether the session still holds the lock
 ///   (one query on `pg_locks` for the whole batch).
-/// - **One connection per held lease.** Each held lease keeps its own connection out of
-///   the pool, so the server's `max_connections` bounds how many leases a fleet can hold.
-///   Attempts that find the lease held use pooled connections and return them at once.
+/// - **One connection per held lease.** Each held lease keeps its own connection, taken
+///   out of the pool, so the server's `max_connections` bounds how many leases a fleet
+///   can hold. After a release (or an attempt that found the lease held) the connection,
+///   which then holds no lock, is kept for the next attempt (up to 16 are kept).
 /// - **No fencing tokens** ([`Fencing::None`]: always 0), no holder label, no remaining
 ///   time, no keep-for (a release always frees at once).
 /// - **Keys are hashes.** The key of a name is the first 64 bits of `md5(name)` as a
@@ -90,6 +91,8 @@ const TERMINATE_HOLDER: &str = concat!(
 ///   needs the same role as the holder, `pg_signal_backend` membership or a superuser.
 ///
 /// Dropping the backend closes the dedicated connections, which frees their locks.
+/// A connection goes back to the kept set only after `pg_advisory_unlock` returned true
+/// on it (each connection takes at most one lock at a time).
 #[derive(Clone)]
 pub struct AdvisoryLockBackend {
     inner: Arc<Inner>,
@@ -99,6 +102,27 @@ struct Inner {
     pool: PgPool,
     call_timeout: Duration,
     held: Mutex<HashMap<(LeaseName, OwnerToken), HeldLock>>,
+    /// Dedicated connections that hold no lock, kept for the next attempt: opening a
+    /// session costs more than the lock itself.
+    idle: Mutex<Vec<PgConnection>>,
+}
+
+/// Most idle dedicated connections kept.
+const MAX_IDLE: usize = 16;
+
+impl Inner {
+    fn take_idle(&self) -> Option<PgConnection> {
+        self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop()
+    }
+
+    /// Keeps a connection that holds no lock for the next attempt (or drops it, which
+    /// closes it, when enough are kept).
+    fn put_idle(&self, conn: PgConnection) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < MAX_IDLE {
+            idle.push(conn);
+        }
+    }
 }
 
 struct HeldLock {
@@ -158,6 +182,7 @@ impl AdvisoryLockBackend {
                 pool,
                 call_timeout,
                 held: Mutex::new(HashMap::new()),
+                idle: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -190,27 +215,49 @@ impl AdvisoryLockBackend {
     }
 }
 
-/// Tries the lock on a pooled connection and, if taken, detaches that connection from
-/// the pool. Runs as its own task so that a caller that gives up (timeout, drop) cannot
-/// interrupt it between taking the lock and detaching: a pooled connection must never
-/// go back to the pool holding a lock. If nobody takes the result, the detached
+/// Tries the lock on a dedicated connection: a kept idle one, else one detached from the
+/// pool (a pooled connection must never go back to the pool holding a lock). Runs as its
+/// own task so that a caller that gives up (timeout, drop) cannot interrupt it between
+/// taking the lock and handing the connection over. If nobody takes the result, the
 /// connection is dropped, which ends its session and frees the lock.
 async fn try_lock(
-    pool: PgPool,
+    inner: Arc<Inner>,
     name: LeaseName,
 ) -> std::result::Result<Option<HeldLock>, sqlx::Error> {
-    let mut conn = pool.acquire().await?;
+    if let Some(mut conn) = inner.take_idle() {
+        match lock_on(&mut conn, &name).await {
+            Ok(Some(pid)) => return Ok(Some(HeldLock { conn, pid })),
+            Ok(None) => {
+                inner.put_idle(conn);
+                return Ok(None);
+            }
+            // A kept connection that died (server restarted, idle timeout): drop it and
+            // try on a fresh one.
+            Err(error) => {
+                tracing::debug!(%error, "idle advisory connection failed; using a fresh one")
+            }
+        }
+    }
+    let mut conn = inner.pool.acquire().await?.detach();
+    match lock_on(&mut conn, &name).await? {
+        Some(pid) => Ok(Some(HeldLock { conn, pid })),
+        None => {
+            inner.put_idle(conn);
+            Ok(None)
+        }
+    }
+}
+
+/// `pg_try_advisory_lock` on `conn`: the session's pid when taken.
+async fn lock_on(
+    conn: &mut PgConnection,
+    name: &LeaseName,
+) -> std::result::Result<Option<i32>, sqlx::Error> {
     let (taken, pid): (bool, i32) = sqlx::query_as(TRY_LOCK)
         .bind(name.as_bytes())
-        .fetch_one(&mut *conn)
+        .fetch_one(conn)
         .await?;
-    if !taken {
-        return Ok(None);
-    }
-    Ok(Some(HeldLock {
-        conn: conn.detach(),
-        pid,
-    }))
+    Ok(taken.then_some(pid))
 }
 
 #[async_trait::async_trait]
@@ -238,7 +285,7 @@ impl LeaseBackend for AdvisoryLockBackend {
         if ttl.is_zero() {
             return Err(InvalidInput::TtlZero.into());
         }
-        let task = tokio::spawn(try_lock(self.inner.pool.clone(), name.clone()));
+        let task = tokio::spawn(try_lock(self.inner.clone(), name.clone()));
         let joined = self
             .bounded("acquire", async {
                 match task.await {
@@ -340,10 +387,15 @@ impl LeaseBackend for AdvisoryLockBackend {
                     .fetch_one(&mut held.conn),
             )
             .await;
-        // Close the session either way: if the unlock failed, ending the session frees
-        // the lock (the server notices the closed connection).
+        // Unlocked: the session holds nothing, keep it for the next attempt. Otherwise
+        // close it: ending the session frees the lock (the server notices the closed
+        // connection).
         let conn = held.conn;
-        let _ = tokio::time::timeout(self.inner.call_timeout, conn.close()).await;
+        if matches!(unlocked, Ok(true)) {
+            self.inner.put_idle(conn);
+        } else {
+            let _ = tokio::time::timeout(self.inner.call_timeout, conn.close()).await;
+        }
         match unlocked {
             Ok(true) => {
                 tracing::debug!(lease = %name, "advisory lock released");

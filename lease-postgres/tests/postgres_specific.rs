@@ -793,3 +793,77 @@ async fn force_release_advisory_mode() {
         vec![RenewOutcome::Lost]
     );
 }
+
+/// The advisory mode keeps a released lease's connection for the next attempt (opening
+/// a session costs more than the lock), and replaces a kept connection that died.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_reuses_released_connections() {
+    let db = PostgresServer::shared().await.expect("server");
+    let b = AdvisoryLockBackend::connect(&db.url())
+        .await
+        .expect("connect");
+    let ttl = Duration::from_secs(1);
+    let (n1, a) = (name("reuse-1"), owner("a"));
+    acquired(b.acquire(&n1, &a, ttl).await.expect("acquire"));
+    let first_pid = b.holder_pid(&n1, &a.token).expect("pid");
+    assert_eq!(
+        b.release(&n1, &a.token, Duration::ZERO)
+            .await
+            .expect("release"),
+        ReleaseOutcome::Released
+    );
+    // A different lease, on the same session: it holds no lock any more.
+    let (n2, c) = (name("reuse-2"), owner("c"));
+    acquired(b.acquire(&n2, &c, ttl).await.expect("acquire"));
+    assert_eq!(b.holder_pid(&n2, &c.token), Some(first_pid));
+    // The first lease is free for anyone else.
+    let other = AdvisoryLockBackend::connect(&db.url())
+        .await
+        .expect("connect");
+    let d = owner("d");
+    acquired(other.acquire(&n1, &d, ttl).await.expect("acquire"));
+    other
+        .release(&n1, &d.token, Duration::ZERO)
+        .await
+        .expect("release");
+    assert_eq!(
+        b.release(&n2, &c.token, Duration::ZERO)
+            .await
+            .expect("release"),
+        ReleaseOutcome::Released
+    );
+
+    // The kept session is ended by an operator; the next attempt uses a fresh one.
+    let mut admin = PgConnection::connect(&db.url()).await.expect("connect");
+    let terminated: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(first_pid)
+        .fetch_one(&mut admin)
+        .await
+        .expect("terminate");
+    assert!(terminated);
+    // Termination is asynchronous: wait until the session is gone.
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let alive: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)")
+                .bind(first_pid)
+                .fetch_one(&mut admin)
+                .await
+                .expect("pg_stat_activity");
+        if !alive {
+            break;
+        }
+        assert!(Instant::now() < until, "session {first_pid} still alive");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let e = owner("e");
+    acquired(b.acquire(&n1, &e, ttl).await.expect("acquire"));
+    let pid = b.holder_pid(&n1, &e.token).expect("pid");
+    assert_ne!(pid, first_pid);
+    assert_eq!(
+        b.release(&n1, &e.token, Duration::ZERO)
+            .await
+            .expect("release"),
+        ReleaseOutcome::Released
+    );
+}
