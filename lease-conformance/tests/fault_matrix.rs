@@ -28,7 +28,9 @@ async fn redis_holder_paused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_store_down_twice_the_ttl() {
-    let server = RedisServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let server = RedisServer::start_owned()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     if !server.owns_process() {
         eprintln!("skipped: needs a server the harness owns");
         return;
@@ -92,7 +94,7 @@ async fn redis_restart_with_and_without_aof() {
         let server = if persistent {
             RedisServer::start_persistent().await
         } else {
-            RedisServer::start().await
+            RedisServer::start_owned().await
         }
         .unwrap_or_else(|e| panic!("{e}"));
         if !server.owns_process() {

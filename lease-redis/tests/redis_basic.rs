@@ -464,7 +464,7 @@ async fn wait_released_by_notification() {
 
 #[tokio::test]
 async fn outage_restart_and_pause() {
-    let mut server = RedisServer::start().await.unwrap();
+    let mut server = RedisServer::start_owned().await.unwrap();
     if !server.owns_process() {
         eprintln!("skipped: needs a server the harness owns");
         return;

@@ -32,7 +32,9 @@ async fn take(b: &dyn LeaseBackend, name: &LeaseName) -> u64 {
 /// what `Fencing::Volatile` claims.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_without_persistence_loses_leases_and_fencing_is_volatile() {
-    let mut server = RedisServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let mut server = RedisServer::start_owned()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let backend: Arc<dyn LeaseBackend> =
         Arc::new(RedisBackend::connect(&server.url()).await.unwrap());
     assert_eq!(backend.capabilities().fencing, Fencing::Volatile);
@@ -103,7 +105,9 @@ async fn aof_fencing_survives_restart() {
 /// deadline, and recovery when the server is back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_down_for_twice_the_ttl() {
-    let mut server = RedisServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let mut server = RedisServer::start_owned()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     if !server.owns_process() {
         eprintln!("skipped: needs a server process the harness owns");
         return;

@@ -150,6 +150,7 @@ pub struct EtcdServer {
     source: Source,
     endpoints: Vec<String>,
     local: Option<Local>,
+    _container: Option<super::container::Running>,
 }
 
 #[derive(Debug)]
@@ -161,8 +162,9 @@ struct Local {
 }
 
 impl EtcdServer {
-    /// A server from the first source that works: `LEASE_TEST_ETCD_ENDPOINTS`;
-    /// testcontainers (not implemented yet, skipped); a throwaway `etcd` (found on `PATH`,
+    /// A server from the first source that works: `LEASE_TEST_ETCD_ENDPOINTS`; a
+    /// `quay.io/coreos/etcd:v3.5.17` container when a Docker engine answers; a throwaway
+    /// `etcd` (found on `PATH`,
     /// then in /usr/bin, /usr/local/bin) on free loopback ports in a temp dir, with
     /// `--heartbeat-interval 10 --election-timeout 100`. Prints which source was used to
     /// stderr.
@@ -183,6 +185,35 @@ impl EtcdServer {
                 source: Source::Env,
                 endpoints,
                 local: None,
+                _container: None,
+            });
+        }
+        let spec = super::container::Spec {
+            image: "quay.io/coreos/etcd",
+            tag: "v3.5.17",
+            port: 2379,
+            ready: vec![("ready to serve client requests", true)],
+            env: Vec::new(),
+            cmd: [
+                "/usr/local/bin/etcd",
+                "--listen-client-urls",
+                "http://0.0.0.0:2379",
+                "--advertise-client-urls",
+                "http://0.0.0.0:2379",
+            ]
+            .map(String::from)
+            .to_vec(),
+        };
+        if let Some(c) = super::container::try_start(spec).await {
+            eprintln!(
+                "lease test server: etcd at {}:{} (container {})",
+                c.host, c.port, c.description
+            );
+            return Ok(EtcdServer {
+                source: Source::Container,
+                endpoints: vec![format!("http://{}:{}", c.host, c.port)],
+                local: None,
+                _container: Some(c),
             });
         }
         Self::start_local().await
@@ -236,6 +267,7 @@ impl EtcdServer {
                             _watcher: watcher,
                             dir,
                         }),
+                        _container: None,
                     });
                 }
                 Err(why) => {

@@ -5,18 +5,24 @@
 //! source that works:
 //!
 //! 1. an address from the environment (`LEASE_TEST_REDIS_URL`, ...);
-//! 2. a container through testcontainers where a Docker engine answers (**not implemented
-//!    yet**: this source is skipped);
+//! 2. a container through testcontainers where a Docker engine answers (feature
+//!    `containers`, on by default; `LEASE_TEST_CONTAINERS=0` skips it; see
+//!    `container.rs` for the details and limits);
 //! 3. a throwaway server started from the local binary on a free loopback port in a temp
 //!    directory, killed and cleaned up when the handle drops.
 //!
 //! Fault injection (stop, kill, pause, restart) needs the local-process source; on a
-//! server from the environment those operations return [`HarnessError::NotOwned`].
+//! server from the environment or a container those operations return
+//! [`HarnessError::NotOwned`]. Tests that inject faults ask for a local process
+//! (`start_local` and the like). The PostgreSQL server shared by a test binary
+//! ([`PostgresServer::shared`]) is a local cluster: it outlives every test, and a
+//! container left at process exit could not be removed reliably.
 
 use std::fmt;
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 
+mod container;
 mod process;
 pub mod redis;
 

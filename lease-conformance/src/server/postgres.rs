@@ -91,6 +91,7 @@ pub struct PostgresServer {
     source: Source,
     url: String,
     local: Option<Local>,
+    _container: Option<super::container::Running>,
 }
 
 #[derive(Debug)]
@@ -146,8 +147,9 @@ impl Drop for Watcher {
 }
 
 impl PostgresServer {
-    /// A server from the first source that works: `LEASE_TEST_POSTGRES_URL`;
-    /// testcontainers (not implemented yet, skipped); a throwaway cluster from the local
+    /// A server from the first source that works: `LEASE_TEST_POSTGRES_URL`; a
+    /// `postgres:15` container (trust authentication) when a Docker engine answers; a
+    /// throwaway cluster from the local
     /// binaries (`initdb` and `postgres` on `PATH` or in /usr/lib/postgresql/*/bin) on a
     /// free loopback port, with default durability settings (fsync on). Prints which
     /// source was used to stderr.
@@ -164,6 +166,35 @@ impl PostgresServer {
                 source: Source::Env,
                 url,
                 local: None,
+                _container: None,
+            });
+        }
+        let spec = super::container::Spec {
+            image: "postgres",
+            tag: "15",
+            port: 5432,
+            // The image's first server (initialisation) logs to stdout, the final one to
+            // stderr.
+            ready: vec![
+                ("database system is ready to accept connections", false),
+                ("database system is ready to accept connections", true),
+            ],
+            env: vec![("POSTGRES_HOST_AUTH_METHOD", "trust".to_owned())],
+            cmd: Vec::new(),
+        };
+        if let Some(c) = super::container::try_start(spec).await {
+            eprintln!(
+                "lease test server: postgres at {}:{} (container {})",
+                c.host, c.port, c.description
+            );
+            return Ok(PostgresServer {
+                source: Source::Container,
+                url: format!(
+                    "postgres://postgres@{}:{}/postgres?sslmode=disable",
+                    c.host, c.port
+                ),
+                local: None,
+                _container: Some(c),
             });
         }
         Self::start_local(false).await
@@ -706,6 +737,7 @@ fn start_blocking(fast: bool) -> Result<PostgresServer, HarnessError> {
                     source: Source::LocalProcess,
                     url: local_url(local.port, "postgres"),
                     local: Some(local),
+                    _container: None,
                 });
             }
             Err(why) => {

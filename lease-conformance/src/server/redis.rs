@@ -35,6 +35,7 @@ pub struct RedisServer {
     source: Source,
     url: String,
     local: Option<Local>,
+    _container: Option<super::container::Running>,
 }
 
 #[derive(Debug)]
@@ -48,10 +49,10 @@ struct Local {
 }
 
 impl RedisServer {
-    /// A server from the first source that works: `LEASE_TEST_REDIS_URL`; testcontainers
-    /// (not implemented yet, skipped); a throwaway `redis-server` (found on `PATH`, then
-    /// in /usr/bin, /usr/sbin, /usr/local/bin) on a free loopback port in a temp dir,
-    /// without persistence. Prints which source was used to stderr.
+    /// A server from the first source that works: `LEASE_TEST_REDIS_URL`; a `redis:7.2`
+    /// container when a Docker engine answers; a throwaway `redis-server` (found on
+    /// `PATH`, then in /usr/bin, /usr/sbin, /usr/local/bin) on a free loopback port in a
+    /// temp dir, without persistence. Prints which source was used to stderr.
     ///
     /// Errors: [`HarnessError::Unavailable`] naming what to install when no source works;
     /// [`HarnessError::Start`] with the server's log when the spawned server does not
@@ -66,8 +67,38 @@ impl RedisServer {
                 source: Source::Env,
                 url,
                 local: None,
+                _container: None,
             });
         }
+        let spec = super::container::Spec {
+            image: "redis",
+            tag: "7.2",
+            port: 6379,
+            ready: vec![("Ready to accept connections", false)],
+            env: Vec::new(),
+            cmd: ["redis-server", "--save", "", "--appendonly", "no"]
+                .map(String::from)
+                .to_vec(),
+        };
+        if let Some(c) = super::container::try_start(spec).await {
+            eprintln!(
+                "lease test server: redis at {}:{} (container {})",
+                c.host, c.port, c.description
+            );
+            return Ok(RedisServer {
+                source: Source::Container,
+                url: format!("redis://{}:{}/", c.host, c.port),
+                local: None,
+                _container: Some(c),
+            });
+        }
+        Self::start_local(false).await
+    }
+
+    /// Always a throwaway local `redis-server` without persistence, even when
+    /// `LEASE_TEST_REDIS_URL` is set or a Docker engine answers: for tests that stop,
+    /// kill, pause or restart the server.
+    pub async fn start_owned() -> Result<RedisServer, HarnessError> {
         Self::start_local(false).await
     }
 
@@ -122,6 +153,7 @@ impl RedisServer {
                             _watcher: watcher,
                             dir,
                         }),
+                        _container: None,
                     });
                 }
                 Err(why) => {

@@ -1,0 +1,206 @@
+//! The container source: a store in a Docker container through testcontainers, tried
+//! when a Docker engine answers (feature `containers`, on by default).
+//!
+//! - `LEASE_TEST_CONTAINERS=0` skips this source (local processes are then used).
+//! - The engine is looked for where testcontainers looks (`DOCKER_HOST`, the default
+//!   socket); without `DOCKER_HOST` and without `/var/run/docker.sock` it is not even
+//!   asked, so machines without Docker pay nothing.
+//! - The answer is probed once per process, with a 3 s bound, and why the source was
+//!   skipped is printed once.
+//! - A container is removed when its handle drops. A test process that is SIGKILLed
+//!   leaves its containers behind (testcontainers for Rust has no reaper); they carry
+//!   the label `lease-test=1`, so `docker rm -f $(docker ps -aq --filter label=lease-test=1)`
+//!   removes them.
+//! - Containers cannot be stopped, killed, paused or restarted through the harness (their
+//!   ports could change across a restart); tests that need that ask for a local process.
+
+use std::fmt;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// What to run.
+pub(crate) struct Spec {
+    pub(crate) image: &'static str,
+    pub(crate) tag: &'static str,
+    pub(crate) port: u16,
+    /// Lines the server prints when it is ready, and whether each goes to stderr (all
+    /// must appear).
+    pub(crate) ready: Vec<(&'static str, bool)>,
+    pub(crate) env: Vec<(&'static str, String)>,
+    pub(crate) cmd: Vec<String>,
+}
+
+/// A running container; removed on drop.
+pub(crate) struct Running {
+    #[cfg(feature = "containers")]
+    _container: testcontainers::ContainerAsync<testcontainers::GenericImage>,
+    pub(crate) host: String,
+    pub(crate) port: u16,
+    pub(crate) description: String,
+}
+
+impl fmt::Debug for Running {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Running")
+            .field("container", &self.description)
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .finish()
+    }
+}
+
+/// Runs `spec` if the container source is usable; `None` (after saying why, once) when it
+/// is not or the container did not start.
+pub(crate) async fn try_start(spec: Spec) -> Option<Running> {
+    if let Err(why) = engine().await {
+        skipped_once(&why);
+        return None;
+    }
+    match start(&spec).await {
+        Ok(r) => Some(r),
+        Err(why) => {
+            eprintln!(
+                "lease test server: a {}:{} container did not start ({why}); using a local process",
+                spec.image, spec.tag
+            );
+            None
+        }
+    }
+}
+
+fn skipped_once(why: &str) {
+    static SAID: OnceLock<()> = OnceLock::new();
+    SAID.get_or_init(|| {
+        eprintln!("lease test server: no containers ({why}); local processes are used");
+    });
+}
+
+/// Whether a Docker engine answers (probed once per process).
+async fn engine() -> Result<(), String> {
+    static ANSWER: OnceLock<Result<(), String>> = OnceLock::new();
+    if let Some(a) = ANSWER.get() {
+        return a.clone();
+    }
+    let answer = probe().await;
+    ANSWER.get_or_init(|| answer).clone()
+}
+
+async fn probe() -> Result<(), String> {
+    if std::env::var("LEASE_TEST_CONTAINERS").is_ok_and(|v| v.trim() == "0") {
+        return Err("LEASE_TEST_CONTAINERS=0".into());
+    }
+    let host = std::env::var("DOCKER_HOST")
+        .ok()
+        .filter(|h| !h.trim().is_empty());
+    if host.is_none() && !std::path::Path::new("/var/run/docker.sock").exists() {
+        return Err(
+            "no Docker engine: DOCKER_HOST is unset and /var/run/docker.sock does not exist".into(),
+        );
+    }
+    ping().await
+}
+
+#[cfg(feature = "containers")]
+async fn ping() -> Result<(), String> {
+    let asked = async {
+        let docker = testcontainers::core::client::docker_client_instance()
+            .await
+            .map_err(|e| format!("no Docker client: {e}"))?;
+        docker
+            .ping()
+            .await
+            .map(|_| ())
+            .map_err(|e| format!("the Docker engine did not answer a ping: {e}"))
+    };
+    match tokio::time::timeout(Duration::from_secs(3), asked).await {
+        Ok(r) => r,
+        Err(_) => Err("the Docker engine did not answer a ping within 3 s".into()),
+    }
+}
+
+#[cfg(not(feature = "containers"))]
+async fn ping() -> Result<(), String> {
+    Err("lease-conformance was built without its `containers` feature".into())
+}
+
+#[cfg(feature = "containers")]
+async fn start(spec: &Spec) -> Result<Running, String> {
+    use testcontainers::core::{IntoContainerPort, WaitFor};
+    use testcontainers::runners::AsyncRunner;
+    use testcontainers::{GenericImage, ImageExt};
+
+    let mut image = GenericImage::new(spec.image, spec.tag).with_exposed_port(spec.port.tcp());
+    for &(line, stderr) in &spec.ready {
+        image = image.with_wait_for(if stderr {
+            WaitFor::message_on_stderr(line)
+        } else {
+            WaitFor::message_on_stdout(line)
+        });
+    }
+    let mut request = image
+        .with_startup_timeout(Duration::from_secs(180))
+        .with_label("lease-test", "1");
+    for (k, v) in &spec.env {
+        request = request.with_env_var(*k, v.clone());
+    }
+    if !spec.cmd.is_empty() {
+        request = request.with_cmd(spec.cmd.clone());
+    }
+    let container = request.start().await.map_err(|e| e.to_string())?;
+    let port = container
+        .get_host_port_ipv4(spec.port)
+        .await
+        .map_err(|e| format!("no host port for {}: {e}", spec.port))?;
+    let host = container
+        .get_host()
+        .await
+        .map_err(|e| format!("no host: {e}"))?
+        .to_string();
+    // Tests parse addresses as socket addresses (the network-cut relay).
+    let host = if host == "localhost" {
+        "127.0.0.1".to_owned()
+    } else {
+        host
+    };
+    let description = format!("{}:{} {}", spec.image, spec.tag, container.id());
+    Ok(Running {
+        _container: container,
+        host,
+        port,
+        description,
+    })
+}
+
+#[cfg(not(feature = "containers"))]
+async fn start(_spec: &Spec) -> Result<Running, String> {
+    Err("lease-conformance was built without its `containers` feature".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without an engine (or with the source switched off) the source is skipped, fast.
+    #[tokio::test]
+    async fn skipped_without_an_engine() {
+        let engine_here = std::env::var_os("DOCKER_HOST").is_some()
+            || std::path::Path::new("/var/run/docker.sock").exists();
+        if engine_here {
+            eprintln!("a Docker engine may be present; nothing to check");
+            return;
+        }
+        let started = std::time::Instant::now();
+        let r = try_start(Spec {
+            image: "redis",
+            tag: "7.2",
+            port: 6379,
+            ready: vec![("Ready to accept connections", false)],
+            env: Vec::new(),
+            cmd: Vec::new(),
+        })
+        .await;
+        assert!(r.is_none());
+        assert!(started.elapsed() < Duration::from_secs(1));
+        assert!(engine().await.is_err());
+    }
+}
