@@ -251,6 +251,52 @@ pub fn redis_bare(conn: redis::aio::MultiplexedConnection) -> Case {
     )
 }
 
+/// The library's own acquire and release Lua scripts, sent with the bare floor's client
+/// code (no library code around them): splits the library's cost into the server's
+/// (scripts) and the client's (everything else). A diagnostic, not a way to use Redis.
+pub fn redis_library_scripts_raw(conn: redis::aio::MultiplexedConnection) -> Case {
+    let acquire = Arc::new(redis::Script::new(lease_redis::scripts::ACQUIRE));
+    let release = Arc::new(redis::Script::new(lease_redis::scripts::RELEASE));
+    Case::new(
+        "diagnostic: the library's Lua scripts sent raw",
+        move |prefix, n| {
+            let (mut conn, acquire, release) = (conn.clone(), acquire.clone(), release.clone());
+            async move {
+                for i in 0..n {
+                    let base = format!("raw:{{{prefix}:{}}}", i % 64);
+                    let (lock, fence, channel) = (
+                        format!("{base}:lock"),
+                        format!("{base}:fence"),
+                        format!("{base}:released"),
+                    );
+                    let token = uuid::Uuid::new_v4().to_string();
+                    let r: redis::Value = acquire
+                        .key(&lock)
+                        .key(&fence)
+                        .arg(&token)
+                        .arg("bench")
+                        .arg(30_000)
+                        .invoke_async(&mut conn)
+                        .await
+                        .expect("acquire script");
+                    assert!(
+                        matches!(&r, redis::Value::Array(v) if matches!(v.first(), Some(redis::Value::Int(_)))),
+                        "{lock} taken: {r:?}"
+                    );
+                    let _: redis::Value = release
+                        .key(&lock)
+                        .arg(&token)
+                        .arg(0)
+                        .arg(&channel)
+                        .invoke_async(&mut conn)
+                        .await
+                        .expect("release script");
+                }
+            }
+        },
+    )
+}
+
 /// rslock (Redlock on one instance): `lock` + `unlock`.
 pub fn redis_rslock(url: &str) -> Case {
     let manager = rslock::LockManager::new(vec![url.to_owned()]);

@@ -77,6 +77,23 @@ fn parse(args: &[String]) -> Result<Args, String> {
     Ok(a)
 }
 
+/// CPU time of all threads of process `pid` (from /proc/PID/task/*/schedstat).
+fn process_cpu(pid: u32) -> Duration {
+    let mut total = 0u64;
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) {
+                total += s
+                    .split_whitespace()
+                    .next()
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+    }
+    Duration::from_nanos(total)
+}
+
 fn machine() -> String {
     let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
     let cpuinfo = read("/proc/cpuinfo");
@@ -215,6 +232,7 @@ async fn common(setup: Setup, s: &Sizes) -> StoreResult {
         handoff_notify,
         handoff_poll,
         takeover,
+        notes: Vec::new(),
     }
 }
 
@@ -244,10 +262,11 @@ async fn redis_store(mode: Mode) -> StoreResult {
     let backend: Arc<dyn LeaseBackend> =
         Arc::new(RedisBackend::connect(&url).await.expect("redis backend"));
     let cases = vec![
-        cycles::redis_bare(conn),
+        cycles::redis_bare(conn.clone()),
         cycles::backend_case("library backend acquire + release", backend.clone()),
         cycles::client_case("library LeaseClient try_acquire + release", backend.clone()),
         cycles::redis_rslock(&url),
+        cycles::redis_library_scripts_raw(conn),
     ];
     let counter: scale::Counter = Box::new(move || {
         let mut admin = admin.clone();
@@ -271,6 +290,30 @@ async fn redis_store(mode: Mode) -> StoreResult {
         })
     });
     let s = sizes(mode, 400, 40, 41);
+    // CPU per cycle of each case, on the server (the redis-server process's threads,
+    // from /proc) and in this process, over 5,000 cycles of one task.
+    let mut notes = Vec::new();
+    if let Some(pid) = server.pid() {
+        let mut parts = Vec::new();
+        for case in &cases {
+            let n = 5_000;
+            let (srv0, cli0) = (process_cpu(pid), scale::cpu_now());
+            (case.run)(format!("cpu-{}", uuid::Uuid::new_v4().simple()), n).await;
+            let (srv, cli) = (process_cpu(pid) - srv0, scale::cpu_now() - cli0);
+            parts.push(format!(
+                "{}: server {:.1} µs, client {:.1} µs",
+                case.label,
+                srv.as_secs_f64() * 1e6 / n as f64,
+                cli.as_secs_f64() * 1e6 / n as f64
+            ));
+        }
+        notes.push(format!(
+            "CPU per acquire + release cycle with one task (5,000 cycles per case, apart from \
+             the rounds; server = the redis-server process from /proc, client = this \
+             process): {}",
+            parts.join("; ")
+        ));
+    }
     let setup = Setup {
         store: "Redis",
         server: format!("Redis {version} ({}, no persistence)", server.source()),
@@ -280,7 +323,9 @@ async fn redis_store(mode: Mode) -> StoreResult {
         counter: Some(counter),
         round_trip_source: "script calls, INFO commandstats",
     };
-    common(setup, &s).await
+    let mut r = common(setup, &s).await;
+    r.notes = notes;
+    r
 }
 
 async fn postgres_store(mode: Mode) -> StoreResult {

@@ -35,6 +35,8 @@ pub struct StoreResult {
     pub handoff_poll: Latency,
     /// Takeover after SIGKILL, per TTL.
     pub takeover: Vec<Takeover>,
+    /// Further measured lines for the store's section.
+    pub notes: Vec<String>,
 }
 
 fn ms(d: Duration) -> String {
@@ -156,6 +158,9 @@ pub fn markdown(results: &[StoreResult], machine: &str, command: &str, notes: &s
             );
         }
         let _ = writeln!(o);
+        for line in &r.notes {
+            let _ = writeln!(o, "- {line}");
+        }
         let mut pairs = vec![(1, r.peer), (2, r.peer)];
         pairs.extend(r.extra_pairs.iter().copied());
         for (ours, theirs) in pairs {

@@ -32,7 +32,8 @@ pub struct ScaleRow {
     pub cpu_ms_per_tick: f64,
 }
 
-fn cpu_now() -> Duration {
+/// This process's CPU time (user + system).
+pub fn cpu_now() -> Duration {
     match getrusage(UsageWho::RUSAGE_SELF) {
         Ok(u) => {
             let tv = |t: nix::sys::time::TimeVal| {

@@ -3,7 +3,10 @@
 mod batch;
 mod error;
 mod keys;
-mod scripts;
+/// The Lua sources of the primitives, for auditing them or loading them ahead
+/// (`SCRIPT LOAD`) on servers that restrict scripting; the backend loads them itself
+/// after a `NOSCRIPT`. Each constant's docs give its `KEYS`, `ARGV` and reply.
+pub mod scripts;
 
 use std::fmt;
 use std::future::Future;

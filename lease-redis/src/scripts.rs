@@ -40,7 +40,7 @@ use redis::Script;
 /// `{2, holder, pttl, fencing}` when held by this very token (only a retry after a
 /// dropped connection can see that: owner tokens are fresh for every acquisition). Two
 /// requests for one name in one run are served in order: the second finds it held.
-const ACQUIRE: &str = r"
+pub const ACQUIRE: &str = r"
 local out = {}
 for i = 1, #KEYS / 2 do
   local lock, fence = KEYS[2 * i - 1], KEYS[2 * i]
@@ -72,7 +72,7 @@ return out
 /// instead of failing the whole batch. A lease renewed for the first time has its
 /// `~ttl` anchor replaced by the absolute `locked_at` before its expiry moves (`TIME` at
 /// most once per batch).
-const RENEW: &str = r"
+pub const RENEW: &str = r"
 local out = {}
 local now
 for i, key in ipairs(KEYS) do
@@ -107,7 +107,7 @@ return out
 /// stays until `max(now, locked_at + keep_for)` and is marked released (renew then
 /// fails); if that is not in the future it is deleted at once. The fencing counter is
 /// never touched.
-const RELEASE: &str = r"
+pub const RELEASE: &str = r"
 local out = {}
 local now
 for i, lock in ipairs(KEYS) do
@@ -153,7 +153,7 @@ return out
 ///
 /// Returns `{0}` when free, else `{1, holder, fencing, pttl}` (holder and fencing `''` when
 /// missing, for a key this crate did not write).
-const INSPECT: &str = r"
+pub const INSPECT: &str = r"
 local v = redis.pcall('GET', KEYS[1])
 if v == false or v == nil then return {0} end
 local pttl = redis.call('PTTL', KEYS[1])
@@ -165,7 +165,7 @@ return {1, holder, redis.call('GET', KEYS[2]) or '', pttl}
 
 /// `KEYS[1]` lock; `ARGV[1]` channel. Deletes the lease whoever holds it (the fencing
 /// counter stays). Returns 1 if a lease was deleted, 0 if it was free.
-const FORCE_RELEASE: &str = r"
+pub const FORCE_RELEASE: &str = r"
 if redis.call('DEL', KEYS[1]) == 1 then
   redis.call('PUBLISH', ARGV[1], '1')
   return 1
