@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use super::process::{ChildProcess, DirWatcher};
-use super::{HarnessError, Source, env_nonempty, find_binary, free_port};
+use super::{HarnessError, Source, env_nonempty, find_binary, free_ports};
 
 /// Environment variable with the endpoints (`host:port[,host:port...]`) of an etcd cluster
 /// to use instead of starting one.
@@ -228,7 +228,10 @@ impl EtcdServer {
         let token = cluster_token();
         let mut last_error = String::new();
         for _ in 0..PORT_ATTEMPTS {
-            let (client_port, peer_port) = (free_port()?, free_port()?);
+            let (client_port, peer_port) = match free_ports(2)?.as_slice() {
+                &[c, p] => (c, p),
+                _ => return Err(HarnessError::Start("no two free ports".into())),
+            };
             let ports = [(client_port, peer_port)];
             let initial = initial_cluster(&ports);
             let _ = std::fs::remove_dir_all(dir.path().join("n0"));
@@ -452,10 +455,10 @@ impl EtcdCluster {
         let dir = data_root("lease-etcd-cluster-")?;
         let watcher = DirWatcher::spawn(dir.path())?;
         let token = cluster_token();
-        let mut ports = Vec::with_capacity(size);
-        for _ in 0..size {
-            ports.push((free_port()?, free_port()?));
-        }
+        // Distinct ports for every member (a repeated port makes etcd refuse the
+        // initial cluster as having a duplicate URL).
+        let all = free_ports(size * 2)?;
+        let ports: Vec<(u16, u16)> = all.chunks_exact(2).map(|p| (p[0], p[1])).collect();
         let initial = initial_cluster(&ports);
         let mut members = Vec::with_capacity(size);
         for (i, (client_port, peer_port)) in ports.iter().copied().enumerate() {

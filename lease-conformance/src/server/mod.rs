@@ -122,6 +122,27 @@ pub fn free_port() -> Result<u16, HarnessError> {
     Ok(port)
 }
 
+/// `n` distinct TCP ports on 127.0.0.1 that were free a moment ago: all are held bound
+/// until all are chosen, so that one server never gets the same port twice (the OS may
+/// hand out a port again as soon as it is released). Others may still take them before
+/// the server binds them; callers retry on "address in use".
+pub fn free_ports(n: usize) -> Result<Vec<u16>, HarnessError> {
+    let mut held = Vec::with_capacity(n);
+    let mut ports = Vec::with_capacity(n);
+    for _ in 0..n {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .map_err(|e| HarnessError::io("binding 127.0.0.1:0 to find a free port", e))?;
+        ports.push(
+            listener
+                .local_addr()
+                .map_err(|e| HarnessError::io("reading the bound port", e))?
+                .port(),
+        );
+        held.push(listener);
+    }
+    Ok(ports)
+}
+
 /// Finds an executable: each directory of `PATH`, then `extra_dirs`.
 pub fn find_binary(name: &str, extra_dirs: &[&str]) -> Option<PathBuf> {
     let from_path = std::env::var_os("PATH")
@@ -147,3 +168,18 @@ pub(crate) fn env_nonempty(var: &str) -> Option<String> {
 }
 pub mod etcd;
 pub mod postgres;
+
+#[cfg(test)]
+mod port_tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_distinct() {
+        for _ in 0..50 {
+            let mut ports = free_ports(6).unwrap();
+            ports.sort_unstable();
+            ports.dedup();
+            assert_eq!(ports.len(), 6);
+        }
+    }
+}
