@@ -338,7 +338,11 @@ macro_rules! store_tests {
     };
 }
 
-store_tests!(redis_store, redis(), redis());
+store_tests!(redis_store, redis(), async {
+    RedisServer::start_owned()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+});
 store_tests!(
     postgres_store,
     async {

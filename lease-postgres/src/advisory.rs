@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lease_core::{
     AcquireOutcome, Capabilities, Error, Fencing, FencingToken, HeldBy, InvalidInput, LeaseBackend,
@@ -104,15 +104,21 @@ struct Inner {
     held: Mutex<HashMap<(LeaseName, OwnerToken), HeldLock>>,
     /// Dedicated connections that hold no lock, kept for the next attempt: opening a
     /// session costs more than the lock itself.
-    idle: Mutex<Vec<PgConnection>>,
+    idle: Mutex<Vec<(PgConnection, Instant)>>,
 }
 
 /// Most idle dedicated connections kept.
 const MAX_IDLE: usize = 16;
+/// Kept connections idle longer than this are closed instead of used (a firewall may
+/// have dropped them silently).
+const MAX_IDLE_AGE: Duration = Duration::from_secs(60);
 
 impl Inner {
     fn take_idle(&self) -> Option<PgConnection> {
-        self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop()
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        // Anything idle longer than the limit goes (dropping closes it).
+        idle.retain(|(_, since)| since.elapsed() < MAX_IDLE_AGE);
+        idle.pop().map(|(conn, _)| conn)
     }
 
     /// Keeps a connection that holds no lock for the next attempt (or drops it, which
@@ -120,7 +126,7 @@ impl Inner {
     fn put_idle(&self, conn: PgConnection) {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         if idle.len() < MAX_IDLE {
-            idle.push(conn);
+            idle.push((conn, Instant::now()));
         }
     }
 }
@@ -225,17 +231,20 @@ async fn try_lock(
     name: LeaseName,
 ) -> std::result::Result<Option<HeldLock>, sqlx::Error> {
     if let Some(mut conn) = inner.take_idle() {
-        match lock_on(&mut conn, &name).await {
-            Ok(Some(pid)) => return Ok(Some(HeldLock { conn, pid })),
-            Ok(None) => {
+        // A kept connection gets half the call's time: one that a firewall dropped
+        // silently must not use it all up.
+        match tokio::time::timeout(inner.call_timeout / 2, lock_on(&mut conn, &name)).await {
+            Ok(Ok(Some(pid))) => return Ok(Some(HeldLock { conn, pid })),
+            Ok(Ok(None)) => {
                 inner.put_idle(conn);
                 return Ok(None);
             }
             // A kept connection that died (server restarted, idle timeout): drop it and
             // try on a fresh one.
-            Err(error) => {
-                tracing::debug!(%error, "idle advisory connection failed; using a fresh one")
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "idle advisory connection failed; using a fresh one");
             }
+            Err(_) => tracing::debug!("idle advisory connection did not answer; using a fresh one"),
         }
     }
     let mut conn = inner.pool.acquire().await?.detach();

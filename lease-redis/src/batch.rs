@@ -1,16 +1,19 @@
 //! Combining concurrent calls of one kind (acquire, release) into one script call.
 //!
-//! At most one call of a kind is in flight per backend. A caller that finds none in
-//! flight becomes the leader and sends its own request at once, alone: with one task
-//! there is never any waiting, and the single-request script is used. Callers arriving
-//! while a call is in flight queue up; when it finishes, the first of them leads the next
-//! call, carrying every queued request (up to [`MAX_BATCH`]) in one script run. Under
-//! concurrency the server then runs one script per batch instead of one per request,
-//! which is where its CPU goes (the Lua call overhead, not the commands).
+//! At most one script run of a kind is in flight per backend, driven by a flusher task.
+//! A caller that finds no flusher starts one with its own request (alone: with one task
+//! there is never any waiting). Callers arriving while a run is in flight queue up; when
+//! the run finishes, the flusher sends everything queued (up to [`MAX_BATCH`]) in the
+//! next run, and stops when the queue is empty. Under concurrency the server then runs
+//! one script per batch instead of one per request, which is where its CPU goes (the Lua
+//! call overhead, not the commands).
 //!
-//! Cancellation: a leader that is dropped while its call is in flight hands leadership
-//! on (a drop guard). A batch carrying other callers' requests runs in a task of its own,
-//! so that dropping the leader cannot lose their replies.
+//! Cancellation: callers only wait for a reply; the runs belong to the flusher task, so
+//! a caller that gives up (timeout, drop) affects nobody else. A request whose caller
+//! gave up before it was sent is skipped; one whose reply can no longer be delivered is
+//! handed to the `undelivered` hook (acquire releases what it took for nobody). If the
+//! flusher task itself dies (runtime shutdown), the queued callers get an error and the
+//! next caller starts a new flusher.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -27,19 +30,13 @@ pub(crate) const MAX_BATCH: usize = 128;
 /// retry after a dropped connection.
 pub(crate) type Reply = Result<(Value, bool)>;
 
-enum Turn<Req> {
-    /// The batch carrying this request finished.
-    Done(Reply),
-    /// Lead the next call; the request comes back with it.
-    Lead(Req),
-}
-
 struct Waiting<Req> {
     req: Req,
-    tx: oneshot::Sender<Turn<Req>>,
+    tx: oneshot::Sender<Reply>,
 }
 
 struct State<Req> {
+    /// A flusher task is running.
     busy: bool,
     queue: VecDeque<Waiting<Req>>,
 }
@@ -66,22 +63,42 @@ fn lock<Req>(state: &Mutex<State<Req>>) -> MutexGuard<'_, State<Req>> {
     state.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Hands leadership to the first queued caller still waiting, or marks the kind idle.
-struct Handoff<Req> {
-    state: Arc<Mutex<State<Req>>>,
+/// Takes the next batch: queued requests whose callers still wait, up to [`MAX_BATCH`].
+/// Marks the kind idle when there are none.
+fn next_batch<Req>(state: &Mutex<State<Req>>) -> Vec<Waiting<Req>> {
+    let mut st = lock(state);
+    let mut batch = Vec::new();
+    while batch.len() < MAX_BATCH {
+        match st.queue.pop_front() {
+            // That caller gave up before its request was sent: skip it.
+            Some(w) if w.tx.is_closed() => continue,
+            Some(w) => batch.push(w),
+            None => break,
+        }
+    }
+    if batch.is_empty() {
+        st.busy = false;
+    }
+    batch
 }
 
-impl<Req> Drop for Handoff<Req> {
+/// Ends a flusher: marks the kind idle and fails whatever is still queued, so that
+/// nobody waits on a flusher that is gone. Only does anything when the flusher did not
+/// finish normally (panic, runtime shutdown).
+struct FlusherGuard<Req> {
+    state: Arc<Mutex<State<Req>>>,
+    finished: bool,
+}
+
+impl<Req> Drop for FlusherGuard<Req> {
     fn drop(&mut self) {
-        let mut st = lock(&self.state);
-        while let Some(w) = st.queue.pop_front() {
-            match w.tx.send(Turn::Lead(w.req)) {
-                Ok(()) => return,
-                // That caller gave up waiting; its request goes with it.
-                Err(_) => continue,
-            }
+        if self.finished {
+            return;
         }
+        let mut st = lock(&self.state);
         st.busy = false;
+        // Dropping the senders wakes their callers with an error.
+        st.queue.clear();
     }
 }
 
@@ -93,77 +110,57 @@ fn gone() -> Error {
 }
 
 impl<Req: Send + 'static> Combiner<Req> {
-    /// Runs `req`, alone or with others: `run` gets the requests of one call (the
-    /// caller's own first) and must return one reply per request, in order.
-    pub(crate) async fn call<F, Fut>(&self, req: Req, run: F) -> Reply
+    /// Runs `req`, alone or with others. `run` gets the requests of one script run and
+    /// must return each with its reply, in order; `undelivered` gets each request whose
+    /// caller is gone by the time its reply is ready.
+    pub(crate) async fn call<F, Fut, U>(&self, req: Req, run: F, undelivered: U) -> Reply
     where
-        F: FnOnce(Vec<Req>) -> Fut,
-        Fut: Future<Output = Vec<Reply>> + Send + 'static,
+        F: Fn(Vec<Req>) -> Fut + Send + 'static,
+        Fut: Future<Output = Vec<(Req, Reply)>> + Send + 'static,
+        U: Fn(Req, Reply) + Send + 'static,
     {
-        let queued = {
+        let (tx, rx) = oneshot::channel();
+        let start = {
             let mut st = lock(&self.state);
-            if st.busy {
-                let (tx, rx) = oneshot::channel();
-                st.queue.push_back(Waiting { req, tx });
-                Err(rx)
-            } else {
-                st.busy = true;
-                Ok(req)
-            }
+            st.queue.push_back(Waiting { req, tx });
+            !std::mem::replace(&mut st.busy, true)
         };
-        match queued {
-            Ok(req) => self.lead(req, run).await,
-            Err(rx) => match rx.await {
-                Ok(Turn::Done(reply)) => reply,
-                Ok(Turn::Lead(req)) => self.lead(req, run).await,
-                Err(_) => Err(gone()),
-            },
+        if start {
+            let state = self.state.clone();
+            tokio::spawn(async move {
+                let mut guard = FlusherGuard {
+                    state: state.clone(),
+                    finished: false,
+                };
+                loop {
+                    let batch = next_batch(&state);
+                    if batch.is_empty() {
+                        break;
+                    }
+                    let (reqs, senders): (Vec<Req>, Vec<_>) =
+                        batch.into_iter().map(|w| (w.req, w.tx)).unzip();
+                    let n = reqs.len();
+                    let mut replies = run(reqs).await.into_iter();
+                    for tx in senders {
+                        match replies.next() {
+                            Some((req, reply)) => {
+                                if let Err(reply) = tx.send(reply) {
+                                    undelivered(req, reply);
+                                }
+                            }
+                            None => {
+                                let _ = tx.send(Err(Error::unexpected(
+                                    crate::BACKEND,
+                                    format!("a script run returned fewer than {n} replies"),
+                                )));
+                            }
+                        }
+                    }
+                }
+                guard.finished = true;
+            });
         }
-    }
-
-    async fn lead<F, Fut>(&self, own: Req, run: F) -> Reply
-    where
-        F: FnOnce(Vec<Req>) -> Fut,
-        Fut: Future<Output = Vec<Reply>> + Send + 'static,
-    {
-        let handoff = Handoff {
-            state: self.state.clone(),
-        };
-        let followers: Vec<Waiting<Req>> = {
-            let mut st = lock(&self.state);
-            let n = st.queue.len().min(MAX_BATCH - 1);
-            st.queue.drain(..n).collect()
-        };
-        if followers.is_empty() {
-            // Alone: run inline (the drop guard hands on leadership even if cancelled).
-            let reply = run(vec![own])
-                .await
-                .into_iter()
-                .next()
-                .unwrap_or_else(|| Err(gone()));
-            drop(handoff);
-            return reply;
-        }
-        let mut reqs = Vec::with_capacity(followers.len() + 1);
-        reqs.push(own);
-        let mut senders = Vec::with_capacity(followers.len());
-        for w in followers {
-            reqs.push(w.req);
-            senders.push(w.tx);
-        }
-        let fut = run(reqs);
-        let (own_tx, own_rx) = oneshot::channel();
-        tokio::spawn(async move {
-            // Handed on when this task ends, whatever happens to the leader.
-            let _handoff = handoff;
-            let mut replies = fut.await.into_iter();
-            let _ = own_tx.send(replies.next().unwrap_or_else(|| Err(gone())));
-            for tx in senders {
-                let reply = replies.next().unwrap_or_else(|| Err(gone()));
-                let _ = tx.send(Turn::Done(reply));
-            }
-        });
-        own_rx.await.unwrap_or_else(|_| Err(gone()))
+        rx.await.unwrap_or_else(|_| Err(gone()))
     }
 }
 
@@ -194,38 +191,50 @@ pub(crate) fn share(e: &Error) -> Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::time::Duration;
 
-    /// Requests are numbers; a call answers each with itself, after a pause, and counts
-    /// its requests.
-    fn run(
-        calls: Arc<Mutex<Vec<usize>>>,
-    ) -> impl FnOnce(Vec<i64>) -> std::pin::Pin<Box<dyn Future<Output = Vec<Reply>> + Send>> {
+    type Calls = Arc<Mutex<Vec<usize>>>;
+    type Lost = Arc<Mutex<Vec<i64>>>;
+    type RunFuture = std::pin::Pin<Box<dyn Future<Output = Vec<(i64, Reply)>> + Send>>;
+
+    /// Requests are numbers; a run answers each with itself after `pause`, and records
+    /// its size.
+    fn run(calls: Calls, pause: Duration) -> impl Fn(Vec<i64>) -> RunFuture + Send + 'static {
         move |reqs| {
+            let calls = calls.clone();
             Box::pin(async move {
                 calls.lock().unwrap().push(reqs.len());
-                tokio::time::sleep(Duration::from_millis(5)).await;
+                tokio::time::sleep(pause).await;
                 reqs.into_iter()
-                    .map(|r| Ok((Value::Int(r), false)))
+                    .map(|r| (r, Ok((Value::Int(r), false))))
                     .collect()
             })
         }
     }
 
-    #[tokio::test]
-    async fn alone_runs_alone_and_concurrent_callers_share_calls() {
+    fn lost(into: Lost) -> impl Fn(i64, Reply) + Send + 'static {
+        move |req, _| into.lock().unwrap().push(req)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn alone_runs_alone_and_concurrent_callers_share_runs() {
         let c = Arc::new(Combiner::<i64>::default());
-        let calls = Arc::new(Mutex::new(Vec::new()));
-        let r = c.call(7, run(calls.clone())).await.unwrap();
+        let (calls, gone): (Calls, Lost) = Default::default();
+        let pause = Duration::from_millis(5);
+        let r = c
+            .call(7, run(calls.clone(), pause), lost(gone.clone()))
+            .await
+            .unwrap();
         assert_eq!(r.0, Value::Int(7));
         assert_eq!(*calls.lock().unwrap(), vec![1]);
 
         calls.lock().unwrap().clear();
         let tasks: Vec<_> = (0..40i64)
             .map(|i| {
-                let (c, calls) = (c.clone(), calls.clone());
-                tokio::spawn(async move { c.call(i, run(calls)).await.unwrap().0 })
+                let (c, calls, gone) = (c.clone(), calls.clone(), gone.clone());
+                tokio::spawn(
+                    async move { c.call(i, run(calls, pause), lost(gone)).await.unwrap().0 },
+                )
             })
             .collect();
         for (i, t) in tasks.into_iter().enumerate() {
@@ -237,46 +246,61 @@ mod tests {
         }
         let sizes = calls.lock().unwrap().clone();
         assert_eq!(sizes.iter().sum::<usize>(), 40);
-        assert!(sizes.len() < 40, "no call was shared: {sizes:?}");
-        assert!(!lock(&c.state).busy);
+        assert!(sizes.len() < 40, "no run was shared: {sizes:?}");
+        assert!(gone.lock().unwrap().is_empty());
+        // The flusher ends once the queue is empty.
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while lock(&c.state).busy {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .unwrap();
     }
 
-    #[tokio::test]
-    async fn a_cancelled_leader_hands_on() {
+    /// Callers that give up do not stall anyone: queued ones are skipped, and a reply
+    /// that finds its caller gone goes to the `undelivered` hook.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn callers_that_give_up_are_skipped_or_reported() {
         let c = Arc::new(Combiner::<i64>::default());
-        let started = Arc::new(AtomicUsize::new(0));
-        // A leader whose call never ends, cancelled while queued callers wait.
-        let leader = {
-            let (c, started) = (c.clone(), started.clone());
+        let (calls, gone): (Calls, Lost) = Default::default();
+        let pause = Duration::from_millis(300);
+        // 0 starts a run of 300 ms; 1 and 2 queue behind it and give up after 20 ms,
+        // before their requests are sent; 0 gives up after 100 ms, while its run is in
+        // flight. (Wide margins: a loaded machine only delays the queued ones' start.)
+        let impatient = |i: i64, after: u64| {
+            let (c, calls, gone) = (c.clone(), calls.clone(), gone.clone());
             tokio::spawn(async move {
-                c.call(0, move |_| {
-                    Box::pin(async move {
-                        started.fetch_add(1, Ordering::SeqCst);
-                        std::future::pending::<()>().await;
-                        Vec::new()
-                    })
-                        as std::pin::Pin<Box<dyn Future<Output = Vec<Reply>> + Send>>
-                })
+                tokio::time::timeout(
+                    Duration::from_millis(after),
+                    c.call(i, run(calls, pause), lost(gone)),
+                )
                 .await
+                .is_err()
             })
         };
-        while started.load(Ordering::SeqCst) == 0 {
+        let first = impatient(0, 100);
+        // Wait until 0's run has started (so that 1 and 2 queue behind it).
+        while calls.lock().unwrap().is_empty() {
             tokio::task::yield_now().await;
         }
-        let calls = Arc::new(Mutex::new(Vec::new()));
-        let waiters: Vec<_> = (1..4i64)
-            .map(|i| {
-                let (c, calls) = (c.clone(), calls.clone());
-                tokio::spawn(async move { c.call(i, run(calls)).await.unwrap().0 })
-            })
-            .collect();
-        while lock(&c.state).queue.len() < 3 {
-            tokio::task::yield_now().await;
+        let queued = [impatient(1, 20), impatient(2, 20)];
+        for q in queued {
+            assert!(q.await.unwrap(), "gave up");
         }
-        leader.abort();
-        for (i, w) in waiters.into_iter().enumerate() {
-            assert_eq!(w.await.unwrap(), Value::Int(i as i64 + 1));
-        }
-        assert!(!lock(&c.state).busy);
+        assert!(first.await.unwrap(), "gave up");
+        // A patient caller after all that is served.
+        let r = c
+            .call(3, run(calls.clone(), pause), lost(gone.clone()))
+            .await
+            .unwrap();
+        assert_eq!(r.0, Value::Int(3));
+        let sizes = calls.lock().unwrap().clone();
+        assert_eq!(sizes, vec![1, 1], "1 and 2 were never sent");
+        assert_eq!(
+            *gone.lock().unwrap(),
+            vec![0],
+            "0's reply was undeliverable"
+        );
     }
 }

@@ -320,8 +320,8 @@ impl RedisBackend {
         }
     }
 
-    /// Runs the acquires of one script run; one reply per request, in order.
-    async fn run_acquires(self, reqs: Vec<AcquireReq>) -> Vec<batch::Reply> {
+    /// Runs the acquires of one script run; each request with its reply, in order.
+    async fn run_acquires(self, reqs: Vec<AcquireReq>) -> Vec<(AcquireReq, batch::Reply)> {
         let mut inv = scripts::ACQUIRE_SCRIPT.prepare_invoke();
         for r in &reqs {
             inv.key(&r.lock)
@@ -337,11 +337,12 @@ impl RedisBackend {
             );
         }
         let result = self.invoke("acquire", &inv).await;
-        per_request("acquire", result, reqs.len())
+        let replies = per_request("acquire", result, reqs.len());
+        reqs.into_iter().zip(replies).collect()
     }
 
-    /// Runs the releases of one script run; one reply per request, in order.
-    async fn run_releases(self, reqs: Vec<ReleaseReq>) -> Vec<batch::Reply> {
+    /// Runs the releases of one script run; each request with its reply, in order.
+    async fn run_releases(self, reqs: Vec<ReleaseReq>) -> Vec<(ReleaseReq, batch::Reply)> {
         let mut inv = scripts::RELEASE_SCRIPT.prepare_invoke();
         for r in &reqs {
             inv.key(&r.lock)
@@ -356,7 +357,59 @@ impl RedisBackend {
             );
         }
         let result = self.invoke("release", &inv).await;
-        per_request("release", result, reqs.len())
+        let replies = per_request("release", result, reqs.len());
+        reqs.into_iter().zip(replies).collect()
+    }
+
+    /// Sends a release through the release combiner and waits for it, bounded by the
+    /// call timeout.
+    async fn release_req(&self, req: ReleaseReq) -> Result<(Value, bool)> {
+        let backend = self.clone();
+        let call = self.inner.releases.call(
+            req,
+            move |reqs| backend.clone().run_releases(reqs),
+            |_, _| {},
+        );
+        let after = self.inner.config.call_timeout();
+        tokio::time::timeout(after, call)
+            .await
+            .unwrap_or(Err(Error::Timeout {
+                operation: "release",
+                after,
+            }))
+    }
+
+    /// An acquire answered after its caller gave up (timeout, drop): if it took the
+    /// lease, nobody holds it, so release it at once instead of leaving it to the TTL.
+    fn acquire_undelivered(&self) -> impl Fn(AcquireReq, batch::Reply) + Send + 'static {
+        let backend = self.clone();
+        move |req, reply| {
+            let Ok((Value::Int(fencing), _)) = reply else {
+                return;
+            };
+            tracing::debug!(
+                key = %req.lock,
+                holder = %req.label,
+                fencing,
+                "redis lease acquired after its caller gave up; releasing it"
+            );
+            let backend = backend.clone();
+            let channel = match req.lock.strip_suffix(":lock") {
+                Some(base) => format!("{base}:released"),
+                None => format!("{}:released", req.lock),
+            };
+            tokio::spawn(async move {
+                let r = ReleaseReq {
+                    lock: req.lock,
+                    token: req.token,
+                    keep_ms: 0,
+                    channel,
+                };
+                if let Err(error) = backend.release_req(r).await {
+                    tracing::warn!(%error, "releasing an acquire nobody waited for failed; the TTL frees it");
+                }
+            });
+        }
     }
 
     /// Runs one call to the server, bounded by the call timeout, converting errors.
@@ -546,11 +599,19 @@ impl LeaseBackend for RedisBackend {
             ttl_ms,
         };
         let backend = self.clone();
-        let (reply, retried) = self
-            .inner
-            .acquires
-            .call(req, move |reqs| backend.run_acquires(reqs))
-            .await?;
+        let call = self.inner.acquires.call(
+            req,
+            move |reqs| backend.clone().run_acquires(reqs),
+            self.acquire_undelivered(),
+        );
+        let after = self.inner.config.call_timeout();
+        let (reply, retried) =
+            tokio::time::timeout(after, call)
+                .await
+                .unwrap_or(Err(Error::Timeout {
+                    operation: OP,
+                    after,
+                }))?;
         // Acquired: the fencing token alone, for the TTL asked for.
         if let Value::Int(_) = reply {
             let fencing = non_negative(OP, "fencing token", &reply)?;
@@ -576,6 +637,13 @@ impl LeaseBackend for RedisBackend {
                     ttl: Duration::from_millis(pttl),
                 })
             }
+            (3, [error]) => Err(unexpected(
+                OP,
+                format!(
+                    "fencing counter failed, nothing taken: {}",
+                    text(error).unwrap_or_default()
+                ),
+            )),
             (0, [holder, pttl]) | (2, [holder, pttl, _]) => {
                 let holder =
                     text(holder).ok_or_else(|| unexpected(OP, "holder label is not a string"))?;
@@ -652,12 +720,7 @@ impl LeaseBackend for RedisBackend {
             keep_ms,
             channel: k.channel,
         };
-        let backend = self.clone();
-        let (reply, _) = self
-            .inner
-            .releases
-            .call(req, move |reqs| backend.run_releases(reqs))
-            .await?;
+        let (reply, _) = self.release_req(req).await?;
         match int(OP, "result", &reply)? {
             1 => {
                 tracing::debug!(lease = %name, keep_for_ms = keep_ms, "redis lease released");

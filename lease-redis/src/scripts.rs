@@ -36,9 +36,11 @@ use redis::Script;
 /// token, `ARGV[3i-1]` holder label, `ARGV[3i]` ttl in ms.
 ///
 /// Returns one item per request: the fencing token (an integer) when acquired for the
-/// TTL asked for; else `{0, holder, pttl}` when held by someone else, and
+/// TTL asked for; else `{0, holder, pttl}` when held by someone else,
 /// `{2, holder, pttl, fencing}` when held by this very token (only a retry after a
-/// dropped connection can see that: owner tokens are fresh for every acquisition). Two
+/// dropped connection can see that: owner tokens are fresh for every acquisition), and
+/// `{3, error}` when the fencing counter failed (nothing taken; the other requests of
+/// the run are unaffected). Two
 /// requests for one name in one run are served in order: the second finds it held.
 pub const ACQUIRE: &str = r"
 local out = {}
@@ -46,7 +48,14 @@ for i = 1, #KEYS / 2 do
   local lock, fence = KEYS[2 * i - 1], KEYS[2 * i]
   local tok, label, ttl = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
   if redis.call('SET', lock, tok .. '\n0\n~' .. ttl .. '\n' .. label, 'NX', 'PX', ttl) then
-    out[i] = redis.call('INCR', fence)
+    local f = redis.pcall('INCR', fence)
+    if type(f) == 'number' then
+      out[i] = f
+    else
+      -- The counter is unusable (wrong type, overflow): take nothing, fail this request only.
+      redis.call('DEL', lock)
+      out[i] = {3, tostring(f['err'] or f)}
+    end
   else
     local v = redis.pcall('GET', lock)
     local pttl = redis.call('PTTL', lock)
@@ -57,7 +66,7 @@ for i = 1, #KEYS / 2 do
     if t == nil then
       out[i] = {0, '', pttl}
     elseif t == tok and rel == '0' then
-      out[i] = {2, holder, pttl, tonumber(redis.call('GET', fence)) or 0}
+      out[i] = {2, holder, pttl, tonumber(redis.pcall('GET', fence)) or 0}
     else
       out[i] = {0, holder, pttl}
     end

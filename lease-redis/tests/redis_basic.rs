@@ -661,3 +661,117 @@ async fn concurrent_calls_share_script_runs() {
         names * 2
     );
 }
+
+/// A fencing counter that cannot be incremented (a key of another type under its name)
+/// fails that acquire alone, takes nothing, and does not fail other acquires carried in
+/// the same script run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_fencing_counter_fails_only_its_acquire() {
+    let server = RedisServer::start().await.unwrap();
+    let p = prefix();
+    let b = Arc::new(
+        RedisBackend::connect_with(
+            &server.url(),
+            RedisConfig {
+                key_prefix: p.clone(),
+                ..RedisConfig::default()
+            },
+        )
+        .await
+        .unwrap(),
+    );
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    // "bad" is 0x626164: its counter key becomes a list.
+    let _: i64 = redis::cmd("RPUSH")
+        .arg(format!("{p}:{{626164}}:fence"))
+        .arg("x")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let tasks: Vec<_> = ["bad", "good-1", "good-2", "good-3"]
+        .into_iter()
+        .map(|n| {
+            let b = b.clone();
+            tokio::spawn(async move {
+                b.acquire(&name(n.as_bytes()), &owner(n), Duration::from_secs(30))
+                    .await
+            })
+        })
+        .collect();
+    let results: Vec<_> = futures_results(tasks).await;
+    assert!(
+        matches!(&results[0], Err(Error::UnexpectedReply { detail, .. }) if detail.contains("fencing counter")),
+        "{:?}",
+        results[0]
+    );
+    for r in &results[1..] {
+        assert!(matches!(r, Ok(AcquireOutcome::Acquired { .. })), "{r:?}");
+    }
+    assert!(
+        b.inspect(&name(b"bad")).await.unwrap().is_none(),
+        "nothing taken"
+    );
+}
+
+async fn futures_results<T>(tasks: Vec<tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+/// An acquire whose caller gave up while the server stalled still runs when the server
+/// comes back; the lease it took for nobody is released at once, not left to its TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_for_a_caller_that_gave_up_is_released() {
+    let server = RedisServer::start_owned().await.unwrap();
+    let p = prefix();
+    let b = RedisBackend::connect_with(
+        &server.url(),
+        RedisConfig {
+            key_prefix: p.clone(),
+            ..RedisConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let n = name(b"abandoned");
+    // Load the script first, so the stalled call is the acquire itself.
+    let warm = owner("warm");
+    acquired(&b, &n, &warm, Duration::from_secs(30)).await;
+    b.release(&n, &warm.token, Duration::ZERO).await.unwrap();
+
+    server.pause().unwrap();
+    let gave_up = tokio::time::timeout(
+        Duration::from_millis(200),
+        b.acquire(&n, &owner("impatient"), Duration::from_secs(30)),
+    )
+    .await;
+    assert!(gave_up.is_err(), "the call should still be waiting");
+    server.resume().unwrap();
+
+    // The acquire runs (the counter moves to 2) and what it took is released.
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let fence: Option<i64> = redis::cmd("GET")
+            .arg(format!("{p}:{{6162616e646f6e6564}}:fence"))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if fence == Some(2) && b.inspect(&n).await.unwrap().is_none() {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "counter {fence:?}, lease {:?}",
+            b.inspect(&n).await.unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let f = acquired(&b, &n, &owner("next"), Duration::from_secs(30)).await;
+    assert_eq!(f, FencingToken(3));
+}

@@ -3,7 +3,7 @@
 //!
 //! - `LEASE_TEST_CONTAINERS=0` skips this source (local processes are then used).
 //! - The engine is looked for where testcontainers looks (`DOCKER_HOST`, the default
-//!   socket); without `DOCKER_HOST` and without `/var/run/docker.sock` it is not even
+//!   sockets); without `DOCKER_HOST` and without any of those sockets it is not even
 //!   asked, so machines without Docker pay nothing.
 //! - The answer is probed once per process, with a 3 s bound, and why the source was
 //!   skipped is printed once.
@@ -92,12 +92,29 @@ async fn probe() -> Result<(), String> {
     let host = std::env::var("DOCKER_HOST")
         .ok()
         .filter(|h| !h.trim().is_empty());
-    if host.is_none() && !std::path::Path::new("/var/run/docker.sock").exists() {
+    if host.is_none() && !default_sockets().iter().any(|p| p.exists()) {
         return Err(
-            "no Docker engine: DOCKER_HOST is unset and /var/run/docker.sock does not exist".into(),
+            "no Docker engine: DOCKER_HOST is unset and no Docker socket exists (/var/run/docker.sock, \
+             $XDG_RUNTIME_DIR/.docker/run/docker.sock, ~/.docker/run/docker.sock, \
+             ~/.docker/desktop/docker.sock)"
+                .into(),
         );
     }
     ping().await
+}
+
+/// Where testcontainers looks for the engine's socket without `DOCKER_HOST`.
+fn default_sockets() -> Vec<std::path::PathBuf> {
+    let mut v = vec![std::path::PathBuf::from("/var/run/docker.sock")];
+    if let Some(run) = std::env::var_os("XDG_RUNTIME_DIR") {
+        v.push(std::path::Path::new(&run).join(".docker/run/docker.sock"));
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        let home = std::path::Path::new(&home);
+        v.push(home.join(".docker/run/docker.sock"));
+        v.push(home.join(".docker/desktop/docker.sock"));
+    }
+    v
 }
 
 #[cfg(feature = "containers")]
@@ -156,11 +173,15 @@ async fn start(spec: &Spec) -> Result<Running, String> {
         .await
         .map_err(|e| format!("no host: {e}"))?
         .to_string();
-    // Tests parse addresses as socket addresses (the network-cut relay).
-    let host = if host == "localhost" {
-        "127.0.0.1".to_owned()
-    } else {
-        host
+    // Tests parse addresses as socket addresses (the network-cut relay): resolve a host
+    // name (`localhost`, or `docker` for an engine reached over TCP) to an IPv4 address.
+    let host = match host.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.to_string(),
+        Err(_) => tokio::net::lookup_host((host.as_str(), port))
+            .await
+            .ok()
+            .and_then(|mut addrs| addrs.find(std::net::SocketAddr::is_ipv4))
+            .map_or(host.clone(), |a| a.ip().to_string()),
     };
     let description = format!("{}:{} {}", spec.image, spec.tag, container.id());
     Ok(Running {
@@ -184,7 +205,7 @@ mod tests {
     #[tokio::test]
     async fn skipped_without_an_engine() {
         let engine_here = std::env::var_os("DOCKER_HOST").is_some()
-            || std::path::Path::new("/var/run/docker.sock").exists();
+            || default_sockets().iter().any(|p| p.exists());
         if engine_here {
             eprintln!("a Docker engine may be present; nothing to check");
             return;
