@@ -108,16 +108,8 @@ pub async fn handoff(backend: Arc<dyn LeaseBackend>, polling: bool, rounds: usiz
             TryAcquire::Acquired(g) => g,
             TryAcquire::Held(by) => panic!("{name} held by {by}"),
         };
-        let w = {
-            let (waiter, opts, name) = (waiter.clone(), opts.clone(), name.clone());
-            tokio::spawn(async move {
-                let g = waiter.acquire(&name, &opts).await.expect("waiter acquire");
-                let at = Instant::now();
-                g.release().await.expect("waiter release");
-                at
-            })
-        };
-        tokio::time::sleep(Duration::from_millis(20 + fastrand_u64(100))).await;
+        let w = spawn_waiter(&waiter, &opts, &name);
+        tokio::time::sleep(Duration::from_millis(20 + fastrand::u64(0..100))).await;
         let released = Instant::now();
         guard.release().await.expect("holder release");
         let got = w.await.expect("waiter task");
@@ -126,8 +118,20 @@ pub async fn handoff(backend: Arc<dyn LeaseBackend>, polling: bool, rounds: usiz
     Latency::of(samples)
 }
 
-fn fastrand_u64(below: u64) -> u64 {
-    fastrand::u64(0..below.max(1))
+/// A waiter task: waits for `name` in `LeaseClient::acquire`, notes when it got it,
+/// releases it, and returns that instant.
+fn spawn_waiter(
+    waiter: &LeaseClient,
+    opts: &LeaseOptions,
+    name: &str,
+) -> tokio::task::JoinHandle<Instant> {
+    let (waiter, opts, name) = (waiter.clone(), opts.clone(), name.to_owned());
+    tokio::spawn(async move {
+        let g = waiter.acquire(&name, &opts).await.expect("waiter acquire");
+        let at = Instant::now();
+        g.release().await.expect("waiter release");
+        at
+    })
 }
 
 /// One takeover measurement series.
@@ -181,19 +185,11 @@ pub async fn takeover(
             line.as_deref().is_some_and(|l| l.starts_with("held")),
             "holder said {line:?}"
         );
-        let w = {
-            let (waiter, opts, name) = (waiter.clone(), opts.clone(), name.clone());
-            tokio::spawn(async move {
-                let g = waiter.acquire(&name, &opts).await.expect("waiter acquire");
-                let at = Instant::now();
-                g.release().await.expect("waiter release");
-                at
-            })
-        };
+        let w = spawn_waiter(&waiter, &opts, &name);
         // Let the waiter find the lease held and start waiting; kill at a random point of
         // the holder's renewal period.
         let period = ttl / 3;
-        let jitter = fastrand_u64(u64::try_from(period.as_millis()).unwrap_or(1));
+        let jitter = fastrand::u64(0..u64::try_from(period.as_millis()).unwrap_or(1).max(1));
         tokio::time::sleep(Duration::from_millis(100 + jitter)).await;
         let pid = child.id().expect("holder pid");
         nix::sys::signal::kill(

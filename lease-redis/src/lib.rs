@@ -370,13 +370,19 @@ impl RedisBackend {
             move |reqs| backend.clone().run_releases(reqs),
             |_, _| {},
         );
+        self.within("release", call).await
+    }
+
+    /// Bounds a combined call (waiting in the queue included) by the call timeout.
+    async fn within(
+        &self,
+        operation: &'static str,
+        call: impl Future<Output = batch::Reply>,
+    ) -> batch::Reply {
         let after = self.inner.config.call_timeout();
         tokio::time::timeout(after, call)
             .await
-            .unwrap_or(Err(Error::Timeout {
-                operation: "release",
-                after,
-            }))
+            .unwrap_or(Err(Error::Timeout { operation, after }))
     }
 
     /// An acquire answered after its caller gave up (timeout, drop): if it took the
@@ -604,14 +610,7 @@ impl LeaseBackend for RedisBackend {
             move |reqs| backend.clone().run_acquires(reqs),
             self.acquire_undelivered(),
         );
-        let after = self.inner.config.call_timeout();
-        let (reply, retried) =
-            tokio::time::timeout(after, call)
-                .await
-                .unwrap_or(Err(Error::Timeout {
-                    operation: OP,
-                    after,
-                }))?;
+        let (reply, retried) = self.within(OP, call).await?;
         // Acquired: the fencing token alone, for the TTL asked for.
         if let Value::Int(_) = reply {
             let fencing = non_negative(OP, "fencing token", &reply)?;
