@@ -255,8 +255,8 @@ pub fn redis_bare(conn: redis::aio::MultiplexedConnection) -> Case {
 /// code (no library code around them): splits the library's cost into the server's
 /// (scripts) and the client's (everything else). A diagnostic, not a way to use Redis.
 pub fn redis_library_scripts_raw(conn: redis::aio::MultiplexedConnection) -> Case {
-    let acquire = Arc::new(redis::Script::new(lease_redis::scripts::ACQUIRE));
-    let release = Arc::new(redis::Script::new(lease_redis::scripts::RELEASE));
+    let acquire = Arc::new(redis::Script::new(lease_redis::scripts::ACQUIRE_ONE));
+    let release = Arc::new(redis::Script::new(lease_redis::scripts::RELEASE_ONE));
     Case::new(
         "diagnostic: the library's Lua scripts sent raw",
         move |prefix, n| {
@@ -264,29 +264,26 @@ pub fn redis_library_scripts_raw(conn: redis::aio::MultiplexedConnection) -> Cas
             async move {
                 for i in 0..n {
                     let base = format!("raw:{{{prefix}:{}}}", i % 64);
-                    let (lock, fence, channel) = (
+                    let (lock, fence, waiting, channel) = (
                         format!("{base}:lock"),
                         format!("{base}:fence"),
+                        format!("{base}:waiting"),
                         format!("{base}:released"),
                     );
                     let token = uuid::Uuid::new_v4().to_string();
                     let r: redis::Value = acquire
                         .key(&lock)
                         .key(&fence)
-                        .arg(&token)
-                        .arg("bench")
+                        .arg(format!("{token}\n0\n~30000\nbench"))
                         .arg(30_000)
                         .invoke_async(&mut conn)
                         .await
                         .expect("acquire script");
-                    assert!(
-                        matches!(&r, redis::Value::Array(v) if matches!(v.first(), Some(redis::Value::Int(_)))),
-                        "{lock} taken: {r:?}"
-                    );
+                    assert!(matches!(&r, redis::Value::Int(_)), "{lock} taken: {r:?}");
                     let _: redis::Value = release
                         .key(&lock)
-                        .arg(&token)
-                        .arg(0)
+                        .key(&waiting)
+                        .arg(format!("{token}\n0"))
                         .arg(&channel)
                         .invoke_async(&mut conn)
                         .await

@@ -3,9 +3,11 @@
 //! Layout for a name `N` under prefix `P` (`hex(N)` is the lowercase hex of the name's
 //! bytes):
 //!
-//! - `P:{hex(N)}:lock`: the lease itself (a hash with a TTL);
+//! - `P:{hex(N)}:lock`: the lease itself (a string with a TTL, see `scripts`);
 //! - `P:{hex(N)}:fence`: the fencing counter (a plain integer, no TTL);
-//! - `P:{hex(N)}:released`: the pub/sub channel announcing a release.
+//! - `P:{hex(N)}:released`: the pub/sub channel announcing a release;
+//! - `P:{hex(N)}:waiting`: set (with a TTL) while someone waits for a release, so that
+//!   release only publishes when it is listened for.
 //!
 //! Hex is injective and contains no braces or colons, and the prefix may not contain
 //! braces, so the first `{...}` of every key is exactly `{hex(N)}`: both keys of one name
@@ -49,6 +51,8 @@ pub(crate) struct Keys {
     pub(crate) fence: String,
     /// The release notification channel.
     pub(crate) channel: String,
+    /// The marker saying someone waits for a release.
+    pub(crate) waiting: String,
 }
 
 /// Lowercase hex of `bytes`.
@@ -86,6 +90,7 @@ pub(crate) fn keys(prefix: &str, name: &LeaseName) -> Keys {
         lock: format!("{b}:lock"),
         fence: format!("{b}:fence"),
         channel: format!("{b}:released"),
+        waiting: format!("{b}:waiting"),
     }
 }
 
@@ -154,6 +159,7 @@ mod tests {
             assert!(seen.insert(k.lock.clone()), "collision on {n:?}");
             assert!(seen.insert(k.fence.clone()), "collision on {n:?}");
             assert!(seen.insert(k.channel.clone()), "collision on {n:?}");
+            assert!(seen.insert(k.waiting.clone()), "collision on {n:?}");
         }
     }
 
@@ -165,6 +171,7 @@ mod tests {
             let tag = hash_tag(&k.lock).to_owned();
             assert_eq!(tag, hash_tag(&k.fence), "name {n:?}");
             assert_eq!(tag, hash_tag(&k.channel), "name {n:?}");
+            assert_eq!(tag, hash_tag(&k.waiting), "name {n:?}");
             assert_eq!(tag, hex(&n));
             assert!(tag.bytes().all(|b| b.is_ascii_hexdigit()));
             tags.insert(tag);
@@ -178,6 +185,7 @@ mod tests {
         assert_eq!(k.lock, "lease:{613a7b627d}:lock");
         assert_eq!(k.fence, "lease:{613a7b627d}:fence");
         assert_eq!(k.channel, "lease:{613a7b627d}:released");
+        assert_eq!(k.waiting, "lease:{613a7b627d}:waiting");
         assert_eq!(lock_key("lease", &name(b"a:{b}")), k.lock);
         assert_eq!(keys("p", &name(b"\xff")).lock, "p:{ff}:lock");
     }

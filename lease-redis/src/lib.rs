@@ -15,9 +15,9 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use lease_core::{
-    AcquireOutcome, Capabilities, Error, Fencing, FencingToken, HeldBy, HolderLabel, InvalidInput,
-    LeaseBackend, LeaseInfo, LeaseName, MAX_TTL, Owner, OwnerToken, ReleaseOutcome, RenewItem,
-    RenewOutcome, Result,
+    AcquireOutcome, Capabilities, Error, Fencing, FencingToken, HeldBy, InvalidInput, LeaseBackend,
+    LeaseInfo, LeaseName, MAX_TTL, Owner, OwnerToken, ReleaseOutcome, RenewItem, RenewOutcome,
+    Result,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, RedisError, Value};
@@ -144,17 +144,42 @@ struct Inner {
 struct AcquireReq {
     lock: String,
     fence: String,
-    token: String,
-    label: HolderLabel,
+    /// The lease's value as acquire writes it (see `scripts`).
+    value: String,
     ttl_ms: u64,
+}
+
+impl AcquireReq {
+    fn new(k: keys::Keys, owner: &Owner, ttl_ms: u64) -> Self {
+        AcquireReq {
+            value: format!("{}\n0\n~{ttl_ms}\n{}", owner.token, owner.label),
+            lock: k.lock,
+            fence: k.fence,
+            ttl_ms,
+        }
+    }
 }
 
 /// One release, as carried in a (possibly shared) script run.
 struct ReleaseReq {
     lock: String,
-    token: String,
+    waiting: String,
+    /// The owner token followed by `\n0`: the prefix of the owner's unreleased lease.
+    own: String,
     keep_ms: u64,
     channel: String,
+}
+
+impl ReleaseReq {
+    fn new(k: keys::Keys, token: impl fmt::Display, keep_ms: u64) -> Self {
+        ReleaseReq {
+            lock: k.lock,
+            waiting: k.waiting,
+            own: format!("{token}\n0"),
+            keep_ms,
+            channel: k.channel,
+        }
+    }
 }
 
 impl fmt::Debug for RedisBackend {
@@ -320,118 +345,135 @@ impl RedisBackend {
         }
     }
 
-    /// Runs the acquires of one script run; each request with its reply, in order.
-    async fn run_acquires(self, reqs: Vec<AcquireReq>) -> Vec<(AcquireReq, batch::Reply)> {
-        let mut inv = scripts::ACQUIRE_SCRIPT.prepare_invoke();
-        for r in &reqs {
-            inv.key(&r.lock)
-                .key(&r.fence)
-                .arg(&r.token)
-                .arg(r.label.as_str())
-                .arg(r.ttl_ms);
-        }
-        if reqs.len() > 1 {
-            tracing::trace!(
-                requests = reqs.len(),
-                "redis acquires combined into one script run"
-            );
-        }
-        let result = self.invoke("acquire", &inv).await;
-        let replies = per_request("acquire", result, reqs.len());
-        reqs.into_iter().zip(replies).collect()
+    /// Starts the script run for some acquires: the command is built at once, the
+    /// future answers each request, in order.
+    fn start_acquires(
+        &self,
+        reqs: &[AcquireReq],
+    ) -> impl Future<Output = Vec<batch::Reply>> + Send + use<> {
+        let (inv, one) = if let [r] = reqs {
+            let mut inv = scripts::ACQUIRE_ONE_SCRIPT.prepare_invoke();
+            inv.key(&r.lock).key(&r.fence).arg(&r.value).arg(r.ttl_ms);
+            (inv, true)
+        } else {
+            let mut inv = scripts::ACQUIRE_SCRIPT.prepare_invoke();
+            for r in reqs {
+                inv.key(&r.lock).key(&r.fence).arg(&r.value).arg(r.ttl_ms);
+            }
+            (inv, false)
+        };
+        let (backend, n) = (self.clone(), reqs.len());
+        async move { per_request("acquire", backend.invoke("acquire", &inv).await, n, one) }
     }
 
-    /// Runs the releases of one script run; each request with its reply, in order.
-    async fn run_releases(self, reqs: Vec<ReleaseReq>) -> Vec<(ReleaseReq, batch::Reply)> {
-        let mut inv = scripts::RELEASE_SCRIPT.prepare_invoke();
-        for r in &reqs {
-            inv.key(&r.lock)
-                .arg(&r.token)
-                .arg(r.keep_ms)
-                .arg(&r.channel);
-        }
-        if reqs.len() > 1 {
-            tracing::trace!(
-                requests = reqs.len(),
-                "redis releases combined into one script run"
-            );
-        }
-        let result = self.invoke("release", &inv).await;
-        let replies = per_request("release", result, reqs.len());
-        reqs.into_iter().zip(replies).collect()
+    /// Starts the script run for some releases, like [`Self::start_acquires`].
+    fn start_releases(
+        &self,
+        reqs: &[ReleaseReq],
+    ) -> impl Future<Output = Vec<batch::Reply>> + Send + use<> {
+        let (inv, one) = match reqs {
+            [r] if r.keep_ms == 0 => {
+                let mut inv = scripts::RELEASE_ONE_SCRIPT.prepare_invoke();
+                inv.key(&r.lock).key(&r.waiting).arg(&r.own).arg(&r.channel);
+                (inv, true)
+            }
+            _ => {
+                let mut inv = scripts::RELEASE_SCRIPT.prepare_invoke();
+                for r in reqs {
+                    inv.key(&r.lock)
+                        .key(&r.waiting)
+                        .arg(&r.own)
+                        .arg(r.keep_ms)
+                        .arg(&r.channel);
+                }
+                (inv, false)
+            }
+        };
+        let (backend, n) = (self.clone(), reqs.len());
+        async move { per_request("release", backend.invoke("release", &inv).await, n, one) }
     }
 
-    /// Sends a release through the release combiner and waits for it, bounded by the
-    /// call timeout.
+    /// Sends an acquire through the acquire combiner and waits for its reply.
+    async fn acquire_req(&self, req: AcquireReq) -> Result<(Value, bool)> {
+        let backend = self.clone();
+        self.inner
+            .acquires
+            .call(
+                req,
+                "acquire",
+                self.inner.config.call_timeout(),
+                move |reqs: &[AcquireReq]| backend.start_acquires(reqs),
+                self.acquire_undelivered(),
+            )
+            .await
+    }
+
+    /// Sends a release through the release combiner and waits for its reply.
     async fn release_req(&self, req: ReleaseReq) -> Result<(Value, bool)> {
         let backend = self.clone();
-        let call = self.inner.releases.call(
-            req,
-            move |reqs| backend.clone().run_releases(reqs),
-            |_, _| {},
-        );
-        self.within("release", call).await
-    }
-
-    /// Bounds a combined call (waiting in the queue included) by the call timeout.
-    async fn within(
-        &self,
-        operation: &'static str,
-        call: impl Future<Output = batch::Reply>,
-    ) -> batch::Reply {
-        let after = self.inner.config.call_timeout();
-        tokio::time::timeout(after, call)
+        self.inner
+            .releases
+            .call(
+                req,
+                "release",
+                self.inner.config.call_timeout(),
+                move |reqs: &[ReleaseReq]| backend.start_releases(reqs),
+                |_, _| {},
+            )
             .await
-            .unwrap_or(Err(Error::Timeout { operation, after }))
     }
 
-    /// An acquire answered after its caller gave up (timeout, drop): if it took the
-    /// lease, nobody holds it, so release it at once instead of leaving it to the TTL.
-    fn acquire_undelivered(&self) -> impl Fn(AcquireReq, batch::Reply) + Send + 'static {
+    /// An acquire whose caller gave up (timeout, drop) before its reply: if it took the
+    /// lease (or may have: the caller left mid-call), nobody holds it, so release it at
+    /// once instead of leaving it to the TTL. The release is sent after the acquire on
+    /// the same connection, so it cannot overtake it.
+    fn acquire_undelivered(&self) -> impl Fn(AcquireReq, Option<batch::Reply>) + Send + 'static {
         let backend = self.clone();
         move |req, reply| {
-            let Ok((Value::Int(fencing), _)) = reply else {
+            let fencing = match reply {
+                Some(Ok((Value::Int(fencing), _))) => Some(fencing),
+                None => None,
+                Some(_) => return,
+            };
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                 return;
             };
             tracing::debug!(
                 key = %req.lock,
-                holder = %req.label,
                 fencing,
-                "redis lease acquired after its caller gave up; releasing it"
+                "redis acquire answered (or maybe answered) after its caller gave up; releasing it"
             );
-            let backend = backend.clone();
-            let channel = match req.lock.strip_suffix(":lock") {
-                Some(base) => format!("{base}:released"),
-                None => format!("{}:released", req.lock),
+            let base = req.lock.strip_suffix(":lock").unwrap_or(&req.lock);
+            let token = req.value.split('\n').next().unwrap_or_default();
+            let r = ReleaseReq {
+                waiting: format!("{base}:waiting"),
+                channel: format!("{base}:released"),
+                own: format!("{token}\n0"),
+                keep_ms: 0,
+                lock: req.lock,
             };
-            tokio::spawn(async move {
-                let r = ReleaseReq {
-                    lock: req.lock,
-                    token: req.token,
-                    keep_ms: 0,
-                    channel,
-                };
+            let backend = backend.clone();
+            runtime.spawn(async move {
                 if let Err(error) = backend.release_req(r).await {
                     tracing::warn!(%error, "releasing an acquire nobody waited for failed; the TTL frees it");
                 }
             });
         }
     }
-
-    /// Runs one call to the server, bounded by the call timeout, converting errors.
-    async fn call<T>(
-        &self,
-        operation: &'static str,
-        fut: impl Future<Output = std::result::Result<T, RedisError>>,
-    ) -> Result<T> {
-        let cfg = &self.inner.config;
-        bounded(operation, cfg.call_timeout(), cfg.response_timeout, fut).await
-    }
 }
 
-/// Splits a script run's reply (one array item per request) into per-request replies;
-/// a failed run fails every request alike.
-fn per_request(op: &'static str, result: Result<(Value, bool)>, n: usize) -> Vec<batch::Reply> {
+/// Splits a script run's reply (one array item per request; the item itself for a
+/// single-request script, `one`) into per-request replies; a failed run fails every
+/// request alike.
+fn per_request(
+    op: &'static str,
+    result: Result<(Value, bool)>,
+    n: usize,
+    one: bool,
+) -> Vec<batch::Reply> {
+    if one {
+        return vec![result];
+    }
     let err = match result {
         Ok((Value::Array(items), retried)) if items.len() == n => {
             return items.into_iter().map(|v| Ok((v, retried))).collect();
@@ -596,21 +638,8 @@ impl LeaseBackend for RedisBackend {
     ) -> Result<AcquireOutcome> {
         const OP: &str = "acquire";
         let ttl_ms = ttl_millis("ttl", ttl)?;
-        let k = keys::keys(self.prefix(), name);
-        let req = AcquireReq {
-            lock: k.lock,
-            fence: k.fence,
-            token: owner.token.to_string(),
-            label: owner.label.clone(),
-            ttl_ms,
-        };
-        let backend = self.clone();
-        let call = self.inner.acquires.call(
-            req,
-            move |reqs| backend.clone().run_acquires(reqs),
-            self.acquire_undelivered(),
-        );
-        let (reply, retried) = self.within(OP, call).await?;
+        let req = AcquireReq::new(keys::keys(self.prefix(), name), owner, ttl_ms);
+        let (reply, retried) = self.acquire_req(req).await?;
         // Acquired: the fencing token alone, for the TTL asked for.
         if let Value::Int(_) = reply {
             let fencing = non_negative(OP, "fencing token", &reply)?;
@@ -712,13 +741,7 @@ impl LeaseBackend for RedisBackend {
     ) -> Result<ReleaseOutcome> {
         const OP: &str = "release";
         let keep_ms = keep_millis(keep_for)?;
-        let k = keys::keys(self.prefix(), name);
-        let req = ReleaseReq {
-            lock: k.lock,
-            token: token.to_string(),
-            keep_ms,
-            channel: k.channel,
-        };
+        let req = ReleaseReq::new(keys::keys(self.prefix(), name), token, keep_ms);
         let (reply, _) = self.release_req(req).await?;
         match int(OP, "result", &reply)? {
             1 => {
@@ -775,7 +798,7 @@ impl LeaseBackend for RedisBackend {
         const OP: &str = "force_release";
         let k = keys::keys(self.prefix(), name);
         let mut inv = scripts::FORCE_RELEASE_SCRIPT.prepare_invoke();
-        inv.key(&k.lock).arg(&k.channel);
+        inv.key(&k.lock).key(&k.waiting).arg(&k.channel);
         let (reply, _) = self.invoke(OP, &inv).await?;
         let freed = int(OP, "result", &reply)? == 1;
         tracing::info!(lease = %name, freed, "redis lease force-released");
@@ -809,12 +832,18 @@ impl LeaseBackend for RedisBackend {
             pubsub.subscribe(&k.channel),
         )
         .await?;
-        // Subscribed first, checked second: a release in between is not missed.
-        let mut conn = self.conn();
-        let pttl: i64 = self
-            .call(OP, redis::cmd("PTTL").arg(&k.lock).query_async(&mut conn))
-            .await?;
-        let wait = match pttl {
+        // Subscribed first, marked second: a release before the mark is seen by the
+        // mark (the lease is free), one after it sees the marker and publishes. The
+        // marker outlives this wait by a second, so a release at the very end of it
+        // still publishes.
+        let mark_ms = u64::try_from(max_wait.as_millis())
+            .unwrap_or(u64::MAX)
+            .min(MAX_TTL.as_millis() as u64)
+            .saturating_add(1_000);
+        let mut inv = scripts::MARK_WAITING_SCRIPT.prepare_invoke();
+        inv.key(&k.lock).key(&k.waiting).arg(mark_ms);
+        let (pttl, _) = self.invoke(OP, &inv).await?;
+        let wait = match int(OP, "pttl", &pttl)? {
             -2 => return Ok(()),
             p => remaining(p).map_or(max_wait, |r| r.min(max_wait)),
         };

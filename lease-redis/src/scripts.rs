@@ -24,6 +24,10 @@
 //! succeeded, so while a lease is live the counter *is* its holder's fencing token:
 //! inspect reads it from there, and the value does not carry it.
 //!
+//! Release announces itself on the lease's channel only when the waiting marker
+//! (`...:waiting`, same hash tag, with its own TTL) exists: waiters set it after
+//! subscribing ([`MARK_WAITING`]), and a release deletes it with the lease in one `DEL`.
+//!
 //! Times come from the server's `TIME` and `PTTL` (scripts may call `TIME`: Redis >= 5
 //! replicates a script's effects, not the script).
 
@@ -31,49 +35,66 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// Acquires one or more leases (concurrent acquires are combined into one run, see
-/// `batch.rs`). For request `i`: `KEYS[2i-1]` lock, `KEYS[2i]` fence; `ARGV[3i-2]` owner
-/// token, `ARGV[3i-1]` holder label, `ARGV[3i]` ttl in ms.
-///
-/// Returns one item per request: the fencing token (an integer) when acquired for the
-/// TTL asked for; else `{0, holder, pttl}` when held by someone else,
-/// `{2, holder, pttl, fencing}` when held by this very token (only a retry after a
-/// dropped connection can see that: owner tokens are fresh for every acquisition), and
-/// `{3, error}` when the fencing counter failed (nothing taken; the other requests of
-/// the run are unaffected). Two
-/// requests for one name in one run are served in order: the second finds it held.
-pub const ACQUIRE: &str = r"
-local out = {}
-for i = 1, #KEYS / 2 do
-  local lock, fence = KEYS[2 * i - 1], KEYS[2 * i]
-  local tok, label, ttl = ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i]
-  if redis.call('SET', lock, tok .. '\n0\n~' .. ttl .. '\n' .. label, 'NX', 'PX', ttl) then
+/// The body shared by [`ACQUIRE`] and [`ACQUIRE_ONE`]: one acquire, as a Lua function.
+macro_rules! acquire_fn {
+    () => {
+        r"
+local function acquire(lock, fence, value, ttl)
+  if redis.call('SET', lock, value, 'NX', 'PX', ttl) then
     local f = redis.pcall('INCR', fence)
-    if type(f) == 'number' then
-      out[i] = f
-    else
-      -- The counter is unusable (wrong type, overflow): take nothing, fail this request only.
-      redis.call('DEL', lock)
-      out[i] = {3, tostring(f['err'] or f)}
-    end
-  else
-    local v = redis.pcall('GET', lock)
-    local pttl = redis.call('PTTL', lock)
-    local t, rel, holder
-    if type(v) == 'string' then
-      t, rel, holder = string.match(v, '^(.-)\n(.)\n[~%d.]+\n(.*)$')
-    end
-    if t == nil then
-      out[i] = {0, '', pttl}
-    elseif t == tok and rel == '0' then
-      out[i] = {2, holder, pttl, tonumber(redis.pcall('GET', fence)) or 0}
-    else
-      out[i] = {0, holder, pttl}
-    end
+    if type(f) == 'number' then return f end
+    -- The counter is unusable (wrong type, overflow): take nothing, fail this request only.
+    redis.call('DEL', lock)
+    return {3, tostring(f['err'] or f)}
   end
+  local v = redis.pcall('GET', lock)
+  local pttl = redis.call('PTTL', lock)
+  local t, rel, holder
+  if type(v) == 'string' then
+    t, rel, holder = string.match(v, '^(.-)\n(.)\n[~%d.]+\n(.*)$')
+  end
+  if t == nil then return {0, '', pttl} end
+  if rel == '0' and t == string.sub(value, 1, #t) and string.sub(value, #t + 1, #t + 1) == '\n' then
+    return {2, holder, pttl, tonumber(redis.pcall('GET', fence)) or 0}
+  end
+  return {0, holder, pttl}
+end
+"
+    };
+}
+
+/// Acquires one lease: `KEYS[1]` lock, `KEYS[2]` fence; `ARGV[1]` the lease's value as
+/// acquire writes it (`<owner token>\n0\n~<ttl ms>\n<holder label>`, built by the
+/// client), `ARGV[2]` ttl in ms.
+///
+/// Returns the fencing token (an integer) when acquired for the TTL asked for; else
+/// `{0, holder, pttl}` when held by someone else, `{2, holder, pttl, fencing}` when held
+/// by this very token (only a retry after a dropped connection can see that: owner
+/// tokens are fresh for every acquisition), and `{3, error}` when the fencing counter
+/// failed (nothing taken).
+///
+/// On the hot path this is a `SET NX PX` and an `INCR`: the script does no string work
+/// of its own, since each Lua operation costs server CPU that the bare `SET NX PX` does
+/// not spend.
+pub const ACQUIRE_ONE: &str = concat!(
+    acquire_fn!(),
+    "return acquire(KEYS[1], KEYS[2], ARGV[1], ARGV[2])\n"
+);
+
+/// Acquires several leases in one run (concurrent acquires combined, see `batch.rs`).
+/// For request `i`: `KEYS[2i-1]` lock, `KEYS[2i]` fence; `ARGV[2i-1]` value, `ARGV[2i]`
+/// ttl in ms, as for [`ACQUIRE_ONE`]. Returns one item per request, each as
+/// [`ACQUIRE_ONE`] returns it. Two requests for one name in one run are served in
+/// order: the second finds it held; a failing counter fails only its own request.
+pub const ACQUIRE: &str = concat!(
+    acquire_fn!(),
+    r"local out = {}
+for i = 1, #KEYS / 2 do
+  out[i] = acquire(KEYS[2 * i - 1], KEYS[2 * i], ARGV[2 * i - 1], ARGV[2 * i])
 end
 return out
-";
+"
+);
 
 /// `KEYS[i]` lock keys; `ARGV[1]` ttl in ms, `ARGV[i + 1]` the owner token for `KEYS[i]`.
 ///
@@ -109,20 +130,39 @@ end
 return out
 ";
 
-/// Releases one or more leases (combined like acquire). For request `i`: `KEYS[i]`
-/// lock; `ARGV[3i-2]` owner token, `ARGV[3i-1]` keep-for in ms, `ARGV[3i]` channel.
+/// Releases one lease without keep-for, the common case: `KEYS[1]` lock, `KEYS[2]`
+/// waiting marker; `ARGV[1]` the owner token followed by `\n0` (the prefix of a live,
+/// unreleased lease of that owner), `ARGV[2]` channel.
+///
+/// Returns 1 released, 0 not the owner. Publishes on the channel only when a waiter
+/// has set the waiting marker ([`MARK_WAITING`]), so that a release nobody waits for
+/// costs what the bare compare-and-delete costs, plus deleting a key that is not there.
+pub const RELEASE_ONE: &str = r"
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'string' and string.sub(v, 1, 38) == ARGV[1] then
+  if redis.call('DEL', KEYS[1], KEYS[2]) == 2 then redis.call('PUBLISH', ARGV[2], '1') end
+  return 1
+end
+return 0
+";
+
+/// Releases one or more leases, with or without keep-for (combined like acquire). For
+/// request `i`: `KEYS[2i-1]` lock, `KEYS[2i]` waiting marker; `ARGV[3i-2]` owner token
+/// followed by `\n0`, `ARGV[3i-1]` keep-for in ms, `ARGV[3i]` channel.
 ///
 /// Returns one integer per request: 1 released, 0 not the owner. With keep-for the lease
 /// stays until `max(now, locked_at + keep_for)` and is marked released (renew then
-/// fails); if that is not in the future it is deleted at once. The fencing counter is
-/// never touched.
+/// fails); if that is not in the future it is deleted at once. A deleted lease is
+/// announced on the channel when a waiter has set the marker; a kept one is not (its
+/// waiters wake at its expiry). The fencing counter is never touched.
 pub const RELEASE: &str = r"
 local out = {}
 local now
-for i, lock in ipairs(KEYS) do
-  local tok, keep, channel = ARGV[3 * i - 2], tonumber(ARGV[3 * i - 1]) or 0, ARGV[3 * i]
+for i = 1, #KEYS / 2 do
+  local lock, waiting = KEYS[2 * i - 1], KEYS[2 * i]
+  local own, keep, channel = ARGV[3 * i - 2], tonumber(ARGV[3 * i - 1]) or 0, ARGV[3 * i]
   local v = redis.pcall('GET', lock)
-  if type(v) ~= 'string' or string.sub(v, 1, 38) ~= tok .. '\n0' then
+  if type(v) ~= 'string' or string.sub(v, 1, 38) ~= own then
     out[i] = 0
   else
     out[i] = 1
@@ -144,18 +184,34 @@ for i, lock in ipairs(KEYS) do
       end
       local keep_until = locked + keep
       if keep_until > now and label then
-        redis.call('SET', lock, tok .. '\n1\n' .. string.format('%.0f', locked) .. '\n' .. label,
+        redis.call('SET', lock, string.sub(v, 1, 37) .. '1\n' .. string.format('%.0f', locked) .. '\n' .. label,
           'PX', keep_until - now)
         kept = true
       end
     end
-    if not kept then
-      redis.call('DEL', lock)
+    if not kept and redis.call('DEL', lock, waiting) == 2 then
       redis.call('PUBLISH', channel, '1')
     end
   end
 end
 return out
+";
+
+/// Marks a lease as waited for, so that its release is announced: `KEYS[1]` lock,
+/// `KEYS[2]` waiting marker; `ARGV[1]` how long the marker must live, in ms.
+///
+/// Returns the lock's `PTTL` (`-2`: free, and no marker set). Otherwise the marker lives
+/// at least `ARGV[1]` ms (a longer life set by another waiter is kept). A waiter
+/// subscribes first and marks second, so that a release either comes before the mark
+/// (the mark sees the lease free) or after it (the release sees the marker and
+/// publishes).
+pub const MARK_WAITING: &str = r"
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl == -2 then return pttl end
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[1])
+end
+return pttl
 ";
 
 /// `KEYS[1]` lock, `KEYS[2]` fence.
@@ -172,9 +228,11 @@ if tok == nil then return {1, '', '', pttl} end
 return {1, holder, redis.call('GET', KEYS[2]) or '', pttl}
 ";
 
-/// `KEYS[1]` lock; `ARGV[1]` channel. Deletes the lease whoever holds it (the fencing
-/// counter stays). Returns 1 if a lease was deleted, 0 if it was free.
+/// `KEYS[1]` lock, `KEYS[2]` waiting marker; `ARGV[1]` channel. Deletes the lease
+/// whoever holds it (the fencing counter stays) and announces it (always: this is rare).
+/// Returns 1 if a lease was deleted, 0 if it was free.
 pub const FORCE_RELEASE: &str = r"
+redis.call('DEL', KEYS[2])
 if redis.call('DEL', KEYS[1]) == 1 then
   redis.call('PUBLISH', ARGV[1], '1')
   return 1
@@ -185,6 +243,10 @@ return 0
 pub(crate) static FORCE_RELEASE_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(FORCE_RELEASE));
 pub(crate) static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
+pub(crate) static ACQUIRE_ONE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_ONE));
+pub(crate) static RELEASE_ONE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_ONE));
+pub(crate) static MARK_WAITING_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(MARK_WAITING));
 pub(crate) static RENEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW));
 pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
 pub(crate) static INSPECT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT));

@@ -355,6 +355,92 @@ async fn names_never_collide() {
     assert!(keys.iter().all(|k| k.ends_with("}:fence")));
 }
 
+/// A release is announced only when someone waits for it: a waiter marks the lease
+/// after subscribing, and the release deletes the marker with the lease. Seen from a
+/// plain subscriber on the channel: the release nobody waited for sends nothing, the
+/// waited-for one sends one message, and a sentinel published last arrives right
+/// after it (messages from one server arrive in order).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_publishes_only_when_waited_for() {
+    let server = RedisServer::start().await.unwrap();
+    let b = backend(&server).await;
+    let n = name(b"announced");
+    let base = format!("{}:{{616e6e6f756e636564}}", b.config().key_prefix);
+    let (channel, waiting) = (format!("{base}:released"), format!("{base}:waiting"));
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut sub = client.get_async_pubsub().await.unwrap();
+    sub.subscribe(&channel).await.unwrap();
+
+    // Nobody waits: no message, no marker.
+    let a = owner("a");
+    acquired(&b, &n, &a, Duration::from_secs(30)).await;
+    assert_eq!(
+        b.release(&n, &a.token, Duration::ZERO).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+
+    // A waiter: it marks the lease, the release deletes the marker and publishes.
+    let c = owner("c");
+    acquired(&b, &n, &c, Duration::from_secs(30)).await;
+    let waiter = {
+        let (b, n) = (b.clone(), n.clone());
+        tokio::spawn(async move { b.wait_released(&n, Duration::from_secs(30)).await })
+    };
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let marked: bool = redis::cmd("EXISTS")
+            .arg(&waiting)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        if marked {
+            break;
+        }
+        assert!(Instant::now() < until, "the waiter never marked the lease");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        b.release(&n, &c.token, Duration::ZERO).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("the waiter woke up")
+        .unwrap()
+        .unwrap();
+    let marked: bool = redis::cmd("EXISTS")
+        .arg(&waiting)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!marked, "the release deleted the marker");
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg(&channel)
+        .arg("sentinel")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+
+    let mut messages = sub.on_message();
+    let mut got = Vec::new();
+    while got.last().map(String::as_str) != Some("sentinel") {
+        let m = tokio::time::timeout(
+            Duration::from_secs(10),
+            futures::StreamExt::next(&mut messages),
+        )
+        .await
+        .expect("a message")
+        .expect("subscription open");
+        got.push(m.get_payload::<String>().unwrap());
+    }
+    assert_eq!(
+        got,
+        ["1", "sentinel"],
+        "one announcement, for the waited-for release"
+    );
+}
+
 #[tokio::test]
 async fn foreign_keys_are_handled() {
     let server = RedisServer::start().await.unwrap();
