@@ -93,7 +93,7 @@ pub struct Row {
     pub vs: Vec<[Spread; 2]>,
 }
 
-async fn timed(case: &Case, tasks: usize, per_task: usize, tag: &str) -> f64 {
+async fn timed(case: &Case, tasks: usize, per_task: usize, tag: &str) -> Duration {
     let start = Instant::now();
     let handles: Vec<_> = (0..tasks)
         .map(|t| tokio::spawn((case.run)(format!("{tag}-{t}"), per_task)))
@@ -101,12 +101,19 @@ async fn timed(case: &Case, tasks: usize, per_task: usize, tag: &str) -> f64 {
     for h in handles {
         h.await.expect("benchmark task");
     }
-    (tasks * per_task) as f64 / start.elapsed().as_secs_f64()
+    start.elapsed()
 }
 
-/// Runs every case in `plan.rounds` rounds. Within a round the cases run one after the
-/// other, starting at a different case each round, so that drift on the machine hits them
-/// alike; a case's ratio is taken within each round and the median over rounds reported.
+/// Slices per round: a case's cycles of one round run in this many slices, interleaved
+/// with the other cases' slices (one task, many tasks).
+const SLICES: [usize; 2] = [8, 4];
+
+/// Runs every case in `plan.rounds` rounds. Within a round each case's cycles run in
+/// slices interleaved with the other cases' slices, starting at a different case each
+/// slice, so that drift and bursts of load on the machine (a shared VM's CPU steal comes
+/// in bursts of milliseconds) hit all cases alike; a case's rate in a round is its cycles
+/// over the sum of its slices' times, its ratio is taken within the round, and the median
+/// over rounds is reported.
 pub async fn run(cases: &[Case], plan: Plan) -> Vec<Row> {
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     let k = cases.len();
@@ -117,11 +124,20 @@ pub async fn run(cases: &[Case], plan: Plan) -> Vec<Row> {
             .into_iter()
             .enumerate()
         {
-            for i in 0..k {
-                let c = (i + round) % k;
-                let tag = format!("{run_id}-{c}-{round}-{mode}");
-                let r = timed(&cases[c], tasks, per, &tag).await;
-                rates[c][mode].push(r);
+            let slices = SLICES[mode].min(per).max(1);
+            let mut spent = vec![Duration::ZERO; k];
+            for slice in 0..slices {
+                // This slice's share of the per-task cycles (the shares add up to `per`).
+                let n = per * (slice + 1) / slices - per * slice / slices;
+                for i in 0..k {
+                    let c = (i + round + slice) % k;
+                    // The same names in every slice of a round, as in one long run.
+                    let tag = format!("{run_id}-{c}-{round}-{mode}");
+                    spent[c] += timed(&cases[c], tasks, n, &tag).await;
+                }
+            }
+            for (c, spent) in spent.into_iter().enumerate() {
+                rates[c][mode].push((tasks * per) as f64 / spent.as_secs_f64());
             }
         }
     }
@@ -251,43 +267,44 @@ pub fn redis_bare(conn: redis::aio::MultiplexedConnection) -> Case {
     )
 }
 
-/// The library's own acquire and release Lua scripts, sent with the bare floor's client
-/// code (no library code around them): splits the library's cost into the server's
+/// The library's own acquire script and release pipeline, sent with the bare floor's
+/// client code (no library code around them): splits the library's cost into the server's
 /// (scripts) and the client's (everything else). A diagnostic, not a way to use Redis.
 pub fn redis_library_scripts_raw(conn: redis::aio::MultiplexedConnection) -> Case {
     let acquire = Arc::new(redis::Script::new(lease_redis::scripts::ACQUIRE_ONE));
-    let release = Arc::new(redis::Script::new(lease_redis::scripts::RELEASE_ONE));
     Case::new(
-        "diagnostic: the library's Lua scripts sent raw",
+        "diagnostic: the library's commands sent raw",
         move |prefix, n| {
-            let (mut conn, acquire, release) = (conn.clone(), acquire.clone(), release.clone());
+            let (mut conn, acquire) = (conn.clone(), acquire.clone());
             async move {
                 for i in 0..n {
                     let base = format!("raw:{{{prefix}:{}}}", i % 64);
-                    let (lock, fence, waiting, channel) = (
+                    let (lock, fence, waiting) = (
                         format!("{base}:lock"),
                         format!("{base}:fence"),
                         format!("{base}:waiting"),
-                        format!("{base}:released"),
                     );
                     let token = uuid::Uuid::new_v4().to_string();
                     let r: redis::Value = acquire
                         .key(&lock)
                         .key(&fence)
-                        .arg(format!("{token}\n0\n~30000\nbench"))
+                        .arg(&token)
+                        .arg("~30000\nbench")
                         .arg(30_000)
                         .invoke_async(&mut conn)
                         .await
                         .expect("acquire script");
                     assert!(matches!(&r, redis::Value::Int(_)), "{lock} taken: {r:?}");
-                    let _: redis::Value = release
-                        .key(&lock)
-                        .key(&waiting)
-                        .arg(format!("{token}\n0"))
-                        .arg(&channel)
-                        .invoke_async(&mut conn)
+                    let (freed, _waited): (i64, i64) = redis::pipe()
+                        .cmd("HDEL")
+                        .arg(&lock)
+                        .arg(&token)
+                        .cmd("EXISTS")
+                        .arg(&waiting)
+                        .query_async(&mut conn)
                         .await
-                        .expect("release script");
+                        .expect("release pipeline");
+                    assert_eq!(freed, 1);
                 }
             }
         },

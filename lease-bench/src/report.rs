@@ -78,11 +78,13 @@ pub fn markdown(results: &[StoreResult], machine: &str, command: &str, notes: &s
     let _ = writeln!(
         o,
         "\n## How to read the ratios\n\n\
-         Cases run in rounds; each round runs every case once with one task and once with \
-         {tasks} concurrent tasks, starting at a different case each round, so drift on the \
-         machine hits all cases alike. A ratio is taken *within* each round (case / floor of \
-         the same round); tables show the median over the rounds and, in brackets, the \
-         lowest and highest round. One task means one connection (Redis: one multiplexed \
+         Cases run in rounds; each round runs every case with one task and with {tasks} \
+         concurrent tasks. Within a round, each case's cycles run in slices (8 with one task, \
+         4 with many) interleaved with the other cases' slices, starting at a different case \
+         each slice, so that drift and bursts of load on the machine hit all cases alike; a \
+         case's rate in a round is its cycles over the sum of its slices' times. A ratio is \
+         taken *within* each round (case / floor of the same round); tables show the median \
+         over the rounds and, in brackets, the lowest and highest round. One task means one connection (Redis: one multiplexed \
          connection; PostgreSQL: one pooled connection at a time; etcd: one gRPC channel). \
          Each task cycles over 64 names of its own, so tasks never contend for a lease.\n",
         tasks = results.first().map_or(32, |r| r.plan.tasks)

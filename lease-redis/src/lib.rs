@@ -135,49 +135,29 @@ struct Inner {
     caps: Capabilities,
     /// Server address without credentials, for Debug and logs.
     server: String,
-    /// Concurrent acquires and releases, combined into shared script runs.
+    /// Concurrent acquires, combined into shared script runs. (Releases are native
+    /// commands, which the multiplexed connection pipelines by itself.)
     acquires: batch::Combiner<AcquireReq>,
-    releases: batch::Combiner<ReleaseReq>,
 }
 
 /// One acquire, as carried in a (possibly shared) script run.
 struct AcquireReq {
     lock: String,
     fence: String,
-    /// The lease's value as acquire writes it (see `scripts`).
-    value: String,
+    token: String,
+    /// The lease field's value as acquire writes it (see `scripts`).
+    meta: String,
     ttl_ms: u64,
 }
 
 impl AcquireReq {
     fn new(k: keys::Keys, owner: &Owner, ttl_ms: u64) -> Self {
         AcquireReq {
-            value: format!("{}\n0\n~{ttl_ms}\n{}", owner.token, owner.label),
             lock: k.lock,
             fence: k.fence,
+            token: owner.token.to_string(),
+            meta: format!("~{ttl_ms}\n{}", owner.label),
             ttl_ms,
-        }
-    }
-}
-
-/// One release, as carried in a (possibly shared) script run.
-struct ReleaseReq {
-    lock: String,
-    waiting: String,
-    /// The owner token followed by `\n0`: the prefix of the owner's unreleased lease.
-    own: String,
-    keep_ms: u64,
-    channel: String,
-}
-
-impl ReleaseReq {
-    fn new(k: keys::Keys, token: impl fmt::Display, keep_ms: u64) -> Self {
-        ReleaseReq {
-            lock: k.lock,
-            waiting: k.waiting,
-            own: format!("{token}\n0"),
-            keep_ms,
-            channel: k.channel,
         }
     }
 }
@@ -286,7 +266,6 @@ impl RedisBackend {
                 caps,
                 server,
                 acquires: batch::Combiner::default(),
-                releases: batch::Combiner::default(),
             }),
         })
     }
@@ -318,26 +297,37 @@ impl RedisBackend {
         operation: &'static str,
         inv: &redis::ScriptInvocation<'_>,
     ) -> Result<(Value, bool)> {
+        self.send(operation, |mut conn| async move {
+            inv.invoke_async::<Value>(&mut conn).await
+        })
+        .await
+    }
+
+    /// The call-timeout bound and the retry once after a dropped connection (see
+    /// [`Self::invoke`]), for any call; `call` sends on the connection it is given.
+    async fn send<F, Fut>(&self, operation: &'static str, call: F) -> Result<(Value, bool)>
+    where
+        F: Fn(ConnectionManager) -> Fut,
+        Fut: Future<Output = std::result::Result<Value, RedisError>>,
+    {
         let cfg = &self.inner.config;
         let budget = cfg.call_timeout();
         let deadline = tokio::time::Instant::now() + budget;
-        let mut conn = self.conn();
-        let first =
-            match tokio::time::timeout_at(deadline, inv.invoke_async::<Value>(&mut conn)).await {
-                Err(_) => {
-                    return Err(Error::Timeout {
-                        operation,
-                        after: budget,
-                    });
-                }
-                Ok(Ok(v)) => return Ok((v, false)),
-                Ok(Err(e)) => e,
-            };
+        let first = match tokio::time::timeout_at(deadline, call(self.conn())).await {
+            Err(_) => {
+                return Err(Error::Timeout {
+                    operation,
+                    after: budget,
+                });
+            }
+            Ok(Ok(v)) => return Ok((v, false)),
+            Ok(Err(e)) => e,
+        };
         if !first.is_connection_dropped() {
             return Err(convert(operation, cfg.response_timeout, first));
         }
         tracing::debug!(operation, error = %first, "redis connection dropped; retrying once");
-        match tokio::time::timeout_at(deadline, inv.invoke_async::<Value>(&mut conn)).await {
+        match tokio::time::timeout_at(deadline, call(self.conn())).await {
             Ok(Ok(v)) => Ok((v, true)),
             Ok(Err(e)) => Err(convert(operation, cfg.response_timeout, e)),
             // Still no connection: the original error says more than the timeout.
@@ -353,44 +343,25 @@ impl RedisBackend {
     ) -> impl Future<Output = Vec<batch::Reply>> + Send + use<> {
         let (inv, one) = if let [r] = reqs {
             let mut inv = scripts::ACQUIRE_ONE_SCRIPT.prepare_invoke();
-            inv.key(&r.lock).key(&r.fence).arg(&r.value).arg(r.ttl_ms);
+            inv.key(&r.lock)
+                .key(&r.fence)
+                .arg(&r.token)
+                .arg(&r.meta)
+                .arg(r.ttl_ms);
             (inv, true)
         } else {
             let mut inv = scripts::ACQUIRE_SCRIPT.prepare_invoke();
             for r in reqs {
-                inv.key(&r.lock).key(&r.fence).arg(&r.value).arg(r.ttl_ms);
+                inv.key(&r.lock)
+                    .key(&r.fence)
+                    .arg(&r.token)
+                    .arg(&r.meta)
+                    .arg(r.ttl_ms);
             }
             (inv, false)
         };
         let (backend, n) = (self.clone(), reqs.len());
         async move { per_request("acquire", backend.invoke("acquire", &inv).await, n, one) }
-    }
-
-    /// Starts the script run for some releases, like [`Self::start_acquires`].
-    fn start_releases(
-        &self,
-        reqs: &[ReleaseReq],
-    ) -> impl Future<Output = Vec<batch::Reply>> + Send + use<> {
-        let (inv, one) = match reqs {
-            [r] if r.keep_ms == 0 => {
-                let mut inv = scripts::RELEASE_ONE_SCRIPT.prepare_invoke();
-                inv.key(&r.lock).key(&r.waiting).arg(&r.own).arg(&r.channel);
-                (inv, true)
-            }
-            _ => {
-                let mut inv = scripts::RELEASE_SCRIPT.prepare_invoke();
-                for r in reqs {
-                    inv.key(&r.lock)
-                        .key(&r.waiting)
-                        .arg(&r.own)
-                        .arg(r.keep_ms)
-                        .arg(&r.channel);
-                }
-                (inv, false)
-            }
-        };
-        let (backend, n) = (self.clone(), reqs.len());
-        async move { per_request("release", backend.invoke("release", &inv).await, n, one) }
     }
 
     /// Sends an acquire through the acquire combiner and waits for its reply.
@@ -408,19 +379,65 @@ impl RedisBackend {
             .await
     }
 
-    /// Sends a release through the release combiner and waits for its reply.
-    async fn release_req(&self, req: ReleaseReq) -> Result<(Value, bool)> {
-        let backend = self.clone();
-        self.inner
-            .releases
-            .call(
-                req,
-                "release",
-                self.inner.config.call_timeout(),
-                move |reqs: &[ReleaseReq]| backend.start_releases(reqs),
-                |_, _| {},
-            )
-            .await
+    /// Releases without keep-for: `HDEL <lock> <token>` + `EXISTS <waiting>` in one
+    /// pipeline (native commands, no script), then, only if that freed a lease someone
+    /// waits for, `PUBLISH`. Returns whether this owner held the lease. A key of another
+    /// type (not written by this crate) counts as not ours.
+    async fn release_now(
+        &self,
+        lock: &str,
+        token: &str,
+        k_waiting: &str,
+        channel: &str,
+    ) -> Result<bool> {
+        const OP: &str = "release";
+        let mut pipe = redis::pipe();
+        // Errors as values: a key of another type fails HDEL alone.
+        pipe.ignore_errors()
+            .cmd("HDEL")
+            .arg(lock)
+            .arg(token)
+            .cmd("EXISTS")
+            .arg(k_waiting);
+        let pipe = &pipe;
+        let (reply, _) = self
+            .send(OP, |mut conn| async move {
+                pipe.query_async::<Value>(&mut conn).await
+            })
+            .await?;
+        let items = array(OP, reply)?;
+        let [freed, waited] = items.as_slice() else {
+            return Err(unexpected(
+                OP,
+                format!("{} replies for 2 commands", items.len()),
+            ));
+        };
+        match freed {
+            // Not a hash: not a lease of this crate, so not ours.
+            Value::ServerError(e) if e.code() == "WRONGTYPE" => return Ok(false),
+            Value::ServerError(e) => {
+                return Err(convert(
+                    OP,
+                    self.inner.config.response_timeout,
+                    RedisError::from(e.clone()),
+                ));
+            }
+            _ => {}
+        }
+        let freed = int(OP, "HDEL", freed)? == 1;
+        if freed && int(OP, "EXISTS", waited)? == 1 {
+            let mut conn = self.conn();
+            let mut cmd = redis::cmd("PUBLISH");
+            cmd.arg(channel).arg("1");
+            let publish = cmd.query_async::<i64>(&mut conn);
+            let cfg = &self.inner.config;
+            if let Err(error) = bounded(OP, cfg.call_timeout(), cfg.response_timeout, publish).await
+            {
+                // Released all the same; the waiters wake at the end of their wait.
+                tracing::warn!(%error, "announcing a release failed");
+            }
+        }
+        Ok(freed)
     }
 
     /// An acquire whose caller gave up (timeout, drop) before its reply: if it took the
@@ -444,17 +461,13 @@ impl RedisBackend {
                 "redis acquire answered (or maybe answered) after its caller gave up; releasing it"
             );
             let base = req.lock.strip_suffix(":lock").unwrap_or(&req.lock);
-            let token = req.value.split('\n').next().unwrap_or_default();
-            let r = ReleaseReq {
-                waiting: format!("{base}:waiting"),
-                channel: format!("{base}:released"),
-                own: format!("{token}\n0"),
-                keep_ms: 0,
-                lock: req.lock,
-            };
+            let (waiting, channel) = (format!("{base}:waiting"), format!("{base}:released"));
             let backend = backend.clone();
             runtime.spawn(async move {
-                if let Err(error) = backend.release_req(r).await {
+                if let Err(error) = backend
+                    .release_now(&req.lock, &req.token, &waiting, &channel)
+                    .await
+                {
                     tracing::warn!(%error, "releasing an acquire nobody waited for failed; the TTL frees it");
                 }
             });
@@ -741,18 +754,31 @@ impl LeaseBackend for RedisBackend {
     ) -> Result<ReleaseOutcome> {
         const OP: &str = "release";
         let keep_ms = keep_millis(keep_for)?;
-        let req = ReleaseReq::new(keys::keys(self.prefix(), name), token, keep_ms);
-        let (reply, _) = self.release_req(req).await?;
-        match int(OP, "result", &reply)? {
-            1 => {
-                tracing::debug!(lease = %name, keep_for_ms = keep_ms, "redis lease released");
-                Ok(ReleaseOutcome::Released)
+        let k = keys::keys(self.prefix(), name);
+        let token = token.to_string();
+        let released = if keep_ms == 0 {
+            self.release_now(&k.lock, &token, &k.waiting, &k.channel)
+                .await?
+        } else {
+            let mut inv = scripts::RELEASE_KEEP_SCRIPT.prepare_invoke();
+            inv.key(&k.lock)
+                .key(&k.waiting)
+                .arg(&token)
+                .arg(keep_ms)
+                .arg(&k.channel);
+            let (reply, _) = self.invoke(OP, &inv).await?;
+            match int(OP, "result", &reply)? {
+                1 => true,
+                0 => false,
+                other => return Err(unexpected(OP, format!("result {other}"))),
             }
-            0 => {
-                tracing::debug!(lease = %name, "redis lease release: not the owner");
-                Ok(ReleaseOutcome::NotOwner)
-            }
-            other => Err(unexpected(OP, format!("result {other}"))),
+        };
+        if released {
+            tracing::debug!(lease = %name, keep_for_ms = keep_ms, "redis lease released");
+            Ok(ReleaseOutcome::Released)
+        } else {
+            tracing::debug!(lease = %name, "redis lease release: not the owner");
+            Ok(ReleaseOutcome::NotOwner)
         }
     }
 

@@ -1,16 +1,23 @@
-//! The Lua scripts. Each primitive is one script, so each is atomic on the server and costs
-//! one round trip (`EVALSHA`; the script is loaded once after a `NOSCRIPT`).
+//! The Lua scripts, and the layout they share. Each primitive is one script or one
+//! pipeline, so each is atomic where it must be and costs one round trip (`EVALSHA`; a
+//! script is loaded once after a `NOSCRIPT`).
 //!
-//! The lease is a string at the lock key with a TTL (`SET ... PX`), one line per field:
+//! The lease is a hash at the lock key, with the key's TTL as the lease's expiry and one
+//! field:
 //!
 //! ```text
-//! <owner token, 36 chars>\n<released: 0 or 1>\n<anchor>\n<holder label>
+//! <owner token> -> <anchor>\n<holder label>      while the owner holds it
+//! released      -> <locked_at ms>\n<holder label> after a release with keep-for
 //! ```
 //!
-//! One string (not a hash) so that acquire is one `SET ... NX PX` and the owner check of
-//! renew and release is a prefix comparison: every server-side command counts, since the
-//! library's acquire + release must cost what the bare `SET NX PX` + compare-and-delete
-//! cost. Holder labels have no control characters, so the label is the whole last line.
+//! A hash keyed by the owner token makes the common release a native command: `HDEL
+//! <lock> <token>` deletes the field only if that owner holds the lease, and removing the
+//! last field deletes the key. So release is a plain compare-and-delete with no script,
+//! and acquire + release cost the server one script run, as the bare `SET NX PX` + Lua
+//! compare-and-delete do (every server-side step counts: the library's acquire + release
+//! must cost what those bare commands cost). Renewal and the owner check of a kept lease
+//! look the field up by token; the holder label has no control characters, so it is the
+//! whole last line.
 //!
 //! The anchor says when the lease was taken (`locked_at`, which keep-for counts from):
 //!
@@ -20,13 +27,14 @@
 //! - `<ms>`, the server's Unix time in milliseconds, written by the first renewal (which
 //!   moves the expiry) and by a release with keep-for.
 //!
-//! The fencing counter (`...:fence`, same hash tag) is `INCR`ed only when `SET NX`
-//! succeeded, so while a lease is live the counter *is* its holder's fencing token:
-//! inspect reads it from there, and the value does not carry it.
+//! The fencing counter (`...:fence`, same hash tag) is `INCR`ed only when the lease was
+//! free, so while a lease is live the counter *is* its holder's fencing token: inspect
+//! reads it from there, and the lease does not carry it.
 //!
-//! Release announces itself on the lease's channel only when the waiting marker
+//! A release is announced on the lease's channel only when the waiting marker
 //! (`...:waiting`, same hash tag, with its own TTL) exists: waiters set it after
-//! subscribing ([`MARK_WAITING`]), and a release deletes it with the lease in one `DEL`.
+//! subscribing ([`MARK_WAITING`]); the release pipeline is `HDEL <lock> <token>` +
+//! `EXISTS <waiting>`, and a release that freed a waited-for lease then publishes.
 //!
 //! Times come from the server's `TIME` and `PTTL` (scripts may call `TIME`: Redis >= 5
 //! replicates a script's effects, not the script).
@@ -39,58 +47,54 @@ use redis::Script;
 macro_rules! acquire_fn {
     () => {
         r"
-local function acquire(lock, fence, value, ttl)
-  if redis.call('SET', lock, value, 'NX', 'PX', ttl) then
+local function acquire(lock, fence, tok, meta, ttl)
+  if redis.call('EXISTS', lock) == 0 then
+    redis.call('HSET', lock, tok, meta)
+    redis.call('PEXPIRE', lock, ttl)
     local f = redis.pcall('INCR', fence)
     if type(f) == 'number' then return f end
     -- The counter is unusable (wrong type, overflow): take nothing, fail this request only.
     redis.call('DEL', lock)
     return {3, tostring(f['err'] or f)}
   end
-  local v = redis.pcall('GET', lock)
   local pttl = redis.call('PTTL', lock)
-  local t, rel, holder
-  if type(v) == 'string' then
-    t, rel, holder = string.match(v, '^(.-)\n(.)\n[~%d.]+\n(.*)$')
+  local h = redis.pcall('HGETALL', lock)
+  if type(h) ~= 'table' or h['err'] or #h ~= 2 then return {0, '', pttl} end
+  local label = string.match(h[2], '\n(.*)$') or ''
+  if h[1] == tok then
+    return {2, label, pttl, tonumber(redis.pcall('GET', fence)) or 0}
   end
-  if t == nil then return {0, '', pttl} end
-  if rel == '0' and t == string.sub(value, 1, #t) and string.sub(value, #t + 1, #t + 1) == '\n' then
-    return {2, holder, pttl, tonumber(redis.pcall('GET', fence)) or 0}
-  end
-  return {0, holder, pttl}
+  return {0, label, pttl}
 end
 "
     };
 }
 
-/// Acquires one lease: `KEYS[1]` lock, `KEYS[2]` fence; `ARGV[1]` the lease's value as
-/// acquire writes it (`<owner token>\n0\n~<ttl ms>\n<holder label>`, built by the
-/// client), `ARGV[2]` ttl in ms.
+/// Acquires one lease: `KEYS[1]` lock, `KEYS[2]` fence; `ARGV[1]` owner token, `ARGV[2]`
+/// the field's value as acquire writes it (`~<ttl ms>\n<holder label>`, built by the
+/// client), `ARGV[3]` ttl in ms.
 ///
 /// Returns the fencing token (an integer) when acquired for the TTL asked for; else
 /// `{0, holder, pttl}` when held by someone else, `{2, holder, pttl, fencing}` when held
 /// by this very token (only a retry after a dropped connection can see that: owner
 /// tokens are fresh for every acquisition), and `{3, error}` when the fencing counter
 /// failed (nothing taken).
-///
-/// On the hot path this is a `SET NX PX` and an `INCR`: the script does no string work
-/// of its own, since each Lua operation costs server CPU that the bare `SET NX PX` does
-/// not spend.
 pub const ACQUIRE_ONE: &str = concat!(
     acquire_fn!(),
-    "return acquire(KEYS[1], KEYS[2], ARGV[1], ARGV[2])\n"
+    "return acquire(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3])\n"
 );
 
 /// Acquires several leases in one run (concurrent acquires combined, see `batch.rs`).
-/// For request `i`: `KEYS[2i-1]` lock, `KEYS[2i]` fence; `ARGV[2i-1]` value, `ARGV[2i]`
-/// ttl in ms, as for [`ACQUIRE_ONE`]. Returns one item per request, each as
-/// [`ACQUIRE_ONE`] returns it. Two requests for one name in one run are served in
-/// order: the second finds it held; a failing counter fails only its own request.
+/// For request `i`: `KEYS[2i-1]` lock, `KEYS[2i]` fence; `ARGV[3i-2]` owner token,
+/// `ARGV[3i-1]` value, `ARGV[3i]` ttl in ms, as for [`ACQUIRE_ONE`]. Returns one item
+/// per request, each as [`ACQUIRE_ONE`] returns it. Two requests for one name in one run
+/// are served in order: the second finds it held; a failing counter fails only its own
+/// request.
 pub const ACQUIRE: &str = concat!(
     acquire_fn!(),
     r"local out = {}
 for i = 1, #KEYS / 2 do
-  out[i] = acquire(KEYS[2 * i - 1], KEYS[2 * i], ARGV[2 * i - 1], ARGV[2 * i])
+  out[i] = acquire(KEYS[2 * i - 1], KEYS[2 * i], ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i])
 end
 return out
 "
@@ -106,9 +110,9 @@ pub const RENEW: &str = r"
 local out = {}
 local now
 for i, key in ipairs(KEYS) do
-  local v = redis.pcall('GET', key)
-  if type(v) == 'string' and string.sub(v, 1, 38) == ARGV[i + 1] .. '\n0' then
-    local ttl, label = string.match(v, '^~(%d+)\n(.*)$', 40)
+  local m = redis.pcall('HGET', key, ARGV[i + 1])
+  if type(m) == 'string' then
+    local ttl, label = string.match(m, '^~(%d+)\n(.*)$')
     if ttl then
       if now == nil then
         local t = redis.call('TIME')
@@ -117,11 +121,9 @@ for i, key in ipairs(KEYS) do
       local pttl = redis.call('PTTL', key)
       local locked = now
       if pttl > 0 then locked = now + pttl - tonumber(ttl) end
-      redis.call('SET', key, string.sub(v, 1, 39) .. string.format('%.0f', locked) .. '\n' .. label,
-        'PX', ARGV[1])
-    else
-      redis.call('PEXPIRE', key, ARGV[1])
+      redis.call('HSET', key, ARGV[i + 1], string.format('%.0f', locked) .. '\n' .. label)
     end
+    redis.call('PEXPIRE', key, ARGV[1])
     out[i] = 1
   else
     out[i] = 0
@@ -130,71 +132,39 @@ end
 return out
 ";
 
-/// Releases one lease without keep-for, the common case: `KEYS[1]` lock, `KEYS[2]`
-/// waiting marker; `ARGV[1]` the owner token followed by `\n0` (the prefix of a live,
-/// unreleased lease of that owner), `ARGV[2]` channel.
+/// Releases one lease with keep-for: `KEYS[1]` lock, `KEYS[2]` waiting marker; `ARGV[1]`
+/// owner token, `ARGV[2]` keep-for in ms, `ARGV[3]` channel. (A release without keep-for
+/// is the native pipeline `HDEL <lock> <token>` + `EXISTS <waiting>`, no script.)
 ///
-/// Returns 1 released, 0 not the owner. Publishes on the channel only when a waiter
-/// has set the waiting marker ([`MARK_WAITING`]), so that a release nobody waits for
-/// costs what the bare compare-and-delete costs, plus deleting a key that is not there.
-pub const RELEASE_ONE: &str = r"
-local v = redis.pcall('GET', KEYS[1])
-if type(v) == 'string' and string.sub(v, 1, 38) == ARGV[1] then
-  if redis.call('DEL', KEYS[1], KEYS[2]) == 2 then redis.call('PUBLISH', ARGV[2], '1') end
+/// Returns 1 released, 0 not the owner. The lease stays until
+/// `max(now, locked_at + keep_for)`, under the `released` field (so the owner can neither
+/// renew nor release it again); if that is not in the future it is deleted at once, and
+/// announced on the channel when a waiter has set the marker. A kept lease is not
+/// announced (its waiters wake at its expiry). The fencing counter is never touched.
+pub const RELEASE_KEEP: &str = r"
+local m = redis.pcall('HGET', KEYS[1], ARGV[1])
+if type(m) ~= 'string' then return 0 end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local locked = now
+local rel_ttl, label = string.match(m, '^~(%d+)\n(.*)$')
+if rel_ttl then
+  local pttl = redis.call('PTTL', KEYS[1])
+  if pttl > 0 then locked = now + pttl - tonumber(rel_ttl) end
+else
+  local abs
+  abs, label = string.match(m, '^(%d+)\n(.*)$')
+  locked = tonumber(abs) or now
+end
+local keep_until = locked + (tonumber(ARGV[2]) or 0)
+if keep_until > now and label then
+  redis.call('HSET', KEYS[1], 'released', string.format('%.0f', locked) .. '\n' .. label)
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], keep_until - now)
   return 1
 end
-return 0
-";
-
-/// Releases one or more leases, with or without keep-for (combined like acquire). For
-/// request `i`: `KEYS[2i-1]` lock, `KEYS[2i]` waiting marker; `ARGV[3i-2]` owner token
-/// followed by `\n0`, `ARGV[3i-1]` keep-for in ms, `ARGV[3i]` channel.
-///
-/// Returns one integer per request: 1 released, 0 not the owner. With keep-for the lease
-/// stays until `max(now, locked_at + keep_for)` and is marked released (renew then
-/// fails); if that is not in the future it is deleted at once. A deleted lease is
-/// announced on the channel when a waiter has set the marker; a kept one is not (its
-/// waiters wake at its expiry). The fencing counter is never touched.
-pub const RELEASE: &str = r"
-local out = {}
-local now
-for i = 1, #KEYS / 2 do
-  local lock, waiting = KEYS[2 * i - 1], KEYS[2 * i]
-  local own, keep, channel = ARGV[3 * i - 2], tonumber(ARGV[3 * i - 1]) or 0, ARGV[3 * i]
-  local v = redis.pcall('GET', lock)
-  if type(v) ~= 'string' or string.sub(v, 1, 38) ~= own then
-    out[i] = 0
-  else
-    out[i] = 1
-    local kept = false
-    if keep > 0 then
-      if now == nil then
-        local t = redis.call('TIME')
-        now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-      end
-      local locked = now
-      local rel_ttl, label = string.match(v, '^~(%d+)\n(.*)$', 40)
-      if rel_ttl then
-        local pttl = redis.call('PTTL', lock)
-        if pttl > 0 then locked = now + pttl - tonumber(rel_ttl) end
-      else
-        local abs
-        abs, label = string.match(v, '^(%d+)\n(.*)$', 40)
-        locked = tonumber(abs) or now
-      end
-      local keep_until = locked + keep
-      if keep_until > now and label then
-        redis.call('SET', lock, string.sub(v, 1, 37) .. '1\n' .. string.format('%.0f', locked) .. '\n' .. label,
-          'PX', keep_until - now)
-        kept = true
-      end
-    end
-    if not kept and redis.call('DEL', lock, waiting) == 2 then
-      redis.call('PUBLISH', channel, '1')
-    end
-  end
-end
-return out
+if redis.call('DEL', KEYS[1], KEYS[2]) == 2 then redis.call('PUBLISH', ARGV[3], '1') end
+return 1
 ";
 
 /// Marks a lease as waited for, so that its release is announced: `KEYS[1]` lock,
@@ -219,13 +189,14 @@ return pttl
 /// Returns `{0}` when free, else `{1, holder, fencing, pttl}` (holder and fencing `''` when
 /// missing, for a key this crate did not write).
 pub const INSPECT: &str = r"
-local v = redis.pcall('GET', KEYS[1])
-if v == false or v == nil then return {0} end
+local h = redis.pcall('HGETALL', KEYS[1])
+if type(h) == 'table' and h['err'] == nil and h[1] == nil then return {0} end
 local pttl = redis.call('PTTL', KEYS[1])
-if type(v) ~= 'string' then return {1, '', '', pttl} end
-local tok, rel, holder = string.match(v, '^(.-)\n(.)\n[~%d.]+\n(.*)$')
-if tok == nil then return {1, '', '', pttl} end
-return {1, holder, redis.call('GET', KEYS[2]) or '', pttl}
+if pttl == -2 then return {0} end
+if type(h) ~= 'table' or h['err'] or #h ~= 2 then return {1, '', '', pttl} end
+local f = redis.pcall('GET', KEYS[2])
+if type(f) ~= 'string' then f = '' end
+return {1, string.match(h[2], '\n(.*)$') or '', f, pttl}
 ";
 
 /// `KEYS[1]` lock, `KEYS[2]` waiting marker; `ARGV[1]` channel. Deletes the lease
@@ -244,9 +215,9 @@ pub(crate) static FORCE_RELEASE_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(FORCE_RELEASE));
 pub(crate) static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
 pub(crate) static ACQUIRE_ONE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_ONE));
-pub(crate) static RELEASE_ONE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_ONE));
+pub(crate) static RELEASE_KEEP_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(RELEASE_KEEP));
 pub(crate) static MARK_WAITING_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(MARK_WAITING));
 pub(crate) static RENEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW));
-pub(crate) static RELEASE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE));
 pub(crate) static INSPECT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT));
