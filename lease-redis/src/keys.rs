@@ -55,24 +55,34 @@ pub(crate) struct Keys {
     pub(crate) waiting: String,
 }
 
-/// Lowercase hex of `bytes`.
-fn hex(bytes: &[u8]) -> String {
+/// The longest suffix after the hash tag (`:waiting`, `:released`).
+const LONGEST_SUFFIX: usize = 9;
+
+/// Appends the lowercase hex of `bytes` to `out`.
+fn push_hex(out: &mut String, bytes: &[u8]) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
     for b in bytes {
         out.push(char::from(DIGITS[usize::from(b >> 4)]));
         out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
     }
-    out
 }
 
-/// The hash-tagged base `P:{hex(N)}` shared by all keys of a name.
+/// The hash-tagged base `P:{hex(N)}` shared by all keys of a name, with room for any
+/// suffix.
 fn base(prefix: &str, name: &[u8]) -> String {
-    let mut s = String::with_capacity(prefix.len() + 3 + name.len() * 2 + 9);
+    let mut s = String::with_capacity(prefix.len() + 3 + name.len() * 2 + LONGEST_SUFFIX);
     s.push_str(prefix);
     s.push_str(":{");
-    s.push_str(&hex(name));
+    push_hex(&mut s, name);
     s.push('}');
+    s
+}
+
+/// `base` followed by `suffix`, in a string of its own.
+fn joined(base: &str, suffix: &str) -> String {
+    let mut s = String::with_capacity(base.len() + suffix.len());
+    s.push_str(base);
+    s.push_str(suffix);
     s
 }
 
@@ -83,14 +93,37 @@ pub(crate) fn lock_key(prefix: &str, name: &LeaseName) -> String {
     s
 }
 
+/// The lock and fence keys of `name` (acquire needs only these).
+pub(crate) fn lock_and_fence(prefix: &str, name: &LeaseName) -> (String, String) {
+    let mut b = base(prefix, name.as_bytes());
+    let lock = joined(&b, ":lock");
+    b.push_str(":fence");
+    (lock, b)
+}
+
+/// The lock key and waiting marker of `name` (release needs only these, and the channel
+/// only when someone waits: [`sibling`]).
+pub(crate) fn lock_and_waiting(prefix: &str, name: &LeaseName) -> (String, String) {
+    let mut b = base(prefix, name.as_bytes());
+    let lock = joined(&b, ":lock");
+    b.push_str(":waiting");
+    (lock, b)
+}
+
+/// Another key (or the channel) of the name whose lock key is `lock`: `suffix` is one of
+/// `:fence`, `:waiting`, `:released`.
+pub(crate) fn sibling(lock: &str, suffix: &str) -> String {
+    joined(lock.strip_suffix(":lock").unwrap_or(lock), suffix)
+}
+
 /// All keys of `name`.
 pub(crate) fn keys(prefix: &str, name: &LeaseName) -> Keys {
     let b = base(prefix, name.as_bytes());
     Keys {
-        lock: format!("{b}:lock"),
-        fence: format!("{b}:fence"),
-        channel: format!("{b}:released"),
-        waiting: format!("{b}:waiting"),
+        lock: joined(&b, ":lock"),
+        fence: joined(&b, ":fence"),
+        channel: joined(&b, ":released"),
+        waiting: joined(&b, ":waiting"),
     }
 }
 
@@ -172,7 +205,11 @@ mod tests {
             assert_eq!(tag, hash_tag(&k.fence), "name {n:?}");
             assert_eq!(tag, hash_tag(&k.channel), "name {n:?}");
             assert_eq!(tag, hash_tag(&k.waiting), "name {n:?}");
-            assert_eq!(tag, hex(&n));
+            assert_eq!(tag, {
+                let mut h = String::new();
+                push_hex(&mut h, &n);
+                h
+            });
             assert!(tag.bytes().all(|b| b.is_ascii_hexdigit()));
             tags.insert(tag);
         }
@@ -187,6 +224,17 @@ mod tests {
         assert_eq!(k.channel, "lease:{613a7b627d}:released");
         assert_eq!(k.waiting, "lease:{613a7b627d}:waiting");
         assert_eq!(lock_key("lease", &name(b"a:{b}")), k.lock);
+        let n = name(b"a:{b}");
+        assert_eq!(
+            lock_and_fence("lease", &n),
+            (k.lock.clone(), k.fence.clone())
+        );
+        assert_eq!(
+            lock_and_waiting("lease", &n),
+            (k.lock.clone(), k.waiting.clone())
+        );
+        assert_eq!(sibling(&k.lock, ":released"), k.channel);
+        assert_eq!(sibling(&k.lock, ":waiting"), k.waiting);
         assert_eq!(keys("p", &name(b"\xff")).lock, "p:{ff}:lock");
     }
 

@@ -151,15 +151,32 @@ struct AcquireReq {
 }
 
 impl AcquireReq {
-    fn new(k: keys::Keys, owner: &Owner, ttl_ms: u64) -> Self {
+    fn new(prefix: &str, name: &LeaseName, owner: &Owner, ttl_ms: u64) -> Self {
+        let (lock, fence) = keys::lock_and_fence(prefix, name);
+        let label = owner.label.as_str();
+        let mut meta = String::with_capacity(22 + label.len());
+        meta.push('~');
+        meta.push_str(itoa::Buffer::new().format(ttl_ms));
+        meta.push('\n');
+        meta.push_str(label);
         AcquireReq {
-            lock: k.lock,
-            fence: k.fence,
-            token: owner.token.to_string(),
-            meta: format!("~{ttl_ms}\n{}", owner.label),
+            lock,
+            fence,
+            token: token_string(&owner.token),
+            meta,
             ttl_ms,
         }
     }
+}
+
+/// The owner token as the hyphenated string stored in Redis.
+fn token_string(token: &OwnerToken) -> String {
+    let mut buf = uuid::Uuid::encode_buffer();
+    token
+        .as_uuid()
+        .hyphenated()
+        .encode_lower(&mut buf)
+        .to_owned()
 }
 
 impl fmt::Debug for RedisBackend {
@@ -383,13 +400,7 @@ impl RedisBackend {
     /// pipeline (native commands, no script), then, only if that freed a lease someone
     /// waits for, `PUBLISH`. Returns whether this owner held the lease. A key of another
     /// type (not written by this crate) counts as not ours.
-    async fn release_now(
-        &self,
-        lock: &str,
-        token: &str,
-        k_waiting: &str,
-        channel: &str,
-    ) -> Result<bool> {
+    async fn release_now(&self, lock: &str, token: &str, waiting: &str) -> Result<bool> {
         const OP: &str = "release";
         let mut pipe = redis::pipe();
         // Errors as values: a key of another type fails HDEL alone.
@@ -398,7 +409,7 @@ impl RedisBackend {
             .arg(lock)
             .arg(token)
             .cmd("EXISTS")
-            .arg(k_waiting);
+            .arg(waiting);
         let pipe = &pipe;
         let (reply, _) = self
             .send(OP, |mut conn| async move {
@@ -428,7 +439,7 @@ impl RedisBackend {
         if freed && int(OP, "EXISTS", waited)? == 1 {
             let mut conn = self.conn();
             let mut cmd = redis::cmd("PUBLISH");
-            cmd.arg(channel).arg("1");
+            cmd.arg(keys::sibling(lock, ":released")).arg("1");
             let publish = cmd.query_async::<i64>(&mut conn);
             let cfg = &self.inner.config;
             if let Err(error) = bounded(OP, cfg.call_timeout(), cfg.response_timeout, publish).await
@@ -460,12 +471,11 @@ impl RedisBackend {
                 fencing,
                 "redis acquire answered (or maybe answered) after its caller gave up; releasing it"
             );
-            let base = req.lock.strip_suffix(":lock").unwrap_or(&req.lock);
-            let (waiting, channel) = (format!("{base}:waiting"), format!("{base}:released"));
+            let waiting = keys::sibling(&req.lock, ":waiting");
             let backend = backend.clone();
             runtime.spawn(async move {
                 if let Err(error) = backend
-                    .release_now(&req.lock, &req.token, &waiting, &channel)
+                    .release_now(&req.lock, &req.token, &waiting)
                     .await
                 {
                     tracing::warn!(%error, "releasing an acquire nobody waited for failed; the TTL frees it");
@@ -651,7 +661,7 @@ impl LeaseBackend for RedisBackend {
     ) -> Result<AcquireOutcome> {
         const OP: &str = "acquire";
         let ttl_ms = ttl_millis("ttl", ttl)?;
-        let req = AcquireReq::new(keys::keys(self.prefix(), name), owner, ttl_ms);
+        let req = AcquireReq::new(self.prefix(), name, owner, ttl_ms);
         let (reply, retried) = self.acquire_req(req).await?;
         // Acquired: the fencing token alone, for the TTL asked for.
         if let Value::Int(_) = reply {
@@ -754,12 +764,12 @@ impl LeaseBackend for RedisBackend {
     ) -> Result<ReleaseOutcome> {
         const OP: &str = "release";
         let keep_ms = keep_millis(keep_for)?;
-        let k = keys::keys(self.prefix(), name);
-        let token = token.to_string();
+        let token = token_string(token);
         let released = if keep_ms == 0 {
-            self.release_now(&k.lock, &token, &k.waiting, &k.channel)
-                .await?
+            let (lock, waiting) = keys::lock_and_waiting(self.prefix(), name);
+            self.release_now(&lock, &token, &waiting).await?
         } else {
+            let k = keys::keys(self.prefix(), name);
             let mut inv = scripts::RELEASE_KEEP_SCRIPT.prepare_invoke();
             inv.key(&k.lock)
                 .key(&k.waiting)
