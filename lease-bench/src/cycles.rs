@@ -267,7 +267,7 @@ pub fn redis_bare(conn: redis::aio::MultiplexedConnection) -> Case {
     )
 }
 
-/// The library's own acquire script and release pipeline, sent with the bare floor's
+/// The library's own acquire script and release command, sent with the bare floor's
 /// client code (no library code around them): splits the library's cost into the server's
 /// (scripts) and the client's (everything else). A diagnostic, not a way to use Redis.
 pub fn redis_library_scripts_raw(conn: redis::aio::MultiplexedConnection) -> Case {
@@ -279,11 +279,7 @@ pub fn redis_library_scripts_raw(conn: redis::aio::MultiplexedConnection) -> Cas
             async move {
                 for i in 0..n {
                     let base = format!("raw:{{{prefix}:{}}}", i % 64);
-                    let (lock, fence, waiting) = (
-                        format!("{base}:lock"),
-                        format!("{base}:fence"),
-                        format!("{base}:waiting"),
-                    );
+                    let (lock, fence) = (format!("{base}:lock"), format!("{base}:fence"));
                     let token = uuid::Uuid::new_v4().to_string();
                     let r: redis::Value = acquire
                         .key(&lock)
@@ -295,15 +291,13 @@ pub fn redis_library_scripts_raw(conn: redis::aio::MultiplexedConnection) -> Cas
                         .await
                         .expect("acquire script");
                     assert!(matches!(&r, redis::Value::Int(_)), "{lock} taken: {r:?}");
-                    let (freed, _waited): (i64, i64) = redis::pipe()
-                        .cmd("HDEL")
+                    let freed: i64 = redis::cmd("HDEL")
                         .arg(&lock)
                         .arg(&token)
-                        .cmd("EXISTS")
-                        .arg(&waiting)
+                        .arg(format!("{token}:w"))
                         .query_async(&mut conn)
                         .await
-                        .expect("release pipeline");
+                        .expect("release");
                     assert_eq!(freed, 1);
                 }
             }

@@ -5,9 +5,7 @@
 //!
 //! - `P:{hex(N)}:lock`: the lease itself (a string with a TTL, see `scripts`);
 //! - `P:{hex(N)}:fence`: the fencing counter (a plain integer, no TTL);
-//! - `P:{hex(N)}:released`: the pub/sub channel announcing a release;
-//! - `P:{hex(N)}:waiting`: set (with a TTL) while someone waits for a release, so that
-//!   release only publishes when it is listened for.
+//! - `P:{hex(N)}:released`: the pub/sub channel announcing a waited-for release.
 //!
 //! Hex is injective and contains no braces or colons, and the prefix may not contain
 //! braces, so the first `{...}` of every key is exactly `{hex(N)}`: both keys of one name
@@ -51,11 +49,9 @@ pub(crate) struct Keys {
     pub(crate) fence: String,
     /// The release notification channel.
     pub(crate) channel: String,
-    /// The marker saying someone waits for a release.
-    pub(crate) waiting: String,
 }
 
-/// The longest suffix after the hash tag (`:waiting`, `:released`).
+/// The longest suffix after the hash tag (`:released`).
 const LONGEST_SUFFIX: usize = 9;
 
 /// Appends the lowercase hex of `bytes` to `out`.
@@ -101,17 +97,8 @@ pub(crate) fn lock_and_fence(prefix: &str, name: &LeaseName) -> (String, String)
     (lock, b)
 }
 
-/// The lock key and waiting marker of `name` (release needs only these, and the channel
-/// only when someone waits: [`sibling`]).
-pub(crate) fn lock_and_waiting(prefix: &str, name: &LeaseName) -> (String, String) {
-    let mut b = base(prefix, name.as_bytes());
-    let lock = joined(&b, ":lock");
-    b.push_str(":waiting");
-    (lock, b)
-}
-
 /// Another key (or the channel) of the name whose lock key is `lock`: `suffix` is one of
-/// `:fence`, `:waiting`, `:released`.
+/// `:fence`, `:released`.
 pub(crate) fn sibling(lock: &str, suffix: &str) -> String {
     joined(lock.strip_suffix(":lock").unwrap_or(lock), suffix)
 }
@@ -123,7 +110,6 @@ pub(crate) fn keys(prefix: &str, name: &LeaseName) -> Keys {
         lock: joined(&b, ":lock"),
         fence: joined(&b, ":fence"),
         channel: joined(&b, ":released"),
-        waiting: joined(&b, ":waiting"),
     }
 }
 
@@ -192,7 +178,6 @@ mod tests {
             assert!(seen.insert(k.lock.clone()), "collision on {n:?}");
             assert!(seen.insert(k.fence.clone()), "collision on {n:?}");
             assert!(seen.insert(k.channel.clone()), "collision on {n:?}");
-            assert!(seen.insert(k.waiting.clone()), "collision on {n:?}");
         }
     }
 
@@ -204,7 +189,6 @@ mod tests {
             let tag = hash_tag(&k.lock).to_owned();
             assert_eq!(tag, hash_tag(&k.fence), "name {n:?}");
             assert_eq!(tag, hash_tag(&k.channel), "name {n:?}");
-            assert_eq!(tag, hash_tag(&k.waiting), "name {n:?}");
             assert_eq!(tag, {
                 let mut h = String::new();
                 push_hex(&mut h, &n);
@@ -222,19 +206,14 @@ mod tests {
         assert_eq!(k.lock, "lease:{613a7b627d}:lock");
         assert_eq!(k.fence, "lease:{613a7b627d}:fence");
         assert_eq!(k.channel, "lease:{613a7b627d}:released");
-        assert_eq!(k.waiting, "lease:{613a7b627d}:waiting");
         assert_eq!(lock_key("lease", &name(b"a:{b}")), k.lock);
         let n = name(b"a:{b}");
         assert_eq!(
             lock_and_fence("lease", &n),
             (k.lock.clone(), k.fence.clone())
         );
-        assert_eq!(
-            lock_and_waiting("lease", &n),
-            (k.lock.clone(), k.waiting.clone())
-        );
         assert_eq!(sibling(&k.lock, ":released"), k.channel);
-        assert_eq!(sibling(&k.lock, ":waiting"), k.waiting);
+        assert_eq!(sibling(&k.lock, ":fence"), k.fence);
         assert_eq!(keys("p", &name(b"\xff")).lock, "p:{ff}:lock");
     }
 

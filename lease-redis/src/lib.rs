@@ -396,47 +396,29 @@ impl RedisBackend {
             .await
     }
 
-    /// Releases without keep-for: `HDEL <lock> <token>` + `EXISTS <waiting>` in one
-    /// pipeline (native commands, no script), then, only if that freed a lease someone
-    /// waits for, `PUBLISH`. Returns whether this owner held the lease. A key of another
+    /// Releases without keep-for: `HDEL <lock> <token> <token>:w`, a native command (no
+    /// script), then, only if that freed a lease someone waits for (the `:w` field was
+    /// there), `PUBLISH`. Returns whether this owner held the lease. A key of another
     /// type (not written by this crate) counts as not ours.
-    async fn release_now(&self, lock: &str, token: &str, waiting: &str) -> Result<bool> {
+    async fn release_now(&self, lock: &str, token: &str) -> Result<bool> {
         const OP: &str = "release";
-        let mut pipe = redis::pipe();
-        // Errors as values: a key of another type fails HDEL alone.
-        pipe.ignore_errors()
-            .cmd("HDEL")
-            .arg(lock)
-            .arg(token)
-            .cmd("EXISTS")
-            .arg(waiting);
-        let pipe = &pipe;
+        let mut marker = String::with_capacity(token.len() + 2);
+        marker.push_str(token);
+        marker.push_str(":w");
+        let mut cmd = redis::cmd("HDEL");
+        cmd.arg(lock).arg(token).arg(&marker);
+        let cmd = &cmd;
         let (reply, _) = self
             .send(OP, |mut conn| async move {
-                pipe.query_async::<Value>(&mut conn).await
+                match cmd.query_async::<Value>(&mut conn).await {
+                    // Not a hash: not a lease of this crate, so not ours.
+                    Err(e) if e.code() == Some("WRONGTYPE") => Ok(Value::Int(0)),
+                    other => other,
+                }
             })
             .await?;
-        let items = array(OP, reply)?;
-        let [freed, waited] = items.as_slice() else {
-            return Err(unexpected(
-                OP,
-                format!("{} replies for 2 commands", items.len()),
-            ));
-        };
-        match freed {
-            // Not a hash: not a lease of this crate, so not ours.
-            Value::ServerError(e) if e.code() == "WRONGTYPE" => return Ok(false),
-            Value::ServerError(e) => {
-                return Err(convert(
-                    OP,
-                    self.inner.config.response_timeout,
-                    RedisError::from(e.clone()),
-                ));
-            }
-            _ => {}
-        }
-        let freed = int(OP, "HDEL", freed)? == 1;
-        if freed && int(OP, "EXISTS", waited)? == 1 {
+        let removed = int(OP, "HDEL", &reply)?;
+        if removed == 2 {
             let mut conn = self.conn();
             let mut cmd = redis::cmd("PUBLISH");
             cmd.arg(keys::sibling(lock, ":released")).arg("1");
@@ -448,7 +430,7 @@ impl RedisBackend {
                 tracing::warn!(%error, "announcing a release failed");
             }
         }
-        Ok(freed)
+        Ok(removed > 0)
     }
 
     /// An acquire whose caller gave up (timeout, drop) before its reply: if it took the
@@ -471,11 +453,10 @@ impl RedisBackend {
                 fencing,
                 "redis acquire answered (or maybe answered) after its caller gave up; releasing it"
             );
-            let waiting = keys::sibling(&req.lock, ":waiting");
             let backend = backend.clone();
             runtime.spawn(async move {
                 if let Err(error) = backend
-                    .release_now(&req.lock, &req.token, &waiting)
+                    .release_now(&req.lock, &req.token)
                     .await
                 {
                     tracing::warn!(%error, "releasing an acquire nobody waited for failed; the TTL frees it");
@@ -766,16 +747,12 @@ impl LeaseBackend for RedisBackend {
         let keep_ms = keep_millis(keep_for)?;
         let token = token_string(token);
         let released = if keep_ms == 0 {
-            let (lock, waiting) = keys::lock_and_waiting(self.prefix(), name);
-            self.release_now(&lock, &token, &waiting).await?
+            let lock = keys::lock_key(self.prefix(), name);
+            self.release_now(&lock, &token).await?
         } else {
             let k = keys::keys(self.prefix(), name);
             let mut inv = scripts::RELEASE_KEEP_SCRIPT.prepare_invoke();
-            inv.key(&k.lock)
-                .key(&k.waiting)
-                .arg(&token)
-                .arg(keep_ms)
-                .arg(&k.channel);
+            inv.key(&k.lock).arg(&token).arg(keep_ms).arg(&k.channel);
             let (reply, _) = self.invoke(OP, &inv).await?;
             match int(OP, "result", &reply)? {
                 1 => true,
@@ -834,7 +811,7 @@ impl LeaseBackend for RedisBackend {
         const OP: &str = "force_release";
         let k = keys::keys(self.prefix(), name);
         let mut inv = scripts::FORCE_RELEASE_SCRIPT.prepare_invoke();
-        inv.key(&k.lock).key(&k.waiting).arg(&k.channel);
+        inv.key(&k.lock).arg(&k.channel);
         let (reply, _) = self.invoke(OP, &inv).await?;
         let freed = int(OP, "result", &reply)? == 1;
         tracing::info!(lease = %name, freed, "redis lease force-released");
@@ -869,15 +846,9 @@ impl LeaseBackend for RedisBackend {
         )
         .await?;
         // Subscribed first, marked second: a release before the mark is seen by the
-        // mark (the lease is free), one after it sees the marker and publishes. The
-        // marker outlives this wait by a second, so a release at the very end of it
-        // still publishes.
-        let mark_ms = u64::try_from(max_wait.as_millis())
-            .unwrap_or(u64::MAX)
-            .min(MAX_TTL.as_millis() as u64)
-            .saturating_add(1_000);
+        // mark (the lease is free), one after it removes the mark and publishes.
         let mut inv = scripts::MARK_WAITING_SCRIPT.prepare_invoke();
-        inv.key(&k.lock).key(&k.waiting).arg(mark_ms);
+        inv.key(&k.lock);
         let (pttl, _) = self.invoke(OP, &inv).await?;
         let wait = match int(OP, "pttl", &pttl)? {
             -2 => return Ok(()),

@@ -2,17 +2,18 @@
 //! pipeline, so each is atomic where it must be and costs one round trip (`EVALSHA`; a
 //! script is loaded once after a `NOSCRIPT`).
 //!
-//! The lease is a hash at the lock key, with the key's TTL as the lease's expiry and one
-//! field:
+//! The lease is a hash at the lock key, with the key's TTL as the lease's expiry:
 //!
 //! ```text
-//! <owner token> -> <anchor>\n<holder label>      while the owner holds it
-//! released      -> <locked_at ms>\n<holder label> after a release with keep-for
+//! <owner token>   -> <anchor>\n<holder label>      while the owner holds it
+//! <owner token>:w -> 1                            while someone waits for its release
+//! released        -> <locked_at ms>\n<holder label> after a release with keep-for
 //! ```
 //!
 //! A hash keyed by the owner token makes the common release a native command: `HDEL
-//! <lock> <token>` deletes the field only if that owner holds the lease, and removing the
-//! last field deletes the key. So release is a plain compare-and-delete with no script,
+//! <lock> <token> <token>:w` deletes the fields only if that owner holds the lease (no
+//! other lease has fields of that name), and removing the last field deletes the key.
+//! Its reply says what it found: 0 not the owner, 1 released, 2 released and waited for. So release is a plain compare-and-delete with no script,
 //! and acquire + release cost the server one script run, as the bare `SET NX PX` + Lua
 //! compare-and-delete do (every server-side step counts: the library's acquire + release
 //! must cost what those bare commands cost). Renewal and the owner check of a kept lease
@@ -31,10 +32,9 @@
 //! free, so while a lease is live the counter *is* its holder's fencing token: inspect
 //! reads it from there, and the lease does not carry it.
 //!
-//! A release is announced on the lease's channel only when the waiting marker
-//! (`...:waiting`, same hash tag, with its own TTL) exists: waiters set it after
-//! subscribing ([`MARK_WAITING`]); the release pipeline is `HDEL <lock> <token>` +
-//! `EXISTS <waiting>`, and a release that freed a waited-for lease then publishes.
+//! A release is announced on the lease's channel only when it was waited for: waiters
+//! add the `<owner token>:w` field after subscribing ([`MARK_WAITING`]), it goes with the
+//! lease (released or expired), and a release whose `HDEL` removed it then publishes.
 //!
 //! Times come from the server's `TIME` and `PTTL` (scripts may call `TIME`: Redis >= 5
 //! replicates a script's effects, not the script).
@@ -59,12 +59,17 @@ local function acquire(lock, fence, tok, meta, ttl)
   end
   local pttl = redis.call('PTTL', lock)
   local h = redis.pcall('HGETALL', lock)
-  if type(h) ~= 'table' or h['err'] or #h ~= 2 then return {0, '', pttl} end
-  local label = string.match(h[2], '\n(.*)$') or ''
-  if h[1] == tok then
-    return {2, label, pttl, tonumber(redis.pcall('GET', fence)) or 0}
+  if type(h) ~= 'table' or h['err'] then return {0, '', pttl} end
+  for i = 1, #h, 2 do
+    if string.sub(h[i], -2) ~= ':w' then
+      local label = string.match(h[i + 1], '\n(.*)$') or ''
+      if h[i] == tok then
+        return {2, label, pttl, tonumber(redis.pcall('GET', fence)) or 0}
+      end
+      return {0, label, pttl}
+    end
   end
-  return {0, label, pttl}
+  return {0, '', pttl}
 end
 "
     };
@@ -132,15 +137,15 @@ end
 return out
 ";
 
-/// Releases one lease with keep-for: `KEYS[1]` lock, `KEYS[2]` waiting marker; `ARGV[1]`
-/// owner token, `ARGV[2]` keep-for in ms, `ARGV[3]` channel. (A release without keep-for
-/// is the native pipeline `HDEL <lock> <token>` + `EXISTS <waiting>`, no script.)
+/// Releases one lease with keep-for: `KEYS[1]` lock; `ARGV[1]` owner token, `ARGV[2]`
+/// keep-for in ms, `ARGV[3]` channel. (A release without keep-for is the native
+/// `HDEL <lock> <token> <token>:w`, no script.)
 ///
 /// Returns 1 released, 0 not the owner. The lease stays until
 /// `max(now, locked_at + keep_for)`, under the `released` field (so the owner can neither
 /// renew nor release it again); if that is not in the future it is deleted at once, and
-/// announced on the channel when a waiter has set the marker. A kept lease is not
-/// announced (its waiters wake at its expiry). The fencing counter is never touched.
+/// announced on the channel when it was waited for. A kept lease is not announced (its
+/// waiters wake at its expiry). The fencing counter is never touched.
 pub const RELEASE_KEEP: &str = r"
 local m = redis.pcall('HGET', KEYS[1], ARGV[1])
 if type(m) ~= 'string' then return 0 end
@@ -159,27 +164,36 @@ end
 local keep_until = locked + (tonumber(ARGV[2]) or 0)
 if keep_until > now and label then
   redis.call('HSET', KEYS[1], 'released', string.format('%.0f', locked) .. '\n' .. label)
-  redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[1], ARGV[1], ARGV[1] .. ':w')
   redis.call('PEXPIRE', KEYS[1], keep_until - now)
   return 1
 end
-if redis.call('DEL', KEYS[1], KEYS[2]) == 2 then redis.call('PUBLISH', ARGV[3], '1') end
+if redis.call('HDEL', KEYS[1], ARGV[1], ARGV[1] .. ':w') == 2 then
+  redis.call('PUBLISH', ARGV[3], '1')
+end
 return 1
 ";
 
-/// Marks a lease as waited for, so that its release is announced: `KEYS[1]` lock,
-/// `KEYS[2]` waiting marker; `ARGV[1]` how long the marker must live, in ms.
+/// Marks a lease as waited for, so that its release is announced: `KEYS[1]` lock.
 ///
-/// Returns the lock's `PTTL` (`-2`: free, and no marker set). Otherwise the marker lives
-/// at least `ARGV[1]` ms (a longer life set by another waiter is kept). A waiter
+/// Returns the lock's `PTTL` (`-2`: free). A held lease gets the `<owner token>:w` field,
+/// which lives and dies with it; a lease kept after its release (`released`) is not
+/// marked (nobody can release it early: its waiters wake at its expiry). A waiter
 /// subscribes first and marks second, so that a release either comes before the mark
-/// (the mark sees the lease free) or after it (the release sees the marker and
+/// (the mark sees the lease free) or after it (its `HDEL` removes the mark and it
 /// publishes).
 pub const MARK_WAITING: &str = r"
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl == -2 then return pttl end
-if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[1]) then
-  redis.call('SET', KEYS[2], '1', 'PX', ARGV[1])
+local h = redis.pcall('HGETALL', KEYS[1])
+if type(h) == 'table' and not h['err'] then
+  for i = 1, #h, 2 do
+    local f = h[i]
+    if f ~= 'released' and string.sub(f, -2) ~= ':w' then
+      redis.call('HSET', KEYS[1], f .. ':w', '1')
+      break
+    end
+  end
 end
 return pttl
 ";
@@ -193,17 +207,21 @@ local h = redis.pcall('HGETALL', KEYS[1])
 if type(h) == 'table' and h['err'] == nil and h[1] == nil then return {0} end
 local pttl = redis.call('PTTL', KEYS[1])
 if pttl == -2 then return {0} end
-if type(h) ~= 'table' or h['err'] or #h ~= 2 then return {1, '', '', pttl} end
+if type(h) ~= 'table' or h['err'] then return {1, '', '', pttl} end
 local f = redis.pcall('GET', KEYS[2])
 if type(f) ~= 'string' then f = '' end
-return {1, string.match(h[2], '\n(.*)$') or '', f, pttl}
+for i = 1, #h, 2 do
+  if string.sub(h[i], -2) ~= ':w' then
+    return {1, string.match(h[i + 1], '\n(.*)$') or '', f, pttl}
+  end
+end
+return {1, '', f, pttl}
 ";
 
-/// `KEYS[1]` lock, `KEYS[2]` waiting marker; `ARGV[1]` channel. Deletes the lease
-/// whoever holds it (the fencing counter stays) and announces it (always: this is rare).
-/// Returns 1 if a lease was deleted, 0 if it was free.
+/// `KEYS[1]` lock; `ARGV[1]` channel. Deletes the lease whoever holds it (the fencing
+/// counter stays) and announces it (always: this is rare). Returns 1 if a lease was
+/// deleted, 0 if it was free.
 pub const FORCE_RELEASE: &str = r"
-redis.call('DEL', KEYS[2])
 if redis.call('DEL', KEYS[1]) == 1 then
   redis.call('PUBLISH', ARGV[1], '1')
   return 1

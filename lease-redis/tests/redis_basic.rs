@@ -356,7 +356,7 @@ async fn names_never_collide() {
 }
 
 /// A release is announced only when someone waits for it: a waiter marks the lease
-/// after subscribing (the marker then lives out its own TTL). Seen from a
+/// after subscribing (a field of the lease itself, so it goes with it). Seen from a
 /// plain subscriber on the channel: the release nobody waited for sends nothing, the
 /// waited-for one sends one message, and a sentinel published last arrives right
 /// after it (messages from one server arrive in order).
@@ -366,7 +366,7 @@ async fn release_publishes_only_when_waited_for() {
     let b = backend(&server).await;
     let n = name(b"announced");
     let base = format!("{}:{{616e6e6f756e636564}}", b.config().key_prefix);
-    let (channel, waiting) = (format!("{base}:released"), format!("{base}:waiting"));
+    let (channel, lock) = (format!("{base}:released"), format!("{base}:lock"));
     let client = redis::Client::open(server.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
     let mut sub = client.get_async_pubsub().await.unwrap();
@@ -380,7 +380,8 @@ async fn release_publishes_only_when_waited_for() {
         ReleaseOutcome::Released
     );
 
-    // A waiter: it marks the lease, the release sees the marker and publishes.
+    // A waiter: it marks the lease (a second field), the release removes the mark with
+    // the lease and publishes.
     let c = owner("c");
     acquired(&b, &n, &c, Duration::from_secs(30)).await;
     let waiter = {
@@ -389,12 +390,12 @@ async fn release_publishes_only_when_waited_for() {
     };
     let until = Instant::now() + Duration::from_secs(10);
     loop {
-        let marked: bool = redis::cmd("EXISTS")
-            .arg(&waiting)
+        let fields: i64 = redis::cmd("HLEN")
+            .arg(&lock)
             .query_async(&mut conn)
             .await
             .unwrap();
-        if marked {
+        if fields == 2 {
             break;
         }
         assert!(Instant::now() < until, "the waiter never marked the lease");
