@@ -22,7 +22,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgExecutor, PgPool, PgPoolO
 pub use crate::advisory::AdvisoryLockBackend;
 use crate::error::{BACKEND, convert, redact_url, scrub};
 use crate::notify::{Event, Listening, Releases};
-use crate::sql::{RELEASE_CHANNEL, SCHEMA_LOCK_KEY, Statements, TableName};
+use crate::sql::{SCHEMA_LOCK_KEY, Statements, TableName};
 
 /// The `sqlx` crate this backend is built on, for [`PostgresBackend::from_pool`] and
 /// [`AdvisoryLockBackend::from_pool`].
@@ -222,7 +222,7 @@ impl PostgresBackend {
     /// Creates the table if `config.create_schema` is set.
     pub async fn from_pool(pool: PgPool, config: PostgresConfig) -> Result<Self> {
         let table = config.validate()?;
-        let releases = Releases::new(&pool, table.plain());
+        let releases = Releases::new(&pool, table.payload_prefix());
         let backend = PostgresBackend {
             inner: Arc::new(Inner {
                 sql: Statements::new(&table),
@@ -500,26 +500,26 @@ impl LeaseBackend for PostgresBackend {
         keep_for: Duration,
     ) -> Result<ReleaseOutcome> {
         let keep_ms = checked_ms("keep_for", keep_for)?;
-        let row: Option<(bool, Option<bool>)> = self
+        // One row when this owner held the lease (executed, not fetched: the row's
+        // contents are not needed, only whether there is one).
+        let done = self
             .bounded(
                 "release",
-                sqlx::query_as(AssertSqlSafe(self.inner.sql.release.clone()))
+                sqlx::query(AssertSqlSafe(self.inner.sql.release.clone()))
                     .bind(name.as_bytes())
                     .bind(token.as_uuid())
                     .bind(keep_ms)
-                    .bind(RELEASE_CHANNEL)
-                    .bind(self.inner.releases.prefix())
-                    .fetch_optional(&self.inner.pool),
+                    .execute(&self.inner.pool),
             )
             .await?;
-        Ok(match row {
-            Some((freed, _)) => {
-                tracing::debug!(lease = %name, freed, "released");
-                ReleaseOutcome::Released
-            }
-            None => {
+        Ok(match done.rows_affected() {
+            0 => {
                 tracing::debug!(lease = %name, "release by a non-owner: nothing changed");
                 ReleaseOutcome::NotOwner
+            }
+            _ => {
+                tracing::debug!(lease = %name, keep_for_ms = keep_ms, "released");
+                ReleaseOutcome::Released
             }
         })
     }
@@ -552,8 +552,6 @@ impl LeaseBackend for PostgresBackend {
                 "force release",
                 sqlx::query_scalar(AssertSqlSafe(self.inner.sql.force_release.clone()))
                     .bind(name.as_bytes())
-                    .bind(RELEASE_CHANNEL)
-                    .bind(self.inner.releases.prefix())
                     .fetch_optional(&self.inner.pool),
             )
             .await?;

@@ -69,7 +69,7 @@ impl std::fmt::Debug for Releases {
 }
 
 impl Releases {
-    pub(crate) fn new(main: &PgPool, table: &str) -> Self {
+    pub(crate) fn new(main: &PgPool, prefix: String) -> Self {
         let options = main.connect_options().as_ref().clone();
         let pool = PgPoolOptions::new()
             .max_connections(1)
@@ -81,15 +81,10 @@ impl Releases {
             .connect_lazy_with(options);
         Releases {
             pool,
-            prefix: format!("{table} "),
+            prefix,
             running: Mutex::new(None),
             shutdown: CancellationToken::new(),
         }
-    }
-
-    /// The payload prefix (`<table> `) that `release` passes to `pg_notify`.
-    pub(crate) fn prefix(&self) -> &str {
-        &self.prefix
     }
 
     /// Starts the listener if it is not running (in the current tokio runtime) and says

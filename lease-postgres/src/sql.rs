@@ -58,6 +58,12 @@ impl TableName {
     pub(crate) fn plain(&self) -> &str {
         &self.plain
     }
+
+    /// The prefix of this table's release notifications: `<table> `, then the name in
+    /// hex. Also a safe SQL string literal: names are `[a-z0-9_.]` only.
+    pub(crate) fn payload_prefix(&self) -> String {
+        format!("{} ", self.plain)
+    }
 }
 
 fn valid_identifier(s: &str) -> bool {
@@ -145,12 +151,17 @@ impl Statements {
              \x20 AND NOT l.released AND l.lock_until > clock_timestamp()\n\
              RETURNING b.i"
         );
-        // $1 name, $2 token, $3 keep-for in ms, $4 notification channel, $5 payload prefix.
+        // $1 name, $2 token, $3 keep-for in ms. The channel and payload prefix are
+        // literals (fewer parameters to send on the hot path; both are [a-z0-9_. ]).
         // keep-for zero (or already elapsed): lock_until becomes now, the lease is free.
         // The row stays, so the fencing counter never resets. A lease freed now is
         // announced with pg_notify, delivered when the statement commits, but only when
         // someone waits for it (`waiters` > 0): NOTIFY serialises commits database-wide
         // (it takes a global lock at commit), which halved throughput under concurrency.
+        let notify = format!(
+            "pg_notify('{RELEASE_CHANNEL}', '{}' || encode(r.name, 'hex'))",
+            table.payload_prefix()
+        );
         let release = format!(
             "WITH r AS (\n\
              \x20 UPDATE {t} SET owner_token = NULL, released = true,\n\
@@ -158,7 +169,7 @@ impl Statements {
              \x20 WHERE name = $1 AND owner_token = $2 AND NOT released AND lock_until > clock_timestamp()\n\
              \x20 RETURNING name, lock_until <= clock_timestamp() AS freed, waiters\n\
              )\n\
-             SELECT r.freed, CASE WHEN r.freed AND r.waiters > 0 THEN pg_notify($4, $5 || encode(r.name, 'hex')) IS NULL END AS notified\n\
+             SELECT r.freed, CASE WHEN r.freed AND r.waiters > 0 THEN {notify} IS NULL END AS notified\n\
              FROM r"
         );
         // $1 name.
@@ -167,15 +178,15 @@ impl Statements {
              FROM {t} h CROSS JOIN (SELECT clock_timestamp() AS now) c\n\
              WHERE h.name = $1 AND h.lock_until > c.now"
         );
-        // $1 name, $2 notification channel, $3 payload prefix. Frees a live lease whoever
-        // holds it (also one kept by keep-for); the row and its counter stay.
+        // $1 name. Frees a live lease whoever holds it (also one kept by keep-for); the
+        // row and its counter stay.
         let force_release = format!(
             "WITH r AS (\n\
              \x20 UPDATE {t} SET owner_token = NULL, released = true, lock_until = clock_timestamp()\n\
              \x20 WHERE name = $1 AND lock_until > clock_timestamp()\n\
              \x20 RETURNING name\n\
              )\n\
-             SELECT pg_notify($2, $3 || encode(r.name, 'hex')) IS NULL AS notified FROM r"
+             SELECT {notify} IS NULL AS notified FROM r"
         );
         // $1 name, $2 +1 or -1. A waiter registers before it waits (and re-checks the lease
         // after), so a release either sees it and notifies, or commits before the
