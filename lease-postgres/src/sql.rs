@@ -155,22 +155,23 @@ impl Statements {
         // literals (fewer parameters to send on the hot path; both are [a-z0-9_. ]).
         // keep-for zero (or already elapsed): lock_until becomes now, the lease is free.
         // The row stays, so the fencing counter never resets. A lease freed now is
-        // announced with pg_notify, delivered when the statement commits, but only when
-        // someone waits for it (`waiters` > 0): NOTIFY serialises commits database-wide
-        // (it takes a global lock at commit), which halved throughput under concurrency.
-        let notify = format!(
-            "pg_notify('{RELEASE_CHANNEL}', '{}' || encode(r.name, 'hex'))",
-            table.payload_prefix()
-        );
+        // announced with pg_notify (from RETURNING, evaluated for the updated row),
+        // delivered when the statement commits, but only when someone waits for it
+        // (`waiters` > 0): NOTIFY serialises commits database-wide (it takes a global
+        // lock at commit), which halved throughput under concurrency. One plain UPDATE:
+        // its row count says whether this owner held the lease.
+        let notify = |name: &str| {
+            format!(
+                "pg_notify('{RELEASE_CHANNEL}', '{}' || encode({name}, 'hex'))",
+                table.payload_prefix()
+            )
+        };
         let release = format!(
-            "WITH r AS (\n\
-             \x20 UPDATE {t} SET owner_token = NULL, released = true,\n\
-             \x20   lock_until = GREATEST(clock_timestamp(), locked_at + $3 * interval '1 millisecond')\n\
-             \x20 WHERE name = $1 AND owner_token = $2 AND NOT released AND lock_until > clock_timestamp()\n\
-             \x20 RETURNING name, lock_until <= clock_timestamp() AS freed, waiters\n\
-             )\n\
-             SELECT r.freed, CASE WHEN r.freed AND r.waiters > 0 THEN {notify} IS NULL END AS notified\n\
-             FROM r"
+            "UPDATE {t} SET owner_token = NULL, released = true,\n\
+             \x20 lock_until = GREATEST(clock_timestamp(), locked_at + $3 * interval '1 millisecond')\n\
+             WHERE name = $1 AND owner_token = $2 AND NOT released AND lock_until > clock_timestamp()\n\
+             RETURNING CASE WHEN waiters > 0 AND lock_until <= clock_timestamp() THEN {} IS NULL END AS notified",
+            notify("name")
         );
         // $1 name.
         let inspect = format!(
@@ -186,7 +187,8 @@ impl Statements {
              \x20 WHERE name = $1 AND lock_until > clock_timestamp()\n\
              \x20 RETURNING name\n\
              )\n\
-             SELECT {notify} IS NULL AS notified FROM r"
+             SELECT {} IS NULL AS notified FROM r",
+            notify("r.name")
         );
         // $1 name, $2 +1 or -1. A waiter registers before it waits (and re-checks the lease
         // after), so a release either sees it and notifies, or commits before the
