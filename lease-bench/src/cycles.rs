@@ -271,7 +271,7 @@ pub fn redis_bare(conn: redis::aio::MultiplexedConnection) -> Case {
 /// client code (no library code around them): splits the library's cost into the server's
 /// (scripts) and the client's (everything else). A diagnostic, not a way to use Redis.
 pub fn redis_library_scripts_raw(conn: redis::aio::MultiplexedConnection) -> Case {
-    let acquire = Arc::new(redis::Script::new(lease_redis::scripts::ACQUIRE_ONE));
+    let acquire = Arc::new(redis::Script::new(lease_redis::scripts::ACQUIRE));
     Case::new(
         "diagnostic: the library's commands sent raw",
         move |prefix, n| {

@@ -1,6 +1,5 @@
 #![doc = include_str!("../README.md")]
 
-mod batch;
 mod error;
 mod keys;
 /// The Lua sources of the primitives, for auditing them or loading them ahead
@@ -135,9 +134,6 @@ struct Inner {
     caps: Capabilities,
     /// Server address without credentials, for Debug and logs.
     server: String,
-    /// Concurrent acquires, combined into shared script runs. (Releases are native
-    /// commands, which the multiplexed connection pipelines by itself.)
-    acquires: batch::Combiner<AcquireReq>,
 }
 
 /// One acquire, as carried in a (possibly shared) script run.
@@ -282,7 +278,6 @@ impl RedisBackend {
                 config,
                 caps,
                 server,
-                acquires: batch::Combiner::default(),
             }),
         })
     }
@@ -352,48 +347,23 @@ impl RedisBackend {
         }
     }
 
-    /// Starts the script run for some acquires: the command is built at once, the
-    /// future answers each request, in order.
-    fn start_acquires(
-        &self,
-        reqs: &[AcquireReq],
-    ) -> impl Future<Output = Vec<batch::Reply>> + Send + use<> {
-        let (inv, one) = if let [r] = reqs {
-            let mut inv = scripts::ACQUIRE_ONE_SCRIPT.prepare_invoke();
-            inv.key(&r.lock)
-                .key(&r.fence)
-                .arg(&r.token)
-                .arg(&r.meta)
-                .arg(r.ttl_ms);
-            (inv, true)
-        } else {
-            let mut inv = scripts::ACQUIRE_SCRIPT.prepare_invoke();
-            for r in reqs {
-                inv.key(&r.lock)
-                    .key(&r.fence)
-                    .arg(&r.token)
-                    .arg(&r.meta)
-                    .arg(r.ttl_ms);
-            }
-            (inv, false)
-        };
-        let (backend, n) = (self.clone(), reqs.len());
-        async move { per_request("acquire", backend.invoke("acquire", &inv).await, n, one) }
-    }
-
-    /// Sends an acquire through the acquire combiner and waits for its reply.
+    /// Sends one acquire. If the caller gives up while it is in flight (its future is
+    /// dropped: a timeout around it, a `select!`), the lease may be taken for nobody, so
+    /// it is released at once by its owner token instead of being left to its TTL.
     async fn acquire_req(&self, req: AcquireReq) -> Result<(Value, bool)> {
-        let backend = self.clone();
-        self.inner
-            .acquires
-            .call(
-                req,
-                "acquire",
-                self.inner.config.call_timeout(),
-                move |reqs: &[AcquireReq]| backend.start_acquires(reqs),
-                self.acquire_undelivered(),
-            )
-            .await
+        let mut inv = scripts::ACQUIRE_SCRIPT.prepare_invoke();
+        inv.key(&req.lock)
+            .key(&req.fence)
+            .arg(&req.token)
+            .arg(&req.meta)
+            .arg(req.ttl_ms);
+        let mut in_flight = InFlight {
+            backend: self,
+            req: Some(req),
+        };
+        let result = self.invoke("acquire", &inv).await;
+        in_flight.req = None;
+        result
     }
 
     /// Releases without keep-for: `HDEL <lock> <token> <token>:w`, a native command (no
@@ -433,61 +403,36 @@ impl RedisBackend {
         Ok(removed > 0)
     }
 
-    /// An acquire whose caller gave up (timeout, drop) before its reply: if it took the
-    /// lease (or may have: the caller left mid-call), nobody holds it, so release it at
-    /// once instead of leaving it to the TTL. The release is sent after the acquire on
-    /// the same connection, so it cannot overtake it.
-    fn acquire_undelivered(&self) -> impl Fn(AcquireReq, Option<batch::Reply>) + Send + 'static {
+    /// Releases, in a task of its own, a lease whose acquire was in flight when its
+    /// caller gave up. The release goes out after the acquire on the same connection, so
+    /// it cannot overtake it; if the acquire took nothing, it finds nothing to release.
+    fn release_abandoned(&self, req: AcquireReq) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        tracing::debug!(key = %req.lock, "redis acquire abandoned in flight; releasing what it may have taken");
         let backend = self.clone();
-        move |req, reply| {
-            let fencing = match reply {
-                Some(Ok((Value::Int(fencing), _))) => Some(fencing),
-                None => None,
-                Some(_) => return,
-            };
-            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-                return;
-            };
-            tracing::debug!(
-                key = %req.lock,
-                fencing,
-                "redis acquire answered (or maybe answered) after its caller gave up; releasing it"
-            );
-            let backend = backend.clone();
-            runtime.spawn(async move {
-                if let Err(error) = backend
-                    .release_now(&req.lock, &req.token)
-                    .await
-                {
-                    tracing::warn!(%error, "releasing an acquire nobody waited for failed; the TTL frees it");
-                }
-            });
-        }
+        runtime.spawn(async move {
+            if let Err(error) = backend.release_now(&req.lock, &req.token).await {
+                tracing::warn!(%error, "releasing an abandoned acquire failed; the TTL frees it");
+            }
+        });
     }
 }
 
-/// Splits a script run's reply (one array item per request; the item itself for a
-/// single-request script, `one`) into per-request replies; a failed run fails every
-/// request alike.
-fn per_request(
-    op: &'static str,
-    result: Result<(Value, bool)>,
-    n: usize,
-    one: bool,
-) -> Vec<batch::Reply> {
-    if one {
-        return vec![result];
-    }
-    let err = match result {
-        Ok((Value::Array(items), retried)) if items.len() == n => {
-            return items.into_iter().map(|v| Ok((v, retried))).collect();
+/// An acquire in flight: dropped before its reply (`req` still set), it has the lease
+/// released (see [`RedisBackend::acquire_req`]).
+struct InFlight<'a> {
+    backend: &'a RedisBackend,
+    req: Option<AcquireReq>,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        if let Some(req) = self.req.take() {
+            self.backend.release_abandoned(req);
         }
-        Ok((other, _)) => unexpected(op, format!("expected {n} results, got {other:?}")),
-        Err(e) => e,
-    };
-    let mut out: Vec<batch::Reply> = (1..n).map(|_| Err(batch::share(&err))).collect();
-    out.insert(0, Err(err));
-    out
+    }
 }
 
 /// Bounds `fut` by `after` ([`Error::Timeout`] when it elapses) and converts its error;

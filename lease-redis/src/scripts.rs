@@ -43,38 +43,6 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// The body shared by [`ACQUIRE`] and [`ACQUIRE_ONE`]: one acquire, as a Lua function.
-macro_rules! acquire_fn {
-    () => {
-        r"
-local function acquire(lock, fence, tok, meta, ttl)
-  if redis.call('EXISTS', lock) == 0 then
-    redis.call('HSET', lock, tok, meta)
-    redis.call('PEXPIRE', lock, ttl)
-    local f = redis.pcall('INCR', fence)
-    if type(f) == 'number' then return f end
-    -- The counter is unusable (wrong type, overflow): take nothing, fail this request only.
-    redis.call('DEL', lock)
-    return {3, tostring(f['err'] or f)}
-  end
-  local pttl = redis.call('PTTL', lock)
-  local h = redis.pcall('HGETALL', lock)
-  if type(h) ~= 'table' or h['err'] then return {0, '', pttl} end
-  for i = 1, #h, 2 do
-    if string.sub(h[i], -2) ~= ':w' then
-      local label = string.match(h[i + 1], '\n(.*)$') or ''
-      if h[i] == tok then
-        return {2, label, pttl, tonumber(redis.pcall('GET', fence)) or 0}
-      end
-      return {0, label, pttl}
-    end
-  end
-  return {0, '', pttl}
-end
-"
-    };
-}
-
 /// Acquires one lease: `KEYS[1]` lock, `KEYS[2]` fence; `ARGV[1]` owner token, `ARGV[2]`
 /// the field's value as acquire writes it (`~<ttl ms>\n<holder label>`, built by the
 /// client), `ARGV[3]` ttl in ms.
@@ -84,26 +52,30 @@ end
 /// by this very token (only a retry after a dropped connection can see that: owner
 /// tokens are fresh for every acquisition), and `{3, error}` when the fencing counter
 /// failed (nothing taken).
-pub const ACQUIRE_ONE: &str = concat!(
-    acquire_fn!(),
-    "return acquire(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3])\n"
-);
-
-/// Acquires several leases in one run (concurrent acquires combined, see `batch.rs`).
-/// For request `i`: `KEYS[2i-1]` lock, `KEYS[2i]` fence; `ARGV[3i-2]` owner token,
-/// `ARGV[3i-1]` value, `ARGV[3i]` ttl in ms, as for [`ACQUIRE_ONE`]. Returns one item
-/// per request, each as [`ACQUIRE_ONE`] returns it. Two requests for one name in one run
-/// are served in order: the second finds it held; a failing counter fails only its own
-/// request.
-pub const ACQUIRE: &str = concat!(
-    acquire_fn!(),
-    r"local out = {}
-for i = 1, #KEYS / 2 do
-  out[i] = acquire(KEYS[2 * i - 1], KEYS[2 * i], ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i])
+pub const ACQUIRE: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  local f = redis.pcall('INCR', KEYS[2])
+  if type(f) == 'number' then return f end
+  -- The counter is unusable (wrong type, overflow): take nothing.
+  redis.call('DEL', KEYS[1])
+  return {3, tostring(f['err'] or f)}
 end
-return out
-"
-);
+local pttl = redis.call('PTTL', KEYS[1])
+local h = redis.pcall('HGETALL', KEYS[1])
+if type(h) ~= 'table' or h['err'] then return {0, '', pttl} end
+for i = 1, #h, 2 do
+  if string.sub(h[i], -2) ~= ':w' then
+    local label = string.match(h[i + 1], '\n(.*)$') or ''
+    if h[i] == ARGV[1] then
+      return {2, label, pttl, tonumber(redis.pcall('GET', KEYS[2])) or 0}
+    end
+    return {0, label, pttl}
+  end
+end
+return {0, '', pttl}
+";
 
 /// `KEYS[i]` lock keys; `ARGV[1]` ttl in ms, `ARGV[i + 1]` the owner token for `KEYS[i]`.
 ///
@@ -232,7 +204,6 @@ return 0
 pub(crate) static FORCE_RELEASE_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(FORCE_RELEASE));
 pub(crate) static ACQUIRE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE));
-pub(crate) static ACQUIRE_ONE_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_ONE));
 pub(crate) static RELEASE_KEEP_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(RELEASE_KEEP));
 pub(crate) static MARK_WAITING_SCRIPT: LazyLock<Script> =
