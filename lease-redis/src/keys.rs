@@ -1,16 +1,18 @@
 //! Mapping lease names to Redis keys.
 //!
-//! Layout for a name `N` under prefix `P` (`hex(N)` is the lowercase hex of the name's
-//! bytes):
+//! Layout for a name `N` under prefix `P` (`enc(N)` is the name's bytes with every byte
+//! other than `A-Z a-z 0-9 - _ . : /` written as `%XX`, so `%` itself becomes `%25`):
 //!
-//! - `P:{hex(N)}:lock`: the lease itself (a string with a TTL, see `scripts`);
-//! - `P:{hex(N)}:fence`: the fencing counter (a plain integer, no TTL);
-//! - `P:{hex(N)}:released`: the pub/sub channel announcing a waited-for release.
+//! - `P:{enc(N)}:lock`: the lease itself (a hash with a TTL, see `scripts`);
+//! - `P:{enc(N)}:fence`: the fencing counter (a plain integer, no TTL);
+//! - `P:{enc(N)}:released`: the pub/sub channel announcing a waited-for release.
 //!
-//! Hex is injective and contains no braces or colons, and the prefix may not contain
-//! braces, so the first `{...}` of every key is exactly `{hex(N)}`: both keys of one name
-//! share a Redis Cluster hash slot, and no name can reach into another name's keys or out
-//! of the prefix.
+//! The encoding is injective (it decodes back, since `%` is always escaped) and contains
+//! no braces, and the prefix may not contain braces, so the first `{...}` of every key is
+//! exactly `{enc(N)}`: all keys of one name share a Redis Cluster hash slot, and no name
+//! can reach into another name's keys or out of the prefix. Common names stay as they
+//! are (`lease:{nightly-report}:lock`): readable with `redis-cli`, and no longer than
+//! needed (every byte of a key is parsed, hashed and copied on each call).
 
 use lease_core::{InvalidInput, LeaseName};
 
@@ -54,22 +56,36 @@ pub(crate) struct Keys {
 /// The longest suffix after the hash tag (`:released`).
 const LONGEST_SUFFIX: usize = 9;
 
-/// Appends the lowercase hex of `bytes` to `out`.
-fn push_hex(out: &mut String, bytes: &[u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+/// Whether `b` stands for itself in a key (anything else is `%XX`).
+fn plain(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':' | b'/')
+}
+
+/// Appends `enc(bytes)` to `out`.
+fn push_encoded(out: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+    for &b in bytes {
+        if plain(b) {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push(char::from(DIGITS[usize::from(b >> 4)]));
+            out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+        }
     }
 }
 
-/// The hash-tagged base `P:{hex(N)}` shared by all keys of a name, with room for any
+/// The hash-tagged base `P:{enc(N)}` shared by all keys of a name, with room for any
 /// suffix.
 fn base(prefix: &str, name: &[u8]) -> String {
-    let mut s = String::with_capacity(prefix.len() + 3 + name.len() * 2 + LONGEST_SUFFIX);
+    let encoded = name
+        .iter()
+        .map(|&b| if plain(b) { 1 } else { 3 })
+        .sum::<usize>();
+    let mut s = String::with_capacity(prefix.len() + 3 + encoded + LONGEST_SUFFIX);
     s.push_str(prefix);
     s.push_str(":{");
-    push_hex(&mut s, name);
+    push_encoded(&mut s, name);
     s.push('}');
     s
 }
@@ -147,6 +163,11 @@ mod tests {
             b"x}:lock".to_vec(),
             b"lease:{61}:lock".to_vec(),
             b"61".to_vec(),
+            b"%".to_vec(),
+            b"%25".to_vec(),
+            b"%7B".to_vec(),
+            b"{".to_vec(),
+            b"a%3Ab".to_vec(),
             b"A".to_vec(),
             b"\xff".to_vec(),
             b"\xff\xfe\x01".to_vec(),
@@ -190,11 +211,11 @@ mod tests {
             assert_eq!(tag, hash_tag(&k.fence), "name {n:?}");
             assert_eq!(tag, hash_tag(&k.channel), "name {n:?}");
             assert_eq!(tag, {
-                let mut h = String::new();
-                push_hex(&mut h, &n);
-                h
+                let mut e = String::new();
+                push_encoded(&mut e, &n);
+                e
             });
-            assert!(tag.bytes().all(|b| b.is_ascii_hexdigit()));
+            assert!(!tag.contains(['{', '}']));
             tags.insert(tag);
         }
         assert!(tags.len() > 500);
@@ -203,9 +224,14 @@ mod tests {
     #[test]
     fn known_layout() {
         let k = keys("lease", &name(b"a:{b}"));
-        assert_eq!(k.lock, "lease:{613a7b627d}:lock");
-        assert_eq!(k.fence, "lease:{613a7b627d}:fence");
-        assert_eq!(k.channel, "lease:{613a7b627d}:released");
+        assert_eq!(k.lock, "lease:{a:%7Bb%7D}:lock");
+        assert_eq!(k.fence, "lease:{a:%7Bb%7D}:fence");
+        assert_eq!(k.channel, "lease:{a:%7Bb%7D}:released");
+        assert_eq!(
+            keys("lease", &name(b"nightly-report")).lock,
+            "lease:{nightly-report}:lock"
+        );
+        assert_eq!(keys("p", &name(b"100%")).lock, "p:{100%25}:lock");
         assert_eq!(lock_key("lease", &name(b"a:{b}")), k.lock);
         let n = name(b"a:{b}");
         assert_eq!(
@@ -214,7 +240,7 @@ mod tests {
         );
         assert_eq!(sibling(&k.lock, ":released"), k.channel);
         assert_eq!(sibling(&k.lock, ":fence"), k.fence);
-        assert_eq!(keys("p", &name(b"\xff")).lock, "p:{ff}:lock");
+        assert_eq!(keys("p", &name(b"\xff")).lock, "p:{%FF}:lock");
     }
 
     #[test]

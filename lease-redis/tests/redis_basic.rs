@@ -365,7 +365,7 @@ async fn release_publishes_only_when_waited_for() {
     let server = RedisServer::start().await.unwrap();
     let b = backend(&server).await;
     let n = name(b"announced");
-    let base = format!("{}:{{616e6e6f756e636564}}", b.config().key_prefix);
+    let base = format!("{}:{{announced}}", b.config().key_prefix);
     let (channel, lock) = (format!("{base}:released"), format!("{base}:lock"));
     let client = redis::Client::open(server.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
@@ -444,7 +444,7 @@ async fn foreign_keys_are_handled() {
     // Someone wrote a plain string where the lease hash would be.
     let client = redis::Client::open(server.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    let lock = format!("{}:{{7479706564}}:lock", b.config().key_prefix);
+    let lock = format!("{}:{{typed}}:lock", b.config().key_prefix);
     let () = redis::cmd("SET")
         .arg(&lock)
         .arg("x")
@@ -761,9 +761,9 @@ async fn broken_fencing_counter_fails_only_its_acquire() {
     );
     let client = redis::Client::open(server.url()).unwrap();
     let mut conn = client.get_multiplexed_async_connection().await.unwrap();
-    // "bad" is 0x626164: its counter key becomes a list.
+    // The counter key of "bad" becomes a list.
     let _: i64 = redis::cmd("RPUSH")
-        .arg(format!("{p}:{{626164}}:fence"))
+        .arg(format!("{p}:{{bad}}:fence"))
         .arg("x")
         .query_async(&mut conn)
         .await
@@ -837,7 +837,7 @@ async fn acquire_for_a_caller_that_gave_up_is_released() {
     let until = Instant::now() + Duration::from_secs(5);
     loop {
         let fence: Option<i64> = redis::cmd("GET")
-            .arg(format!("{p}:{{6162616e646f6e6564}}:fence"))
+            .arg(format!("{p}:{{abandoned}}:fence"))
             .query_async(&mut conn)
             .await
             .unwrap();
