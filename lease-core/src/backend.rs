@@ -1,5 +1,7 @@
 //! The [`LeaseBackend`] trait: the atomic primitives a store must provide.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -121,13 +123,21 @@ macro_rules! forward_backend {
             fn capabilities(&self) -> Capabilities {
                 (**self).capabilities()
             }
-            async fn acquire(
-                &self,
-                name: &LeaseName,
-                owner: &Owner,
+            // The hot path hands the inner backend's future on as it is (no second box
+            // and poll layer); the signature is the one `#[async_trait]` gives.
+            fn acquire<'s, 'n, 'o, 'f>(
+                &'s self,
+                name: &'n LeaseName,
+                owner: &'o Owner,
                 ttl: Duration,
-            ) -> Result<AcquireOutcome> {
-                (**self).acquire(name, owner, ttl).await
+            ) -> Pin<Box<dyn Future<Output = Result<AcquireOutcome>> + Send + 'f>>
+            where
+                's: 'f,
+                'n: 'f,
+                'o: 'f,
+                Self: 'f,
+            {
+                (**self).acquire(name, owner, ttl)
             }
             async fn renew(
                 &self,
@@ -136,13 +146,19 @@ macro_rules! forward_backend {
             ) -> Result<Vec<RenewOutcome>> {
                 (**self).renew(leases, ttl).await
             }
-            async fn release(
-                &self,
-                name: &LeaseName,
-                token: &OwnerToken,
+            fn release<'s, 'n, 't, 'f>(
+                &'s self,
+                name: &'n LeaseName,
+                token: &'t OwnerToken,
                 keep_for: Duration,
-            ) -> Result<ReleaseOutcome> {
-                (**self).release(name, token, keep_for).await
+            ) -> Pin<Box<dyn Future<Output = Result<ReleaseOutcome>> + Send + 'f>>
+            where
+                's: 'f,
+                'n: 'f,
+                't: 'f,
+                Self: 'f,
+            {
+                (**self).release(name, token, keep_for)
             }
             async fn inspect(&self, name: &LeaseName) -> Result<Option<LeaseInfo>> {
                 (**self).inspect(name).await
