@@ -33,7 +33,7 @@
 //! reads it from there, and the lease does not carry it.
 //!
 //! A release is announced on the lease's channel only when it was waited for: waiters
-//! add the `<owner token>:w` field after subscribing ([`MARK_WAITING`]), it goes with the
+//! add the `<owner token>:w` field after subscribing (`MARK_WAITING`), it goes with the
 //! lease (released or expired), and a release whose `HDEL` removed it then publishes.
 //!
 //! Times come from the server's `TIME` and `PTTL` (scripts may call `TIME`: Redis >= 5
