@@ -276,17 +276,7 @@ async fn redis_store(mode: Mode) -> StoreResult {
                 .query_async(&mut admin)
                 .await
                 .expect("INFO commandstats");
-            info.lines()
-                .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-                .filter_map(|l| {
-                    l.split("calls=")
-                        .nth(1)?
-                        .split(',')
-                        .next()?
-                        .parse::<u64>()
-                        .ok()
-                })
-                .sum()
+            lease_conformance::server::redis::script_calls(&info)
         })
     });
     let s = sizes(mode, 400, 40, 41);

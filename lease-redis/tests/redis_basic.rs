@@ -669,17 +669,7 @@ async fn script_calls(server: &RedisServer) -> u64 {
         .query_async(&mut conn)
         .await
         .unwrap();
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
+    lease_conformance::server::redis::script_calls(&info)
 }
 
 /// Concurrent acquires and releases on one multiplexed connection: of two callers racing

@@ -48,6 +48,24 @@ struct Local {
     dir: tempfile::TempDir,
 }
 
+/// The number of script runs (`EVAL` + `EVALSHA` calls) in the reply to
+/// `INFO commandstats`: how tests and benchmarks count a Redis backend's round trips on
+/// the server.
+pub fn script_calls(commandstats: &str) -> u64 {
+    commandstats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
 impl RedisServer {
     /// A server from the first source that works: `LEASE_TEST_REDIS_URL`; a `redis:7.2`
     /// container when a Docker engine answers; a throwaway `redis-server` (found on
@@ -363,6 +381,15 @@ fn redact(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_script_calls() {
+        let info = "# Commandstats\r\ncmdstat_evalsha:calls=7,usec=70,usec_per_call=10.00\r\n\
+                    cmdstat_eval:calls=2,usec=20,usec_per_call=10.00\r\n\
+                    cmdstat_hdel:calls=5,usec=5,usec_per_call=1.00\r\n";
+        assert_eq!(script_calls(info), 9);
+        assert_eq!(script_calls(""), 0);
+    }
 
     #[test]
     fn redacts_userinfo() {
