@@ -617,7 +617,7 @@ impl LeaseBackend for RedisBackend {
             (3, [error]) => Err(unexpected(
                 OP,
                 format!(
-                    "fencing counter failed, nothing taken: {}",
+                    "the acquire script failed, nothing taken: {}",
                     text(error).unwrap_or_default()
                 ),
             )),

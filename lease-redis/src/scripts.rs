@@ -50,17 +50,30 @@ use redis::Script;
 /// Returns the fencing token (an integer) when acquired for the TTL asked for; else
 /// `{0, holder, pttl}` when held by someone else, `{2, holder, pttl, fencing}` when held
 /// by this very token (only a retry after a dropped connection can see that: owner
-/// tokens are fresh for every acquisition), and `{3, error}` when the fencing counter
+/// tokens are fresh for every acquisition), and `{3, error}` when a step on the server
 /// failed (nothing taken).
+///
+/// Three commands when the lease is free: `HSETNX` of the owner's field, `PEXPIRE ... NX`,
+/// `INCR` of the counter. Every lease key this crate writes carries a TTL, so `PEXPIRE
+/// NX` succeeding means the key was created by this `HSETNX`: the lease was free. On a
+/// held lease it fails, and the field just added is taken out again. (This is why the
+/// crate needs Redis 7.0 or later; an older server fails the `PEXPIRE` and the script
+/// takes nothing. A lock key left without a TTL by hand, with `PERSIST`, would count as
+/// free.)
 pub const ACQUIRE: &str = r"
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-  redis.call('PEXPIRE', KEYS[1], ARGV[3])
-  local f = redis.pcall('INCR', KEYS[2])
-  if type(f) == 'number' then return f end
-  -- The counter is unusable (wrong type, overflow): take nothing.
-  redis.call('DEL', KEYS[1])
-  return {3, tostring(f['err'] or f)}
+local added = redis.pcall('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+if added == 1 then
+  local set = redis.pcall('PEXPIRE', KEYS[1], ARGV[3], 'NX')
+  if set == 1 then
+    local f = redis.pcall('INCR', KEYS[2])
+    if type(f) == 'number' then return f end
+    redis.call('HDEL', KEYS[1], ARGV[1])
+    return {3, 'fencing counter: ' .. tostring(f['err'] or f)}
+  end
+  redis.call('HDEL', KEYS[1], ARGV[1])
+  if set ~= 0 then
+    return {3, 'PEXPIRE NX (Redis 7.0 or later is needed): ' .. tostring(set['err'] or set)}
+  end
 end
 local pttl = redis.call('PTTL', KEYS[1])
 local h = redis.pcall('HGETALL', KEYS[1])

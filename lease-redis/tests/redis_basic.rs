@@ -731,6 +731,45 @@ async fn concurrent_acquires_and_releases_on_one_connection() {
     );
 }
 
+/// A held acquire adds its field and takes it out again in the same script: the lease,
+/// its expiry and the fencing counter are as the holder left them.
+#[tokio::test]
+async fn held_acquire_leaves_the_lease_as_it_was() {
+    let server = RedisServer::start().await.unwrap();
+    let p = prefix();
+    let b = backend_with(&server, |c| c.key_prefix = p.clone()).await;
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let n = name(b"busy");
+    let (a, other) = (owner("a"), owner("b"));
+    let f1 = acquired(&b, &n, &a, Duration::from_secs(30)).await;
+    let lock = format!("{p}:{{busy}}:lock");
+    for _ in 0..3 {
+        assert!(matches!(
+            b.acquire(&n, &other, Duration::from_secs(60)).await.unwrap(),
+            AcquireOutcome::Held(_)
+        ));
+    }
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg(&lock)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(fields, vec![a.token.to_string()]);
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&lock)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(pttl > 0 && pttl <= 30_000, "the holder's expiry stands: {pttl}");
+    let fence: i64 = redis::cmd("GET")
+        .arg(format!("{p}:{{busy}}:fence"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(fence, i64::try_from(f1.0).unwrap());
+}
+
 /// A fencing counter that cannot be incremented (a key of another type under its name)
 /// fails that acquire alone, takes nothing, and does not fail other acquires sent at
 /// the same time.
