@@ -180,8 +180,9 @@ impl fmt::Debug for PostgresBackend {
     }
 }
 
-/// Outcome row of the acquire statement.
-type AcquireRow = (bool, Option<i64>, Option<String>, Option<i64>);
+/// Outcome row of the acquire statement: the new fencing token, or the holder's label and
+/// remaining time in microseconds (from the statement's snapshot, when it has the row).
+type AcquireRow = (Option<i64>, Option<(Option<String>, i64)>);
 
 impl PostgresBackend {
     /// Connects with [`PostgresConfig::default`]: table `lease_locks`, created if missing.
@@ -241,6 +242,13 @@ impl PostgresBackend {
     /// The pool (for your own queries against the same database).
     pub fn pool(&self) -> &PgPool {
         &self.inner.pool
+    }
+
+    /// The acquire and release (keep-for) statements, for the benchmark's diagnostic row
+    /// that sends them without the library around them. Not part of the API.
+    #[doc(hidden)]
+    pub fn cycle_statements(&self) -> (&str, &str) {
+        (&self.inner.sql.acquire, &self.inner.sql.release)
     }
 
     /// The lock table as configured (unquoted).
@@ -314,7 +322,7 @@ impl PostgresBackend {
         ttl: Duration,
     ) -> Result<AcquireOutcome> {
         let ttl_ms = checked_ms("ttl", ttl)?;
-        let row: Option<AcquireRow> = self
+        let row: AcquireRow = self
             .bounded(
                 "acquire",
                 sqlx::query_as(AssertSqlSafe(self.inner.sql.acquire.clone()))
@@ -322,11 +330,11 @@ impl PostgresBackend {
                     .bind(owner.token.as_uuid())
                     .bind(owner.label.as_str())
                     .bind(ttl_ms)
-                    .fetch_optional(executor),
+                    .fetch_one(executor),
             )
             .await?;
         match row {
-            Some((true, Some(fencing), _, _)) => {
+            (Some(fencing), _) => {
                 let fencing = u64::try_from(fencing).map_err(|_| {
                     Error::unexpected(BACKEND, format!("negative fencing token {fencing}"))
                 })?;
@@ -336,11 +344,7 @@ impl PostgresBackend {
                     ttl: Duration::from_millis(ttl_ms.unsigned_abs()),
                 })
             }
-            Some((true, None, _, _)) => Err(Error::unexpected(
-                BACKEND,
-                "acquire returned no fencing token",
-            )),
-            Some((false, _, holder, Some(remaining_us))) if remaining_us > 0 => {
+            (None, Some((holder, remaining_us))) if remaining_us > 0 => {
                 tracing::debug!(lease = %name, holder = holder.as_deref(), "held");
                 Ok(AcquireOutcome::Held(HeldBy {
                     holder,
@@ -348,8 +352,9 @@ impl PostgresBackend {
                 }))
             }
             // The holder's row as of the statement's snapshot is older than the row the
-            // upsert saw (a concurrent hand-over): held, by someone we cannot name.
-            Some((false, ..)) | None => {
+            // upsert saw, or missing (a concurrent hand-over or first insert): held, by
+            // someone we cannot name.
+            (None, _) => {
                 tracing::debug!(lease = %name, "held (holder changed concurrently)");
                 Ok(AcquireOutcome::Held(HeldBy::default()))
             }
