@@ -142,7 +142,7 @@ pub(crate) fn pool_options(max_connections: u32, call_timeout: Duration) -> PgPo
 ///
 /// | primitive | statements | round trips |
 /// |---|---|---|
-/// | acquire | one (`INSERT ... ON CONFLICT DO UPDATE ... WHERE lock_until <= clock_timestamp()`, plus the holder in the same statement) | 1 |
+/// | acquire | one (`INSERT ... ON CONFLICT DO UPDATE ... RETURNING`, deciding on `lock_until <= clock_timestamp()`; the holder comes back in the same statement) | 1 |
 /// | renew (whole batch) | one (`UPDATE ... FROM unnest(names, tokens)`) | 1 |
 /// | release | one (`UPDATE` + `pg_notify`) | 1 |
 /// | inspect | one `SELECT` | 1 |
@@ -180,9 +180,9 @@ impl fmt::Debug for PostgresBackend {
     }
 }
 
-/// Outcome row of the acquire statement: the new fencing token, or the holder's label and
-/// remaining time in microseconds (from the statement's snapshot, when it has the row).
-type AcquireRow = (Option<i64>, Option<(Option<String>, i64)>);
+/// Outcome row of the acquire statement: whether this statement took the lease, the
+/// row's fencing token, holder label and remaining time in microseconds.
+type AcquireRow = (bool, i64, Option<String>, i64);
 
 impl PostgresBackend {
     /// Connects with [`PostgresConfig::default`]: table `lease_locks`, created if missing.
@@ -334,7 +334,7 @@ impl PostgresBackend {
             )
             .await?;
         match row {
-            (Some(fencing), _) => {
+            (true, fencing, _, _) => {
                 let fencing = u64::try_from(fencing).map_err(|_| {
                     Error::unexpected(BACKEND, format!("negative fencing token {fencing}"))
                 })?;
@@ -344,19 +344,16 @@ impl PostgresBackend {
                     ttl: Duration::from_millis(ttl_ms.unsigned_abs()),
                 })
             }
-            (None, Some((holder, remaining_us))) if remaining_us > 0 => {
+            (false, _, holder, remaining_us) => {
                 tracing::debug!(lease = %name, holder = holder.as_deref(), "held");
                 Ok(AcquireOutcome::Held(HeldBy {
                     holder,
-                    remaining: Some(Duration::from_micros(remaining_us.unsigned_abs())),
+                    // Not positive: it lapsed between the decision and the reply.
+                    remaining: u64::try_from(remaining_us)
+                        .ok()
+                        .filter(|us| *us > 0)
+                        .map(Duration::from_micros),
                 }))
-            }
-            // The holder's row as of the statement's snapshot is older than the row the
-            // upsert saw, or missing (a concurrent hand-over or first insert): held, by
-            // someone we cannot name.
-            (None, _) => {
-                tracing::debug!(lease = %name, "held (holder changed concurrently)");
-                Ok(AcquireOutcome::Held(HeldBy::default()))
             }
         }
     }

@@ -2,7 +2,8 @@
 //!
 //! Every statement reads the time with `clock_timestamp()` (the server's wall clock at the
 //! moment of the call), never `now()` (the start of the surrounding transaction) and
-//! never the client's clock.
+//! never the client's clock. (Acquire also compares with `statement_timestamp()`, only
+//! to tell a lease it took from one the same token took before, never to decide expiry.)
 
 use std::sync::Arc;
 
@@ -115,35 +116,33 @@ impl Statements {
         let t = &table.quoted;
         // $1 name, $2 owner token, $3 holder label, $4 ttl in ms.
         //
-        // The upsert takes a free (never used, released or expired) row and bumps the
-        // fencing counter; on a live row it does nothing and returns nothing. The outer
-        // SELECT always returns one row: the new fencing token, or (only then, as the
-        // CASE runs its subquery lazily) the holder and remaining time from the
-        // statement's snapshot, in the same statement (one round trip). A UNION of a
-        // holder branch cost about 10 us more per call even when the lease was free,
-        // because the branch was set up for every call. Under a concurrent hand-over the
-        // snapshot may be one acquisition behind; such a row is recognisable (it looks
-        // expired, or is missing) and reported as "held, holder unknown".
+        // One upsert that always returns the row. `EXCLUDED.locked_at` is one reading of
+        // clock_timestamp(), taken when the statement runs, and every column decides on
+        // it: a free row (never used, released or expired: `lock_until <= now`) is taken
+        // (new owner, fencing + 1, new expiry); a live row is written back unchanged, and
+        // RETURNING then reports its holder and remaining time, in the same statement.
+        // This is cheaper than `DO UPDATE ... WHERE lock_until <= now` plus a second read
+        // of the holder (a CTE with a subquery or a UNION branch cost 10 to 30 us more per
+        // call in `pgbench`, on the free path too), and it costs the held path little: a
+        // conflicting row is locked, which is already a write of its own.
+        //
+        // `acquired` is true only for the row this statement took: its owner is ours and
+        // its `locked_at` is this statement's clock reading, which is not earlier than
+        // `statement_timestamp()` (the statement's start). A lease this same token took
+        // in an earlier statement has an earlier `locked_at`, so it is reported as held,
+        // as the trait asks.
         let acquire = format!(
-            "WITH up AS (\n\
-             \x20 INSERT INTO {t} AS l (name, owner_token, holder, fencing, locked_at, lock_until, released)\n\
-             \x20 VALUES ($1, $2, $3, 1, clock_timestamp(), clock_timestamp() + $4 * interval '1 millisecond', false)\n\
-             \x20 ON CONFLICT (name) DO UPDATE SET\n\
-             \x20   owner_token = EXCLUDED.owner_token,\n\
-             \x20   holder = EXCLUDED.holder,\n\
-             \x20   fencing = l.fencing + 1,\n\
-             \x20   locked_at = clock_timestamp(),\n\
-             \x20   lock_until = clock_timestamp() + $4 * interval '1 millisecond',\n\
-             \x20   released = false\n\
-             \x20 WHERE l.lock_until <= clock_timestamp()\n\
-             \x20 RETURNING l.fencing\n\
-             )\n\
-             SELECT up.fencing,\n\
-             \x20 CASE WHEN up.fencing IS NULL THEN (\n\
-             \x20   SELECT ROW(h.holder, (extract(epoch FROM h.lock_until - clock_timestamp()) * 1000000)::bigint)\n\
-             \x20   FROM {t} h WHERE h.name = $1\n\
-             \x20 ) END AS held\n\
-             FROM (VALUES (1)) AS one (x) LEFT JOIN up ON true"
+            "INSERT INTO {t} AS l (name, owner_token, holder, fencing, locked_at, lock_until, released)\n\
+             VALUES ($1, $2, $3, 1, clock_timestamp(), clock_timestamp() + $4 * interval '1 millisecond', false)\n\
+             ON CONFLICT (name) DO UPDATE SET\n\
+             \x20 owner_token = CASE WHEN l.lock_until <= EXCLUDED.locked_at THEN EXCLUDED.owner_token ELSE l.owner_token END,\n\
+             \x20 holder = CASE WHEN l.lock_until <= EXCLUDED.locked_at THEN EXCLUDED.holder ELSE l.holder END,\n\
+             \x20 fencing = CASE WHEN l.lock_until <= EXCLUDED.locked_at THEN l.fencing + 1 ELSE l.fencing END,\n\
+             \x20 locked_at = CASE WHEN l.lock_until <= EXCLUDED.locked_at THEN EXCLUDED.locked_at ELSE l.locked_at END,\n\
+             \x20 lock_until = CASE WHEN l.lock_until <= EXCLUDED.locked_at THEN EXCLUDED.lock_until ELSE l.lock_until END,\n\
+             \x20 released = CASE WHEN l.lock_until <= EXCLUDED.locked_at THEN false ELSE l.released END\n\
+             RETURNING l.owner_token = $2 AND l.locked_at >= statement_timestamp() AS acquired, l.fencing, l.holder,\n\
+             \x20 (extract(epoch FROM l.lock_until - clock_timestamp()) * 1000000)::bigint AS remaining_us"
         );
         // $1 names, $2 tokens (deduplicated by the caller), $3 ttl in ms. Returns the
         // 1-based ordinals of the renewed pairs.
@@ -157,12 +156,15 @@ impl Statements {
         // $1 name, $2 token, $3 keep-for in ms. The channel and payload prefix are
         // literals (fewer parameters to send on the hot path; both are [a-z0-9_. ]).
         // keep-for zero (or already elapsed): lock_until becomes now, the lease is free.
-        // The row stays, so the fencing counter never resets. A lease freed now is
-        // announced with pg_notify (from RETURNING, evaluated for the updated row),
-        // delivered when the statement commits, but only when someone waits for it
-        // (`waiters` > 0): NOTIFY serialises commits database-wide (it takes a global
-        // lock at commit), which halved throughput under concurrency. One plain UPDATE:
-        // its row count says whether this owner held the lease.
+        // The row stays, so the fencing counter never resets. One plain UPDATE without
+        // RETURNING (a RETURNING costs the server a result store per call): its row count
+        // says whether this owner held the lease. A lease freed now is announced with
+        // pg_notify, delivered when the statement commits, but only when someone waits for
+        // it (`waiters` > 0): NOTIFY serialises commits database-wide (it takes a global
+        // lock at commit), which halved throughput under concurrency. The call sits in
+        // the assignment of `waiters`, which keeps its value either way: the CASE's
+        // condition runs pg_notify only after the cheaper tests passed (AND evaluates
+        // left to right and stops at the first false), and only for the row updated.
         let notify = |name: &str| {
             format!(
                 "pg_notify('{RELEASE_CHANNEL}', '{}' || encode({name}, 'hex'))",
@@ -171,9 +173,10 @@ impl Statements {
         };
         let release = format!(
             "UPDATE {t} SET owner_token = NULL, released = true,\n\
-             \x20 lock_until = GREATEST(clock_timestamp(), locked_at + $3 * interval '1 millisecond')\n\
-             WHERE name = $1 AND owner_token = $2 AND NOT released AND lock_until > clock_timestamp()\n\
-             RETURNING CASE WHEN waiters > 0 AND lock_until <= clock_timestamp() THEN {} IS NULL END AS notified",
+             \x20 lock_until = GREATEST(clock_timestamp(), locked_at + $3 * interval '1 millisecond'),\n\
+             \x20 waiters = CASE WHEN waiters > 0 AND locked_at + $3 * interval '1 millisecond' <= clock_timestamp()\n\
+             \x20   AND {} IS NULL THEN waiters ELSE waiters END\n\
+             WHERE name = $1 AND owner_token = $2 AND NOT released AND lock_until > clock_timestamp()",
             notify("name")
         );
         // $1 name.

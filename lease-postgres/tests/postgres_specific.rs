@@ -119,6 +119,82 @@ async fn acquire_in_old_transaction_uses_statement_time() {
     assert!(f2 > f1);
 }
 
+/// The acquire statement writes a live row back unchanged: a held attempt, by another
+/// owner or by the holder's own token (also inside an open transaction), reports the
+/// holder and leaves owner, fencing token and expiry as they were.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_acquire_changes_nothing() {
+    let db = PostgresServer::shared().await.expect("server");
+    let t = table();
+    let b = PostgresBackend::connect_with(&db.url(), config(&t))
+        .await
+        .expect("connect");
+    let n = name("held");
+    let (a, other) = (owner("holder-a"), owner("other"));
+    let f1 = acquired(
+        b.acquire(&n, &a, Duration::from_secs(30))
+            .await
+            .expect("acquire"),
+    );
+    let row = |conn: &'static str| {
+        let (pool, t, n) = (b.pool().clone(), t.clone(), n.clone());
+        async move {
+            let r: (uuid::Uuid, i64, String, String) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT owner_token, fencing, locked_at::text, lock_until::text FROM {t} WHERE name = $1"
+            )))
+            .bind(n.as_bytes())
+            .fetch_one(&pool)
+            .await
+            .expect(conn);
+            r
+        }
+    };
+    let before = row("row before").await;
+    for (who, what) in [(&other, "another owner"), (&a, "the holder's own token")] {
+        match b
+            .acquire(&n, who, Duration::from_secs(60))
+            .await
+            .expect("acquire")
+        {
+            AcquireOutcome::Held(by) => {
+                assert_eq!(by.holder.as_deref(), Some("holder-a"), "{what}");
+                let r = by.remaining.expect("remaining");
+                assert!(r <= Duration::from_secs(30), "{what}: {r:?}");
+            }
+            AcquireOutcome::Acquired { .. } => panic!("{what} took a live lease"),
+        }
+    }
+    let mut conn = PgConnection::connect(&db.url()).await.expect("connect");
+    sqlx::raw_sql("BEGIN; SELECT 1")
+        .execute(&mut conn)
+        .await
+        .expect("begin");
+    assert!(matches!(
+        b.acquire_on(&mut conn, &n, &a, Duration::from_secs(60))
+            .await
+            .expect("acquire in a transaction"),
+        AcquireOutcome::Held(_)
+    ));
+    sqlx::raw_sql("COMMIT")
+        .execute(&mut conn)
+        .await
+        .expect("commit");
+    assert_eq!(row("row after").await, before);
+    assert_eq!(before.1, i64::try_from(f1.0).expect("token"));
+    assert_eq!(
+        b.release(&n.clone(), &a.token, Duration::ZERO)
+            .await
+            .expect("release"),
+        ReleaseOutcome::Released
+    );
+    let f2 = acquired(
+        b.acquire(&n, &other, Duration::from_secs(30))
+            .await
+            .expect("acquire after release"),
+    );
+    assert_eq!(f2.0, f1.0 + 1);
+}
+
 /// Ten instances starting at the same moment on a fresh table all come up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_first_start_creates_the_table_once() {
