@@ -131,8 +131,11 @@ pub async fn run(cases: &[Case], plan: Plan) -> Vec<Row> {
                 let n = per * (slice + 1) / slices - per * slice / slices;
                 for i in 0..k {
                     let c = (i + round + slice) % k;
-                    // The same names in every slice of a round, as in one long run.
-                    let tag = format!("{run_id}-{c}-{round}-{mode}");
+                    // The same names in every slice and every round, as in one long
+                    // run: a lock table's rows are updated, not inserted, once its names
+                    // exist (with new names each round, most PostgreSQL cycles measured
+                    // an INSERT of a new row and its index entry instead).
+                    let tag = format!("{run_id}-{c}-{mode}");
                     spent[c] += timed(&cases[c], tasks, n, &tag).await;
                 }
             }
@@ -373,6 +376,43 @@ pub fn postgres_bare(pool: PgPool) -> Case {
             }
         }
     })
+}
+
+/// The library's own acquire and release statements, sent with the bare floor's client
+/// code (no library code around them): splits the library's cost into the server's and
+/// the client's. A diagnostic, not a way to use the table.
+pub fn postgres_library_statements_raw(pool: PgPool, acquire: String, release: String) -> Case {
+    let (acquire, release): (Arc<str>, Arc<str>) = (acquire.into(), release.into());
+    Case::new(
+        "diagnostic: the library's statements sent raw",
+        move |prefix, n| {
+            let (pool, acquire, release) = (pool.clone(), acquire.clone(), release.clone());
+            async move {
+                for i in 0..n {
+                    let name = format!("raw:{prefix}:{}", i % 64);
+                    let token = uuid::Uuid::new_v4();
+                    let (acquired, _, _, _): (bool, i64, Option<String>, i64) =
+                        sqlx::query_as(sqlx::AssertSqlSafe(acquire.clone()))
+                            .bind(name.as_bytes())
+                            .bind(token)
+                            .bind("bench")
+                            .bind(30_000_i64)
+                            .fetch_one(&pool)
+                            .await
+                            .expect("acquire statement");
+                    assert!(acquired, "{name} taken");
+                    let r = sqlx::query(sqlx::AssertSqlSafe(release.clone()))
+                        .bind(name.as_bytes())
+                        .bind(token)
+                        .bind(0_i64)
+                        .execute(&pool)
+                        .await
+                        .expect("release statement");
+                    assert_eq!(r.rows_affected(), 1, "{name} not released");
+                }
+            }
+        },
+    )
 }
 
 /// sqlx's `PgAdvisoryLock`: a pooled connection, `pg_advisory_lock` +
