@@ -746,7 +746,9 @@ async fn held_acquire_leaves_the_lease_as_it_was() {
     let lock = format!("{p}:{{busy}}:lock");
     for _ in 0..3 {
         assert!(matches!(
-            b.acquire(&n, &other, Duration::from_secs(60)).await.unwrap(),
+            b.acquire(&n, &other, Duration::from_secs(60))
+                .await
+                .unwrap(),
             AcquireOutcome::Held(_)
         ));
     }
@@ -761,7 +763,10 @@ async fn held_acquire_leaves_the_lease_as_it_was() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    assert!(pttl > 0 && pttl <= 30_000, "the holder's expiry stands: {pttl}");
+    assert!(
+        pttl > 0 && pttl <= 30_000,
+        "the holder's expiry stands: {pttl}"
+    );
     let fence: i64 = redis::cmd("GET")
         .arg(format!("{p}:{{busy}}:fence"))
         .query_async(&mut conn)
