@@ -127,13 +127,17 @@ impl Statements {
         // conflicting row is locked, which is already a write of its own.
         //
         // `acquired` is true only for the row this statement took: its owner is ours and
-        // its `locked_at` is this statement's clock reading, which is not earlier than
-        // `statement_timestamp()` (the statement's start). A lease this same token took
-        // in an earlier statement has an earlier `locked_at`, so it is reported as held,
-        // as the trait asks.
+        // its `locked_at` is this statement's clock reading, kept not earlier than
+        // `statement_timestamp()` (the statement's start) even if the clock steps back.
+        // A lease this same token took in an earlier statement has an earlier
+        // `locked_at`, so it is reported as held, as the trait asks. (Two calls with the
+        // same token at the same moment can both be told Acquired; `LeaseClient` uses a
+        // fresh token for every call.) The decision's clock reading is taken before any
+        // wait for the row's lock, so an acquire that waited may call held a lease that
+        // lapsed during the wait: the safe direction.
         let acquire = format!(
             "INSERT INTO {t} AS l (name, owner_token, holder, fencing, locked_at, lock_until, released)\n\
-             VALUES ($1, $2, $3, 1, clock_timestamp(), clock_timestamp() + $4 * interval '1 millisecond', false)\n\
+             VALUES ($1, $2, $3, 1, GREATEST(clock_timestamp(), statement_timestamp()), clock_timestamp() + $4 * interval '1 millisecond', false)\n\
              ON CONFLICT (name) DO UPDATE SET\n\
              \x20 owner_token = CASE WHEN l.lock_until <= EXCLUDED.locked_at THEN EXCLUDED.owner_token ELSE l.owner_token END,\n\
              \x20 holder = CASE WHEN l.lock_until <= EXCLUDED.locked_at THEN EXCLUDED.holder ELSE l.holder END,\n\
@@ -141,7 +145,7 @@ impl Statements {
              \x20 locked_at = CASE WHEN l.lock_until <= EXCLUDED.locked_at THEN EXCLUDED.locked_at ELSE l.locked_at END,\n\
              \x20 lock_until = CASE WHEN l.lock_until <= EXCLUDED.locked_at THEN EXCLUDED.lock_until ELSE l.lock_until END,\n\
              \x20 released = CASE WHEN l.lock_until <= EXCLUDED.locked_at THEN false ELSE l.released END\n\
-             RETURNING l.owner_token = $2 AND l.locked_at >= statement_timestamp() AS acquired, l.fencing, l.holder,\n\
+             RETURNING COALESCE(l.owner_token = $2 AND l.locked_at >= statement_timestamp(), false) AS acquired, l.fencing, l.holder,\n\
              \x20 (extract(epoch FROM l.lock_until - clock_timestamp()) * 1000000)::bigint AS remaining_us"
         );
         // $1 names, $2 tokens (deduplicated by the caller), $3 ttl in ms. Returns the
@@ -162,9 +166,11 @@ impl Statements {
         // pg_notify, delivered when the statement commits, but only when someone waits for
         // it (`waiters` > 0): NOTIFY serialises commits database-wide (it takes a global
         // lock at commit), which halved throughput under concurrency. The call sits in
-        // the assignment of `waiters`, which keeps its value either way: the CASE's
-        // condition runs pg_notify only after the cheaper tests passed (AND evaluates
-        // left to right and stops at the first false), and only for the row updated.
+        // the assignment of `waiters`, which keeps its value either way; the outer CASE
+        // runs pg_notify only when a waiter is registered and the lease is freed now.
+        // If a concurrent update makes the row fail its recheck, the notification may
+        // go out for a release that changed nothing: a waiter then wakes early and finds
+        // the lease held, which waiting allows.
         let notify = |name: &str| {
             format!(
                 "pg_notify('{RELEASE_CHANNEL}', '{}' || encode({name}, 'hex'))",
@@ -175,7 +181,7 @@ impl Statements {
             "UPDATE {t} SET owner_token = NULL, released = true,\n\
              \x20 lock_until = GREATEST(clock_timestamp(), locked_at + $3 * interval '1 millisecond'),\n\
              \x20 waiters = CASE WHEN waiters > 0 AND locked_at + $3 * interval '1 millisecond' <= clock_timestamp()\n\
-             \x20   AND {} IS NULL THEN waiters ELSE waiters END\n\
+             \x20   THEN CASE WHEN {} IS NULL THEN waiters ELSE waiters END ELSE waiters END\n\
              WHERE name = $1 AND owner_token = $2 AND NOT released AND lock_until > clock_timestamp()",
             notify("name")
         );

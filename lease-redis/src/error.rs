@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lease_core::{Error, InvalidInput};
+use lease_core::{BoxError, Error, InvalidInput};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 pub(crate) const BACKEND: &str = "redis";
@@ -45,6 +45,25 @@ pub(crate) fn convert(operation: &'static str, timeout: Duration, e: RedisError)
             "WRONGTYPE" | "NOAUTH" | "WRONGPASS" | "NOPERM" | "READONLY" | "MISCONF" => rejected(e),
             "BUSY" | "OOM" | "LOADING" | "MASTERDOWN" => backend(e, true),
             _ => backend(e, false),
+        },
+    }
+}
+
+/// A write the server refused inside a script (reported by the script, not raised), by
+/// the error's code, as [`convert`] classifies a raised one: `READONLY`, `MISCONF`,
+/// `NOPERM` rejected; `OOM`, `BUSY`, `LOADING`, `MASTERDOWN` retryable; anything else not.
+pub(crate) fn refused_write(operation: &'static str, message: &str) -> Error {
+    let code = message.split_whitespace().next().unwrap_or_default();
+    let source: BoxError = format!("{operation}: {message}").into();
+    match code {
+        "READONLY" | "MISCONF" | "NOPERM" => Error::Rejected {
+            backend: BACKEND,
+            source,
+        },
+        _ => Error::Backend {
+            backend: BACKEND,
+            retryable: matches!(code, "OOM" | "BUSY" | "LOADING" | "MASTERDOWN"),
+            source,
         },
     }
 }

@@ -614,13 +614,16 @@ impl LeaseBackend for RedisBackend {
                     ttl: Duration::from_millis(pttl),
                 })
             }
-            (3, [error]) => Err(unexpected(
-                OP,
-                format!(
-                    "the acquire script failed, nothing taken: {}",
-                    text(error).unwrap_or_default()
-                ),
-            )),
+            (3, [error]) => {
+                let error = text(error).unwrap_or_default();
+                Err(match error.strip_prefix("HSETNX: ") {
+                    Some(refusal) => error::refused_write(OP, refusal),
+                    None => unexpected(
+                        OP,
+                        format!("the acquire script failed, nothing taken: {error}"),
+                    ),
+                })
+            }
             (0, [holder, pttl]) | (2, [holder, pttl, _]) => {
                 let holder =
                     text(holder).ok_or_else(|| unexpected(OP, "holder label is not a string"))?;

@@ -59,9 +59,15 @@ use redis::Script;
 /// held lease it fails, and the field just added is taken out again. (This is why the
 /// crate needs Redis 7.0 or later; an older server fails the `PEXPIRE` and the script
 /// takes nothing. A lock key left without a TTL by hand, with `PERSIST`, would count as
-/// free.)
+/// free.) A held attempt is a write too (the field goes in and out again): with
+/// `appendfsync always` it costs an fsync, and it touches `WATCH`es on the key. A key of
+/// another type counts as held; any other refused write (OOM, `READONLY`) is an error.
 pub const ACQUIRE: &str = r"
 local added = redis.pcall('HSETNX', KEYS[1], ARGV[1], ARGV[2])
+if type(added) == 'table' and added['err'] and not string.find(added['err'], '^WRONGTYPE') then
+  -- A refused write (OOM, READONLY, MISCONF ...): say so, do not report it as held.
+  return {3, 'HSETNX: ' .. added['err']}
+end
 if added == 1 then
   local set = redis.pcall('PEXPIRE', KEYS[1], ARGV[3], 'NX')
   if set == 1 then

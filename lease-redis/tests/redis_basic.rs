@@ -775,6 +775,48 @@ async fn held_acquire_leaves_the_lease_as_it_was() {
     assert_eq!(fence, i64::try_from(f1.0).unwrap());
 }
 
+/// A write the server refuses inside the acquire script (here OOM: `maxmemory` far
+/// below what the server uses, no eviction) is a retryable error, not "held", and
+/// leaves nothing behind.
+#[tokio::test]
+async fn refused_write_is_an_error_not_held() {
+    let server = RedisServer::start().await.unwrap();
+    if !server.owns_process() {
+        eprintln!("skipped: needs a server of its own (it changes maxmemory)");
+        return;
+    }
+    let b = backend(&server).await;
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    for (k, v) in [("maxmemory-policy", "noeviction"), ("maxmemory", "1")] {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg(k)
+            .arg(v)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+    }
+    let r = b
+        .acquire(&name(b"oom"), &owner("a"), Duration::from_secs(30))
+        .await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg("0")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    match r {
+        Err(e @ Error::Backend { .. }) => {
+            assert!(e.is_retryable(), "{e}");
+            assert!(e.to_string().contains("OOM"), "{e}");
+        }
+        other => panic!("expected a retryable backend error, got {other:?}"),
+    }
+    assert!(b.inspect(&name(b"oom")).await.unwrap().is_none());
+}
+
 /// A fencing counter that cannot be incremented (a key of another type under its name)
 /// fails that acquire alone, takes nothing, and does not fail other acquires sent at
 /// the same time.
