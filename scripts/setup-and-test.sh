@@ -5,7 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(redis-server redis-tools postgresql etcd-server etcd-client protobuf-compiler)
+# libprotobuf-dev carries the well-known .proto files (google/protobuf/descriptor.proto)
+# that etcd-client's build imports; protobuf-compiler only recommends it.
+packages=(redis-server redis-tools postgresql etcd-server etcd-client protobuf-compiler libprotobuf-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
