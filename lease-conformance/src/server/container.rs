@@ -59,10 +59,10 @@ pub(crate) async fn try_start(spec: Spec) -> Option<Running> {
     match start(&spec).await {
         Ok(r) => Some(r),
         Err(why) => {
-            eprintln!(
+            super::announce(format_args!(
                 "lease test server: a {}:{} container did not start ({why}); using a local process",
                 spec.image, spec.tag
-            );
+            ));
             None
         }
     }
@@ -71,7 +71,9 @@ pub(crate) async fn try_start(spec: Spec) -> Option<Running> {
 fn skipped_once(why: &str) {
     static SAID: OnceLock<()> = OnceLock::new();
     SAID.get_or_init(|| {
-        eprintln!("lease test server: no containers ({why}); local processes are used");
+        super::announce(format_args!(
+            "lease test server: no containers ({why}); local processes are used"
+        ));
     });
 }
 

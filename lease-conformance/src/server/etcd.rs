@@ -180,7 +180,9 @@ impl EtcdServer {
                 .filter(|e| !e.is_empty())
                 .map(str::to_owned)
                 .collect();
-            eprintln!("lease test server: etcd at {endpoints:?} (from {ENDPOINTS_VAR})");
+            super::announce(format_args!(
+                "lease test server: etcd at {endpoints:?} (from {ENDPOINTS_VAR})"
+            ));
             return Ok(EtcdServer {
                 source: Source::Env,
                 endpoints,
@@ -205,10 +207,10 @@ impl EtcdServer {
             .to_vec(),
         };
         if let Some(c) = super::container::try_start(spec).await {
-            eprintln!(
+            super::announce(format_args!(
                 "lease test server: etcd at {}:{} (container {})",
                 c.host, c.port, c.description
-            );
+            ));
             return Ok(EtcdServer {
                 source: Source::Container,
                 endpoints: vec![format!("http://{}:{}", c.host, c.port)],
@@ -249,13 +251,13 @@ impl EtcdServer {
             let mut process = ChildProcess::spawn(binary.clone(), args, log)?;
             match wait_until(&mut process, client_port, true).await {
                 Ok(()) => {
-                    eprintln!(
+                    super::announce(format_args!(
                         "lease test server: etcd at 127.0.0.1:{client_port} (local process {}, \
                          pid {}, dir {})",
                         binary.display(),
                         process.pid().unwrap_or_default(),
                         dir.path().display()
-                    );
+                    ));
                     let member = EtcdMember {
                         name: "n0".into(),
                         client_port,
@@ -432,12 +434,12 @@ impl EtcdCluster {
         for _ in 0..PORT_ATTEMPTS {
             match Self::start_once(size, timing).await {
                 Ok(cluster) => {
-                    eprintln!(
+                    super::announce(format_args!(
                         "lease test server: etcd cluster of {size} at {:?} (local processes, \
                          dir {})",
                         cluster.endpoints(),
                         cluster.dir.path().display()
-                    );
+                    ));
                     return Ok(cluster);
                 }
                 // Another process took one of the ports between probing and binding.

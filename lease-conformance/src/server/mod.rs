@@ -17,6 +17,9 @@
 //! (`start_local` and the like). The PostgreSQL server shared by a test binary
 //! ([`PostgresServer::shared`]) is a local cluster: it outlives every test, and a
 //! container left at process exit could not be removed reliably.
+//!
+//! Every start prints one `lease test server: ...` line naming the source, also for
+//! tests that pass.
 
 use std::fmt;
 use std::net::{Ipv4Addr, TcpListener};
@@ -160,6 +163,14 @@ fn is_executable(path: &Path) -> bool {
     std::fs::metadata(path)
         .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         .unwrap_or(false)
+}
+
+/// Says which server a test got (the "lease test server: ..." lines). Written to the
+/// process's standard error directly: the test runner captures only `print!`/`eprint!`
+/// output, so the line shows for passing tests too.
+pub(crate) fn announce(line: fmt::Arguments<'_>) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 /// The value of an environment variable, if set and not blank.

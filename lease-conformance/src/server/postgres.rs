@@ -7,8 +7,10 @@
 //! A spawned server is a throwaway cluster: `initdb -A trust` in a temp directory, then
 //! `postgres` listening on 127.0.0.1 on a free port (its Unix socket in the same temp
 //! directory). As root it runs as the `postgres` user (Postgres refuses to run as root),
-//! with the directory chowned to it. The postmaster leads a process group of its own, so
-//! `pause`/`resume`/`kill` reach every server process.
+//! with the directory chowned to it. Postgres's child processes each call `setsid()`, so
+//! `pause`/`resume`/`kill` signal the postmaster and each of its children one by one
+//! (found through `/proc`): a signal to the postmaster's process group would reach the
+//! postmaster alone.
 //!
 //! **Cleanup.** Each spawned server comes with a small watcher process (`sh`) whose
 //! standard input is a pipe from the test process. When the test process exits for any
@@ -17,7 +19,10 @@
 //! what cleans up the [shared](PostgresServer::shared) server, which lives in a `static`
 //! and is never dropped. Dropping a [`PostgresServer`] kills and reaps the server at once.
 //!
-//! testcontainers is not implemented yet: that source is skipped.
+//! [`PostgresServer::start`] tries, in order, `LEASE_TEST_POSTGRES_URL`, a `postgres:15`
+//! container (testcontainers) when a Docker engine answers, and a local cluster;
+//! [`PostgresServer::start_local_process`] and [`PostgresServer::start_fast`] always
+//! spawn a local cluster (fault injection needs the process).
 
 use std::ffi::OsString;
 use std::fs::OpenOptions;
@@ -158,10 +163,10 @@ impl PostgresServer {
     /// [`HarnessError::Start`] with the server's log when it does not come up.
     pub async fn start() -> Result<PostgresServer, HarnessError> {
         if let Some(url) = env_nonempty(URL_VAR) {
-            eprintln!(
+            super::announce(format_args!(
                 "lease test server: postgres at {} (from {URL_VAR})",
                 redact(&url)
-            );
+            ));
             return Ok(PostgresServer {
                 source: Source::Env,
                 url,
@@ -183,10 +188,10 @@ impl PostgresServer {
             cmd: Vec::new(),
         };
         if let Some(c) = super::container::try_start(spec).await {
-            eprintln!(
+            super::announce(format_args!(
                 "lease test server: postgres at {}:{} (container {})",
                 c.host, c.port, c.description
-            );
+            ));
             return Ok(PostgresServer {
                 source: Source::Container,
                 url: format!(
@@ -238,10 +243,10 @@ impl PostgresServer {
                 .get_or_init(|| {
                     start_blocking(true)
                         .inspect(|server| {
-                            eprintln!(
+                            super::announce(format_args!(
                                 "lease test server: shared postgres at {} for this test binary",
                                 server.url
-                            );
+                            ));
                         })
                         .map_err(|e| e.to_string())
                 })
@@ -362,14 +367,14 @@ impl PostgresServer {
 
     /// Stops a spawned server gracefully: a fast shutdown (SIGINT to the postmaster, which
     /// ends the sessions and writes a checkpoint; SIGCONT first in case it is paused),
-    /// SIGKILL to the process group after 10 s; reaps it. Nothing happens if it is not
+    /// SIGKILL to every server process after 10 s; reaps it. Nothing happens if it is not
     /// running.
     pub async fn stop(&mut self) -> Result<(), HarnessError> {
         let local = self.local_mut("stop")?;
         let Some(pid) = local.running_pid() else {
             return Ok(());
         };
-        let _ = killpg(pid, Signal::SIGCONT);
+        let _ = local.signal_all(Signal::SIGCONT);
         nix::sys::signal::kill(pid, Signal::SIGINT)
             .map_err(|e| HarnessError::io(format!("sending SIGINT to postgres {pid}"), e.into()))?;
         let deadline = Instant::now() + STOP_GRACE;
@@ -404,8 +409,8 @@ impl PostgresServer {
         Ok(())
     }
 
-    /// Kills a spawned server at once, like a crash: SIGKILL to the postmaster and all its
-    /// processes (its process group); reaps the postmaster.
+    /// Kills a spawned server at once, like a crash: SIGKILL to the postmaster and every
+    /// server process; reaps the postmaster.
     pub fn kill(&mut self) -> Result<(), HarnessError> {
         self.local_mut("kill")?.kill()
     }
@@ -413,12 +418,12 @@ impl PostgresServer {
     /// Freezes a spawned server: SIGSTOP to the postmaster and every server process.
     /// Connections stay open; nothing is answered.
     pub fn pause(&self) -> Result<(), HarnessError> {
-        self.local("pause")?.signal_group(Signal::SIGSTOP)
+        self.local("pause")?.signal_all(Signal::SIGSTOP)
     }
 
-    /// Continues a paused server (SIGCONT to its process group).
+    /// Continues a paused server (SIGCONT to every server process).
     pub fn resume(&self) -> Result<(), HarnessError> {
-        self.local("resume")?.signal_group(Signal::SIGCONT)
+        self.local("resume")?.signal_all(Signal::SIGCONT)
     }
 }
 
@@ -445,27 +450,57 @@ impl Local {
         }
     }
 
-    fn signal_group(&self, signal: Signal) -> Result<(), HarnessError> {
+    /// Sends `signal` to the postmaster and every server process it started. (Postgres's
+    /// child processes each call `setsid()`, so a signal to the postmaster's process group
+    /// would reach the postmaster alone: a "paused" server would go on answering on its
+    /// open connections.) To stop, the postmaster goes first, so that it forks nothing
+    /// new; to continue, it goes last.
+    fn signal_all(&self, signal: Signal) -> Result<(), HarnessError> {
         let pid = self
             .server
             .as_ref()
             .and_then(|c| i32::try_from(c.id()).ok())
+            .map(Pid::from_raw)
             .ok_or_else(|| HarnessError::Start(format!("cannot send {signal}: not running")))?;
-        killpg(Pid::from_raw(pid), signal).map_err(|e| {
-            HarnessError::io(
-                format!("sending {signal} to postgres group {pid}"),
-                e.into(),
-            )
-        })
+        let send = |p: Pid| {
+            nix::sys::signal::kill(p, signal).map_err(|e| {
+                HarnessError::io(
+                    format!("sending {signal} to postgres process {p}"),
+                    e.into(),
+                )
+            })
+        };
+        if signal == Signal::SIGCONT {
+            for child in children_of(pid) {
+                let _ = send(child);
+            }
+            send(pid)
+        } else {
+            send(pid)?;
+            for child in children_of(pid) {
+                // A child may have exited meanwhile.
+                let _ = send(child);
+            }
+            Ok(())
+        }
     }
 
-    /// SIGKILL the process group, reap the postmaster, remove its stale pid file.
+    /// SIGKILL the postmaster and every server process, reap the postmaster, remove its
+    /// stale pid file.
     fn kill(&mut self) -> Result<(), HarnessError> {
         let Some(mut child) = self.server.take() else {
             return Ok(());
         };
         if let Ok(pid) = i32::try_from(child.id()) {
-            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            let pid = Pid::from_raw(pid);
+            // Freeze the postmaster first: it forks nothing more, and its children stay
+            // its children (findable) until they are killed too.
+            let _ = nix::sys::signal::kill(pid, Signal::SIGSTOP);
+            let children = children_of(pid);
+            let _ = killpg(pid, Signal::SIGKILL);
+            for c in children {
+                let _ = nix::sys::signal::kill(c, Signal::SIGKILL);
+            }
         }
         let _ = child.kill();
         child
@@ -615,6 +650,28 @@ fn running_as_root() -> bool {
     std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }
 
+/// The processes whose parent is `parent` (from `/proc/<pid>/stat`).
+fn children_of(parent: Pid) -> Vec<Pid> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            // `pid (comm) state ppid ...`; comm may contain spaces and parentheses.
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let (_, rest) = stat.rsplit_once(')')?;
+                    rest.split_whitespace().nth(1)?.parse::<i32>().ok()
+                })
+                == Some(parent.as_raw())
+        })
+        .map(Pid::from_raw)
+        .collect()
+}
+
 fn as_user(command: &mut Command, run_as: Option<(u32, u32)>) {
     if let Some((uid, gid)) = run_as {
         // As root, std drops the supplementary groups before switching user.
@@ -717,7 +774,7 @@ fn start_blocking(fast: bool) -> Result<PostgresServer, HarnessError> {
         local.spawn_server()?;
         match wait_ready(&mut local) {
             Ok(()) => {
-                eprintln!(
+                super::announce(format_args!(
                     "lease test server: postgres at 127.0.0.1:{} (local process {}, pid {}, \
                      dir {}, initdb {:?}, up {:?}{}{})",
                     local.port,
@@ -732,7 +789,7 @@ fn start_blocking(fast: bool) -> Result<PostgresServer, HarnessError> {
                     } else {
                         ""
                     },
-                );
+                ));
                 return Ok(PostgresServer {
                     source: Source::LocalProcess,
                     url: local_url(local.port, "postgres"),

@@ -77,10 +77,10 @@ impl RedisServer {
     /// answer PING within 10 s.
     pub async fn start() -> Result<RedisServer, HarnessError> {
         if let Some(url) = env_nonempty(URL_VAR) {
-            eprintln!(
+            super::announce(format_args!(
                 "lease test server: redis at {} (from {URL_VAR})",
                 redact(&url)
-            );
+            ));
             return Ok(RedisServer {
                 source: Source::Env,
                 url,
@@ -99,10 +99,10 @@ impl RedisServer {
                 .to_vec(),
         };
         if let Some(c) = super::container::try_start(spec).await {
-            eprintln!(
+            super::announce(format_args!(
                 "lease test server: redis at {}:{} (container {})",
                 c.host, c.port, c.description
-            );
+            ));
             return Ok(RedisServer {
                 source: Source::Container,
                 url: format!("redis://{}:{}/", c.host, c.port),
@@ -149,7 +149,7 @@ impl RedisServer {
             let mut process = ChildProcess::spawn(binary.clone(), args, log_path.clone())?;
             match wait_ready(&mut process, port).await {
                 Ok(()) => {
-                    eprintln!(
+                    super::announce(format_args!(
                         "lease test server: redis at 127.0.0.1:{port} (local process {}, pid {}, \
                          dir {}{})",
                         binary.display(),
@@ -160,7 +160,7 @@ impl RedisServer {
                         } else {
                             ""
                         }
-                    );
+                    ));
                     return Ok(RedisServer {
                         source: Source::LocalProcess,
                         url: format!("redis://127.0.0.1:{port}/"),
