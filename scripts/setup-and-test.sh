@@ -6,8 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # libprotobuf-dev carries the well-known .proto files (google/protobuf/descriptor.proto)
-# that etcd-client's build imports; protobuf-compiler only recommends it.
-packages=(redis-server redis-tools postgresql etcd-server etcd-client protobuf-compiler libprotobuf-dev)
+# that etcd-client's build imports; protobuf-compiler only recommends it. faketime runs
+# the `lease` binary with its wall clock an hour off (lease-cli's clock-skew tests).
+packages=(redis-server redis-tools postgresql etcd-server etcd-client protobuf-compiler libprotobuf-dev faketime)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -160,6 +160,149 @@ async fn holder_killed_then_waiting_exec_runs_after_the_ttl(url: &str) {
     eprintln!("waiting exec ran {took:?} after the holder was killed (ttl 2 s)");
 }
 
+/// `lease` run with its wall clock shifted by `offset_s` seconds (libfaketime; the
+/// monotonic clock, which only measures intervals, is left alone).
+fn skewed(url: &str, offset_s: i64) -> Command {
+    let mut c = Command::new("faketime");
+    c.arg("-f")
+        .arg(format!("{offset_s:+}"))
+        .arg(LEASE)
+        .env("LEASE_BACKEND", url)
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .env("NO_COLOR", "1")
+        .env_remove("LEASE_LOG")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    c
+}
+
+fn unix_now() -> i64 {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    i64::try_from(d.as_secs()).unwrap()
+}
+
+/// Seconds since the epoch of the first RFC 3339 timestamp in `log` (the `lease` binary's
+/// own log lines), read with GNU `date`.
+fn first_log_time(log: &str) -> i64 {
+    let stamp = log
+        .split_whitespace()
+        .find(|w| w.len() >= 20 && w.as_bytes()[4] == b'-' && w.as_bytes()[10] == b'T')
+        .unwrap_or_else(|| panic!("no timestamp in the log:\n{log}"));
+    let out = std::process::Command::new("date")
+        .args(["-u", "-d", stamp, "+%s"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("date could not read {stamp}"))
+}
+
+fn status_json(out: &str) -> (bool, Option<u64>) {
+    let v: serde_json::Value =
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("{e}: {out}"));
+    (v["held"].as_bool().unwrap(), v["remaining_ms"].as_u64())
+}
+
+/// A client whose wall clock is an hour ahead or behind sees the same expiry as everyone
+/// else, and the leases it writes expire when the store's clock says, because no part of
+/// the library reads the client's wall clock: expiry is kept by the store (PostgreSQL
+/// `clock_timestamp()`, Redis key TTLs, etcd leases) and the client only measures
+/// intervals on its monotonic clock. A client that trusted its wall clock would, an hour
+/// ahead, take a live lease or, an hour behind, wait an hour for an expired one.
+async fn client_clock_an_hour_off_changes_nothing(url: &str) {
+    let probe = std::process::Command::new("faketime")
+        .args(["-f", "+0", "true"])
+        .status();
+    assert!(
+        probe.is_ok_and(|s| s.success()),
+        "this test needs `faketime`: install the Debian package faketime"
+    );
+    const KEEP_MS: u64 = 3000;
+    for offset in [3600_i64, -3600] {
+        let name = format!("skew-{}{offset:+}", std::process::id());
+
+        // The shift reaches the `lease` process: its own log lines are an hour off.
+        let mut c = skewed(url, offset);
+        c.args(["-vv", "status", &name]);
+        let (code, _, err) = output(c).await;
+        assert_eq!(code, 0, "{err}");
+        let shift = first_log_time(&err) - unix_now();
+        assert!(
+            (shift - offset).abs() < 120,
+            "the wall clock of `lease` is {shift} s off, not {offset} s:\n{err}"
+        );
+
+        // A lease written by a client with a true clock: free again KEEP_MS after it
+        // was taken (keep-for, counted by the store).
+        let written = Instant::now();
+        let mut c = lease(url);
+        c.args(["exec", "--keep-for", "3s", &name, "--", "true"]);
+        let (code, _, err) = output(c).await;
+        assert_eq!(code, 0, "{err}");
+
+        // The skewed client sees it held, with at most KEEP_MS left ...
+        let mut c = skewed(url, offset);
+        c.args(["status", "--json", &name]);
+        let (code, out, err) = output(c).await;
+        assert_eq!(code, 0, "{err}");
+        let (held, left) = status_json(&out);
+        assert!(held, "offset {offset}: a live lease looks free: {out}");
+        let left = left.unwrap_or_else(|| panic!("no remaining TTL: {out}"));
+        assert!(
+            left > 0 && left <= KEEP_MS,
+            "offset {offset}: {left} ms left of {KEEP_MS}"
+        );
+        // ... cannot take it ...
+        let mut c = skewed(url, offset);
+        c.args(["exec", &name, "--", "true"]);
+        let (code, _, err) = output(c).await;
+        assert_eq!(code, 75, "offset {offset}: took a live lease: {err}");
+        // ... and, waiting, takes it once it expires: not before, and not an hour later
+        // (the wait would give up after 20 s with 75).
+        let mut c = skewed(url, offset);
+        c.args(["exec", "--wait", "20s", &name, "--", "true"]);
+        let (code, _, err) = output(c).await;
+        let took = written.elapsed();
+        assert_eq!(code, 0, "offset {offset}: {err}");
+        // Lower bound: the store freed it KEEP_MS after it was taken, which was after
+        // `written` (less 50 ms for the store's millisecond rounding). Upper bound: plus
+        // the waiter's poll interval (up to 1 s, jittered), etcd's lease expiry (checked
+        // about every 500 ms) and process start-ups on a loaded machine: 3 s.
+        assert!(
+            took >= Duration::from_millis(KEEP_MS - 50),
+            "offset {offset}: ran {took:?} after the lease was taken"
+        );
+        assert!(
+            took <= Duration::from_millis(KEEP_MS + 3000),
+            "offset {offset}: ran only {took:?} after the lease was taken"
+        );
+
+        // A lease written by the skewed client expires on the store's clock too.
+        let mut c = skewed(url, offset);
+        c.args(["exec", "--keep-for", "3s", &name, "--", "true"]);
+        let (code, _, err) = output(c).await;
+        assert_eq!(code, 0, "{err}");
+        let mut c = lease(url);
+        c.args(["status", "--json", &name]);
+        let (code, out, err) = output(c).await;
+        assert_eq!(code, 0, "{err}");
+        let (held, left) = status_json(&out);
+        assert!(
+            held,
+            "offset {offset}: the skewed client's lease is gone: {out}"
+        );
+        let left = left.unwrap_or_else(|| panic!("no remaining TTL: {out}"));
+        assert!(
+            left > 0 && left <= KEEP_MS,
+            "offset {offset}: the skewed client's lease has {left} ms left of {KEEP_MS}"
+        );
+        eprintln!("clock {offset:+} s: saw {left} ms left, waiter ran after {took:?}");
+    }
+}
+
 async fn force_release_terminates_the_command_with_the_lost_code(url: &str) {
     let dir = tempdir();
     let pidfile = dir.join("pid");
@@ -312,6 +455,12 @@ macro_rules! store_tests {
             async fn holder_killed_then_waiter_runs_after_ttl() {
                 let s = $start.await;
                 super::holder_killed_then_waiting_exec_runs_after_the_ttl(&s.url()).await;
+            }
+
+            #[tokio::test]
+            async fn client_clock_an_hour_off_changes_nothing() {
+                let s = $start.await;
+                super::client_clock_an_hour_off_changes_nothing(&s.url()).await;
             }
 
             #[tokio::test]
