@@ -10,6 +10,7 @@ pub mod scripts;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -50,8 +51,9 @@ pub struct RedisConfig {
     pub key_prefix: String,
     /// Bound of every connection attempt, including reconnects (default 5 s).
     pub connect_timeout: Duration,
-    /// Bound of every command's reply (default 5 s). A call may take up to
-    /// `connect_timeout + response_timeout` when it has to reconnect first.
+    /// Bound of every call while the connection is up (default 5 s). After a failed
+    /// call (the connection may have to be made again first) the next call may take up
+    /// to `connect_timeout + response_timeout`.
     pub response_timeout: Duration,
     /// Whether fencing tokens survive a server restart. `None` (default): ask the server
     /// once at connect (`CONFIG GET appendonly` / `appendfsync`): durable only with
@@ -95,7 +97,8 @@ impl RedisConfig {
     fn manager_config(&self) -> ConnectionManagerConfig {
         ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(Some(self.response_timeout))
+            // Replies are bounded by one timer per call in `RedisBackend::send`.
+            .set_response_timeout(None)
             // Fail fast while the server is down (each call triggers a new reconnect),
             // and reconnect promptly once it is back.
             .set_number_of_retries(2)
@@ -134,6 +137,9 @@ struct Inner {
     caps: Capabilities,
     /// Server address without credentials, for Debug and logs.
     server: String,
+    /// Whether the connection is known to be up: the last call got a reply (see
+    /// [`RedisBackend::send`]).
+    up: AtomicBool,
 }
 
 /// One acquire, as carried in a (possibly shared) script run.
@@ -233,7 +239,7 @@ impl RedisBackend {
     }
 
     /// Wraps an existing connection manager. Its own timeouts apply to its connections;
-    /// every call is still bounded by `config.connect_timeout + config.response_timeout`.
+    /// every call is still bounded as [`RedisConfig::response_timeout`] says.
     ///
     /// Without a [`Client`] there is no way to open a pub/sub connection, so the
     /// capabilities say `release_notification: false` (waiters poll with backoff); use
@@ -271,6 +277,8 @@ impl RedisBackend {
         caps.release_notification = client.is_some();
         caps.max_renew_batch = MAX_RENEW_BATCH;
         tracing::debug!(%server, prefix = %config.key_prefix, fencing = ?caps.fencing, "redis lease backend ready");
+        // Up when this crate just connected, or the persistence probe got a reply.
+        let up = client.is_some() || config.persistent_fencing.is_none();
         Ok(RedisBackend {
             inner: Arc::new(Inner {
                 cm,
@@ -278,6 +286,7 @@ impl RedisBackend {
                 config,
                 caps,
                 server,
+                up: AtomicBool::new(up),
             }),
         })
     }
@@ -315,32 +324,57 @@ impl RedisBackend {
         .await
     }
 
-    /// The call-timeout bound and the retry once after a dropped connection (see
+    /// The call's deadline and the retry once after a dropped connection (see
     /// [`Self::invoke`]), for any call; `call` sends on the connection it is given.
+    ///
+    /// One timer per call: the connection manager's own reply timeout is off (it would be
+    /// a second timer on every call). While the connection is known to be up (the last
+    /// call got a reply, or connecting just succeeded) a call needs only its reply and
+    /// gets `response_timeout`; otherwise it may have to reconnect first and gets
+    /// `connect_timeout + response_timeout`, as does the retry after a dropped connection,
+    /// counted from the first attempt.
     async fn send<F, Fut>(&self, operation: &'static str, call: F) -> Result<(Value, bool)>
     where
         F: Fn(ConnectionManager) -> Fut,
         Fut: Future<Output = std::result::Result<Value, RedisError>>,
     {
         let cfg = &self.inner.config;
-        let budget = cfg.call_timeout();
-        let deadline = tokio::time::Instant::now() + budget;
-        let first = match tokio::time::timeout_at(deadline, call(self.conn())).await {
+        let up = self.inner.up.load(Ordering::Relaxed);
+        let budget = if up {
+            cfg.response_timeout
+        } else {
+            cfg.call_timeout()
+        };
+        let start = tokio::time::Instant::now();
+        let first = match tokio::time::timeout_at(start + budget, call(self.conn())).await {
+            Ok(Ok(v)) => {
+                if !up {
+                    self.inner.up.store(true, Ordering::Relaxed);
+                }
+                return Ok((v, false));
+            }
             Err(_) => {
+                self.inner.up.store(false, Ordering::Relaxed);
                 return Err(Error::Timeout {
                     operation,
                     after: budget,
                 });
             }
-            Ok(Ok(v)) => return Ok((v, false)),
             Ok(Err(e)) => e,
         };
         if !first.is_connection_dropped() {
+            if connection_failed(&first) {
+                self.inner.up.store(false, Ordering::Relaxed);
+            }
             return Err(convert(operation, cfg.response_timeout, first));
         }
+        self.inner.up.store(false, Ordering::Relaxed);
         tracing::debug!(operation, error = %first, "redis connection dropped; retrying once");
-        match tokio::time::timeout_at(deadline, call(self.conn())).await {
-            Ok(Ok(v)) => Ok((v, true)),
+        match tokio::time::timeout_at(start + cfg.call_timeout(), call(self.conn())).await {
+            Ok(Ok(v)) => {
+                self.inner.up.store(true, Ordering::Relaxed);
+                Ok((v, true))
+            }
             Ok(Err(e)) => Err(convert(operation, cfg.response_timeout, e)),
             // Still no connection: the original error says more than the timeout.
             Err(_) => Err(convert(operation, cfg.response_timeout, first)),
@@ -433,6 +467,12 @@ impl Drop for InFlight<'_> {
             self.backend.release_abandoned(req);
         }
     }
+}
+
+/// Whether `e` says the connection failed (as opposed to an error reply from a working
+/// server).
+fn connection_failed(e: &RedisError) -> bool {
+    e.is_timeout() || e.is_connection_refusal() || e.is_connection_dropped() || e.is_io_error()
 }
 
 /// Bounds `fut` by `after` ([`Error::Timeout`] when it elapses) and converts its error;
