@@ -324,6 +324,20 @@ fn unregister(entries: &mut HashMap<u64, Entry>, id: u64, ack: Option<oneshot::S
     }
 }
 
+/// Whether a lease next due at `next_due` is renewed with a batch that starts at `now`:
+/// when it is due within 3/5 of its renewal period.
+///
+/// The window must be wider than half a period. Two clusters of leases half a period
+/// apart would otherwise each just miss the other's batch: each pass starts a little
+/// after its own due time (timer lateness) and each batch's next due time is counted from
+/// when its call is sent (a little later still), so their offset can stay just above half
+/// a period for ever, costing two calls per tick. With a window of 3/5, of any two
+/// clusters one lies within the other's window, whatever their offset. A lease is then
+/// renewed at most 3/5 of a period early: at least every 2/5 of a period.
+fn joins_batch(next_due: Instant, now: Instant, renew_every: Duration) -> bool {
+    next_due <= now + renew_every * 3 / 5
+}
+
 fn start_due(
     backend: &Arc<dyn LeaseBackend>,
     max_batch: usize,
@@ -332,17 +346,16 @@ fn start_due(
     now: Instant,
 ) {
     // Group due leases by (ttl, call timeout): one renew call per group per tick. When
-    // any lease of a group is due, every lease of the group that is at least half-way to
-    // its own due time is renewed with it, so leases acquired at different times fall into
-    // step within a round or two and then cost one call per tick.
+    // any lease of a group is due, every lease of the group that `joins_batch` is renewed
+    // with it, so leases acquired at different times fall into step within a round or two
+    // and then cost one call per tick.
     let mut groups: HashMap<(Duration, Duration), (bool, Vec<u64>)> = HashMap::new();
     for (id, e) in entries.iter() {
         if e.lost || e.in_flight {
             continue;
         }
         let due = e.next_due <= now;
-        let half_way = e.next_due <= now + e.reg.renew_every / 2;
-        if half_way {
+        if joins_batch(e.next_due, now, e.reg.renew_every) {
             let group = groups.entry((e.reg.ttl, e.reg.call_timeout)).or_default();
             group.0 |= due;
             group.1.push(*id);
@@ -469,5 +482,67 @@ fn finish(entries: &mut HashMap<u64, Entry>, done: BatchResult) {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two clusters of leases, `offset` apart, each renewed by a batch whose pass runs
+    /// `late` after its due time and whose call is sent `send_delay` after the pass (the
+    /// next due time counts from the send). Returns how many renewal periods pass before
+    /// one batch takes both clusters, or `None` if it never happens within 20 periods.
+    fn periods_to_merge(offset: Duration, late: Duration, send_delay: Duration) -> Option<u32> {
+        let period = Duration::from_secs(1);
+        let start = Instant::now();
+        let mut due = [start + period, start + period + offset];
+        for round in 0..40u32 {
+            // The cluster due first is renewed; the other joins it if `joins_batch` says so.
+            let (first, other) = if due[0] <= due[1] { (0, 1) } else { (1, 0) };
+            let now = due[first] + late;
+            let sent = now + send_delay;
+            if joins_batch(due[other], now, period) {
+                return Some(round / 2);
+            }
+            due[first] = sent + period;
+        }
+        None
+    }
+
+    #[test]
+    fn clusters_at_any_offset_fall_into_step() {
+        // Timer lateness and send delays like those of a loaded two-core machine with
+        // thousands of leases (send_delay > late is what can keep two clusters apart when
+        // the window is only half a period).
+        let ms = Duration::from_millis;
+        for (late, send_delay) in [
+            (ms(0), ms(0)),
+            (ms(1), ms(3)),
+            (ms(2), ms(20)),
+            (ms(0), ms(50)),
+        ] {
+            for offset_ms in 1..1000 {
+                let offset = ms(offset_ms);
+                let merged = periods_to_merge(offset, late, send_delay);
+                assert!(
+                    merged.is_some_and(|p| p <= 1),
+                    "clusters {offset:?} apart (late {late:?}, send delay {send_delay:?}) \
+                     merged after {merged:?} periods"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_lease_joins_a_batch_within_three_fifths_of_its_period() {
+        let now = Instant::now();
+        let period = Duration::from_secs(10);
+        assert!(joins_batch(now + Duration::from_secs(6), now, period));
+        assert!(!joins_batch(
+            now + Duration::from_millis(6_001),
+            now,
+            period
+        ));
     }
 }
