@@ -150,11 +150,21 @@ impl Statements {
         );
         // $1 names, $2 tokens (deduplicated by the caller), $3 ttl in ms. Returns the
         // 1-based ordinals of the renewed pairs.
+        //
+        // The liveness test is written as a join condition (`OR b.i IS NULL`, never true:
+        // ordinals start at 1) so that the planner cannot estimate it on the table alone.
+        // As a plain filter on `l`, statistics gathered while most rows were released
+        // (the normal state of a lock table) made it estimate one live row, and the
+        // cached generic plan of this prepared statement then scanned the table once and
+        // the whole batch for every row: with 100,000 rows and a batch of 10,000, over
+        // 30 s instead of 0.1 s. Joined on name and token only, every plan the planner
+        // picks for any table size (hash join, or the batch driving the primary key) is
+        // linear in table + batch; `batch_renewal_survives_stale_statistics` shows it.
         let renew = format!(
             "UPDATE {t} AS l SET lock_until = clock_timestamp() + $3 * interval '1 millisecond'\n\
              FROM unnest($1::bytea[], $2::uuid[]) WITH ORDINALITY AS b(name, token, i)\n\
              WHERE l.name = b.name AND l.owner_token = b.token\n\
-             \x20 AND NOT l.released AND l.lock_until > clock_timestamp()\n\
+             \x20 AND (NOT l.released AND l.lock_until > clock_timestamp() OR b.i IS NULL)\n\
              RETURNING b.i"
         );
         // $1 name, $2 token, $3 keep-for in ms. The channel and payload prefix are

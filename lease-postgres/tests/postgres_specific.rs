@@ -1,6 +1,7 @@
 //! Postgres-specific properties beyond the conformance suite: database time inside old
 //! transactions, concurrent schema creation, round trips per primitive, fencing across
-//! server restarts, error mapping, and the advisory-lock mode's stuck holder.
+//! server restarts, error mapping, the advisory-lock mode's stuck holder, and batch renewal
+//! with stale planner statistics.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failures are assertions
 
 use std::collections::HashMap;
@@ -959,4 +960,97 @@ async fn advisory_reuses_released_connections() {
             .expect("release"),
         ReleaseOutcome::Released
     );
+}
+
+/// A batch renewal stays fast when the renew statement's cached plan was made from
+/// statistics of a small table whose rows were all released (the normal state of a lock
+/// table between jobs) and the table has since grown. The connection is told to use
+/// generic plans at once (`plan_cache_mode`), as sqlx's prepared statements do after five
+/// runs, and autovacuum is off for the table, so no fresh statistics replace the plan.
+/// With the liveness test as a filter on the table, that plan scanned the table once and
+/// the whole batch for every row: 101,200 rows x 10,000 names, over 30 s. The call
+/// timeout of 10 s is the bound: the linear plans take about 0.1 s here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_renewal_survives_stale_statistics() {
+    use lease_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+    let db = PostgresServer::shared().await.expect("server");
+    let call_timeout = Duration::from_secs(10);
+    let options: PgConnectOptions = db.url().parse().expect("url");
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options.options([
+            ("plan_cache_mode", "force_generic_plan".to_owned()),
+            ("statement_timeout", call_timeout.as_millis().to_string()),
+        ]))
+        .await
+        .expect("pool");
+    let b = PostgresBackend::from_pool(
+        pool.clone(),
+        PostgresConfig {
+            call_timeout,
+            ..config(&table())
+        },
+    )
+    .await
+    .expect("backend");
+    b.create_schema().await.expect("schema");
+    let t = b.table().to_owned();
+    let a = owner("grower");
+    let exec = |s: String| {
+        let pool = pool.clone();
+        async move {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(s.clone()))
+                .execute(&pool)
+                .await
+                .expect(&s)
+        }
+    };
+    exec(format!("ALTER TABLE {t} SET (autovacuum_enabled = false)")).await;
+    // 1,200 released rows, analysed: the planner believes no row is live.
+    exec(format!(
+        "INSERT INTO {t} (name, owner_token, holder, fencing, locked_at, lock_until, released) \
+         SELECT convert_to('stale-a-' || g, 'UTF8'), gen_random_uuid(), 'old', 1, \
+         clock_timestamp(), clock_timestamp(), true FROM generate_series(1, 1200) g"
+    ))
+    .await;
+    exec(format!("ANALYZE {t}")).await;
+    // The first renewal on the single connection prepares the statement and caches its
+    // generic plan.
+    let none = name("none");
+    let outcome = b
+        .renew(
+            &[RenewItem {
+                name: none,
+                token: a.token,
+            }],
+            Duration::from_secs(300),
+        )
+        .await
+        .expect("renew");
+    assert_eq!(outcome, vec![RenewOutcome::Lost]);
+    // The table grows by 100,000 live leases of `a`; 10,000 of them are renewed at once.
+    let grown = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {t} (name, owner_token, holder, fencing, locked_at, lock_until, released) \
+         SELECT convert_to('stale-b-' || g, 'UTF8'), $1, 'grower', 1, clock_timestamp(), \
+         clock_timestamp() + interval '300 s', false FROM generate_series(1, 100000) g"
+    )))
+    .bind(a.token.as_uuid())
+    .execute(&pool)
+    .await
+    .expect("grow");
+    assert_eq!(grown.rows_affected(), 100_000);
+    let items: Vec<RenewItem> = (1..=10_000)
+        .map(|i| RenewItem {
+            name: LeaseName::new(format!("stale-b-{}", i * 10)).expect("name"),
+            token: a.token,
+        })
+        .collect();
+    let started = Instant::now();
+    let outcomes = b
+        .renew(&items, Duration::from_secs(300))
+        .await
+        .expect("a batch renewal within the call timeout");
+    eprintln!("renewed 10,000 of 101,200 rows in {:?}", started.elapsed());
+    assert_eq!(outcomes.len(), 10_000);
+    assert!(outcomes.iter().all(|o| *o == RenewOutcome::Renewed));
 }
