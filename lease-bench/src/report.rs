@@ -52,11 +52,13 @@ fn ratio(s: Spread) -> String {
     format!("{:.2} ({:.2}–{:.2})", s.median, s.min, s.max)
 }
 
+/// The median to three places and whether it meets the target (two places can round a
+/// median of 0.896 up to "0.90").
 fn verdict(s: Spread) -> String {
     if s.median >= TARGET {
-        "met".into()
+        format!("{:.3}, met", s.median)
     } else {
-        format!("missed by {:.2}", TARGET - s.median)
+        format!("{:.3}, missed by {:.3}", s.median, TARGET - s.median)
     }
 }
 
@@ -114,11 +116,9 @@ pub fn markdown(results: &[StoreResult], machine: &str, command: &str, notes: &s
             });
         let _ = writeln!(
             o,
-            "| {} | {:.2}, {} | {:.2}, {} | {:.2} | {:.2} | {} |",
+            "| {} | {} | {} | {:.2} | {:.2} | {} |",
             r.store,
-            lib.ratio[0].median,
             verdict(lib.ratio[0]),
-            lib.ratio[1].median,
             verdict(lib.ratio[1]),
             client.vs[r.peer][0].median,
             client.vs[r.peer][1].median,
