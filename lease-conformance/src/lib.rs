@@ -23,6 +23,7 @@ mod faulty;
 pub mod fenced;
 pub mod matrix;
 pub mod netns;
+pub mod outage;
 pub mod scenarios;
 pub mod server;
 pub mod suite;

@@ -7,10 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use lease_conformance::outage::{acquire_fails_typed, lost_at_the_deadline};
 use lease_conformance::server::postgres::PostgresServer;
-use lease_core::{
-    Error, HolderLabel, LeaseBackend, LeaseClient, LeaseGuard, LeaseOptions, LossReason, TryAcquire,
-};
+use lease_core::{HolderLabel, LeaseBackend, LeaseClient, LeaseGuard, LeaseOptions, TryAcquire};
 use lease_postgres::PostgresBackend;
 use tokio::time::Instant;
 
@@ -33,46 +32,6 @@ async fn take(client: &LeaseClient, name: &str, opts: &LeaseOptions) -> LeaseGua
         TryAcquire::Acquired(g) => g,
         TryAcquire::Held(by) => panic!("{name} held by {by}"),
     }
-}
-
-/// While the server is unreachable or frozen, a new acquisition fails with a typed,
-/// retryable error, no later than the call timeout (plus 200 ms of scheduling slack).
-async fn acquire_fails_typed(client: &LeaseClient, name: &str, opts: &LeaseOptions) {
-    let t0 = Instant::now();
-    match client.try_acquire(name, opts).await {
-        Err(e) => {
-            assert!(e.is_retryable(), "{e}");
-            assert!(
-                matches!(e, Error::Unavailable { .. } | Error::Timeout { .. }),
-                "{e:?}"
-            );
-        }
-        Ok(other) => panic!("acquired while the server is out: {other:?}"),
-    }
-    assert!(
-        t0.elapsed() <= opts.call_timeout() + Duration::from_millis(200),
-        "the failing acquire took {:?} (call timeout {:?})",
-        t0.elapsed(),
-        opts.call_timeout()
-    );
-}
-
-/// The holder is told at its deadline: last successful renewal + TTL - margin, so at most
-/// TTL - margin after the outage began (plus 150 ms of scheduling slack).
-async fn lost_at_the_deadline(guard: &LeaseGuard, opts: &LeaseOptions, out_since: Instant) {
-    let reason = tokio::time::timeout(TTL * 2, guard.lost())
-        .await
-        .expect("no lost signal within 2x TTL");
-    assert_eq!(reason, LossReason::DeadlinePassed);
-    assert!(
-        out_since.elapsed() <= TTL - opts.safety_margin() + Duration::from_millis(150),
-        "lost signal {:?} after the outage began",
-        out_since.elapsed()
-    );
-    eprintln!(
-        "lost signal {:?} after the outage began",
-        out_since.elapsed()
-    );
 }
 
 /// Once the server is back, the lease the lost holder had is taken again (its row expired
