@@ -1,5 +1,6 @@
-//! [`FaultyBackend`]: wraps any backend and fails, delays or hangs its calls on demand,
-//! counting every call, so the client's error paths can be tested against real stores.
+//! [`FaultyBackend`]: wraps any backend and fails, delays, hangs or panics its calls, or
+//! delays or loses their replies after the store applied them, on demand, counting every
+//! call, so the client's error paths can be tested against real stores.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -43,6 +44,15 @@ pub enum Fault {
     /// `renew` only: answer [`RenewOutcome::Lost`] for every lease without asking the
     /// store, as a store does after losing its data (other primitives pass through).
     AnswerLost,
+    /// Send the call to the store at once, then hold its reply back for this long: the
+    /// store has applied the call well before the caller hears of it (a slow network on
+    /// the way back, a stalled reader).
+    DelayReply(Duration),
+    /// Send the call to the store, then never answer: the store applied the call and the
+    /// reply was lost (a reset stream, a leader change after the commit).
+    LoseReply,
+    /// Panic instead of calling the store (a bug in a backend).
+    Panic,
 }
 
 /// One recorded `renew` call.
@@ -59,6 +69,8 @@ pub struct RenewCall {
 #[derive(Debug, Default)]
 struct State {
     faults: HashMap<Op, Fault>,
+    /// Faults for the next call of an op only; they take precedence over `faults`.
+    once: HashMap<Op, Fault>,
     calls: HashMap<Op, u64>,
     renew_log: Vec<RenewCall>,
 }
@@ -88,6 +100,12 @@ impl FaultyBackend {
     /// Sets the fault for one primitive.
     pub fn set(&self, op: Op, fault: Fault) {
         self.state().faults.insert(op, fault);
+    }
+
+    /// Sets a fault for the next call of `op` only; later calls get the fault set with
+    /// [`FaultyBackend::set`] again.
+    pub fn set_once(&self, op: Op, fault: Fault) {
+        self.state().once.insert(op, fault);
     }
 
     /// Sets the same fault for every primitive (the whole store down, hung or slow).
@@ -126,21 +144,39 @@ impl FaultyBackend {
         }
     }
 
-    async fn enter(&self, op: Op) -> Result<()> {
+    /// Counts the call and applies the part of its fault that comes before the store is
+    /// asked; returns the fault, whose reply part [`FaultyBackend::leave`] applies.
+    async fn enter(&self, op: Op) -> Result<Fault> {
         let fault = {
             let mut st = self.state();
             *st.calls.entry(op).or_default() += 1;
-            st.faults.get(&op).copied().unwrap_or_default()
+            match st.once.remove(&op) {
+                Some(f) => f,
+                None => st.faults.get(&op).copied().unwrap_or_default(),
+            }
         };
         self.call_started.notify_waiters();
         match fault {
-            Fault::Pass | Fault::AnswerLost => Ok(()),
             Fault::Fail => Err(Error::unavailable("faulty", "injected fault: store down")),
             Fault::Hang => std::future::pending().await,
             Fault::Delay(d) => {
                 tokio::time::sleep(d).await;
-                Ok(())
+                Ok(fault)
             }
+            Fault::Panic => panic!("injected fault: the backend panicked in {op:?}"),
+            Fault::Pass | Fault::AnswerLost | Fault::DelayReply(_) | Fault::LoseReply => Ok(fault),
+        }
+    }
+
+    /// Applies the reply part of `fault` to a reply the store has already given.
+    async fn leave<T>(fault: Fault, reply: Result<T>) -> Result<T> {
+        match fault {
+            Fault::DelayReply(d) => {
+                tokio::time::sleep(d).await;
+                reply
+            }
+            Fault::LoseReply => std::future::pending().await,
+            _ => reply,
         }
     }
 }
@@ -157,8 +193,8 @@ impl LeaseBackend for FaultyBackend {
         owner: &Owner,
         ttl: Duration,
     ) -> Result<AcquireOutcome> {
-        self.enter(Op::Acquire).await?;
-        self.inner.acquire(name, owner, ttl).await
+        let fault = self.enter(Op::Acquire).await?;
+        Self::leave(fault, self.inner.acquire(name, owner, ttl).await).await
     }
 
     async fn renew(&self, leases: &[RenewItem], ttl: Duration) -> Result<Vec<RenewOutcome>> {
@@ -171,12 +207,11 @@ impl LeaseBackend for FaultyBackend {
             });
             st.renew_log.len() - 1
         };
-        self.enter(Op::Renew).await?;
-        let answer_lost = self.state().faults.get(&Op::Renew) == Some(&Fault::AnswerLost);
-        let r = if answer_lost {
+        let fault = self.enter(Op::Renew).await?;
+        let r = if fault == Fault::AnswerLost {
             Ok(vec![RenewOutcome::Lost; leases.len()])
         } else {
-            self.inner.renew(leases, ttl).await
+            Self::leave(fault, self.inner.renew(leases, ttl).await).await
         };
         if let Some(call) = self.state().renew_log.get_mut(idx) {
             call.finished = Some(Instant::now());
@@ -190,22 +225,22 @@ impl LeaseBackend for FaultyBackend {
         token: &OwnerToken,
         keep_for: Duration,
     ) -> Result<ReleaseOutcome> {
-        self.enter(Op::Release).await?;
-        self.inner.release(name, token, keep_for).await
+        let fault = self.enter(Op::Release).await?;
+        Self::leave(fault, self.inner.release(name, token, keep_for).await).await
     }
 
     async fn inspect(&self, name: &LeaseName) -> Result<Option<LeaseInfo>> {
-        self.enter(Op::Inspect).await?;
-        self.inner.inspect(name).await
+        let fault = self.enter(Op::Inspect).await?;
+        Self::leave(fault, self.inner.inspect(name).await).await
     }
 
     async fn force_release(&self, name: &LeaseName) -> Result<bool> {
-        self.enter(Op::Release).await?;
-        self.inner.force_release(name).await
+        let fault = self.enter(Op::Release).await?;
+        Self::leave(fault, self.inner.force_release(name).await).await
     }
 
     async fn wait_released(&self, name: &LeaseName, max_wait: Duration) -> Result<()> {
-        self.enter(Op::WaitReleased).await?;
-        self.inner.wait_released(name, max_wait).await
+        let fault = self.enter(Op::WaitReleased).await?;
+        Self::leave(fault, self.inner.wait_released(name, max_wait).await).await
     }
 }

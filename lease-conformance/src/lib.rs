@@ -124,7 +124,16 @@ macro_rules! conformance_suite {
             scheduled_job_once_per_period,
             store_down_typed_errors,
             heartbeat_batches_renewals,
-            force_release_frees_and_holder_learns
+            force_release_frees_and_holder_learns,
+            cancelled_acquires_leave_nothing_held,
+            lost_acquire_reply_frees_the_name,
+            deadline_counts_from_send_time,
+            renew_panic_is_a_failed_renewal,
+            heartbeat_runtime_dropped,
+            stalled_heartbeat_bounds_lost_and_release,
+            lost_token_fires_when_the_run_ends,
+            scheduled_job_defaults_once_per_period,
+            scheduled_job_validates_keep_for
         );
     };
     (@checks $factory:path; $($check:ident),* $(,)?) => {

@@ -244,3 +244,124 @@ async fn timed_backend_records_calls_past_the_limit_even_when_cancelled() {
     assert_eq!(o[0].operation, "inspect");
     assert_eq!(o[0].took, Duration::from_millis(300));
 }
+
+/// A backend that grants a quarter of the TTL asked for on acquire of names starting with
+/// "short" (as a store does whose leases are shared and partly elapsed), and passes
+/// everything else through.
+#[derive(Debug)]
+struct ShortGrant(Arc<MemoryBackend>);
+
+#[async_trait::async_trait]
+impl LeaseBackend for ShortGrant {
+    fn capabilities(&self) -> lease_core::Capabilities {
+        self.0.capabilities()
+    }
+    async fn acquire(
+        &self,
+        name: &lease_core::LeaseName,
+        owner: &lease_core::Owner,
+        ttl: Duration,
+    ) -> lease_core::Result<lease_core::AcquireOutcome> {
+        let ttl = if name.as_bytes().starts_with(b"short") {
+            ttl / 4
+        } else {
+            ttl
+        };
+        self.0.acquire(name, owner, ttl).await
+    }
+    async fn renew(
+        &self,
+        leases: &[lease_core::RenewItem],
+        ttl: Duration,
+    ) -> lease_core::Result<Vec<lease_core::RenewOutcome>> {
+        self.0.renew(leases, ttl).await
+    }
+    async fn release(
+        &self,
+        name: &lease_core::LeaseName,
+        token: &lease_core::OwnerToken,
+        keep_for: Duration,
+    ) -> lease_core::Result<lease_core::ReleaseOutcome> {
+        self.0.release(name, token, keep_for).await
+    }
+    async fn inspect(
+        &self,
+        name: &lease_core::LeaseName,
+    ) -> lease_core::Result<Option<lease_core::LeaseInfo>> {
+        self.0.inspect(name).await
+    }
+}
+
+/// A lease granted less TTL than asked is renewed half-way to its first deadline, even
+/// when the heartbeat sleeps until a little before that deadline for another lease:
+/// registration decides whether to wake the heartbeat by the same rule that schedules the
+/// first renewal. (With "wake by the deadline" but "renew half-way", the heartbeat slept
+/// on, renewed just before the deadline, and the reply came too late.)
+#[tokio::test(start_paused = true)]
+async fn a_short_grant_is_renewed_before_its_first_deadline() {
+    let memory = Arc::new(MemoryBackend::new());
+    let faulty = Arc::new(FaultyBackend::new(Arc::new(ShortGrant(memory.clone()))));
+    let client = LeaseClient::with_label(faulty.clone(), HolderLabel::new("short").unwrap());
+    faulty.set(Op::Renew, Fault::Delay(Duration::from_millis(200)));
+    let t0 = Instant::now();
+    // The first lease (TTL 20.7 s, renewed every 6.9 s) makes the heartbeat sleep until
+    // t = 6.9 s.
+    let first = held(
+        &client,
+        "first",
+        &LeaseOptions::new(Duration::from_millis(20_700)).unwrap(),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // 40 s asked (margin 4 s), 10 s granted at t = 1 s: first deadline at t = 7 s, first
+    // renewal due half-way, at t = 4 s.
+    let opts = LeaseOptions::new(Duration::from_secs(40)).unwrap();
+    let second = held(&client, "short-second", &opts).await;
+    assert_eq!(second.deadline() - Instant::now(), Duration::from_secs(6));
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert!(second.is_held(), "lost: {:?}", second.loss_reason());
+    assert!(first.is_held());
+    let first_renewal = faulty
+        .renew_log()
+        .into_iter()
+        .find(|c| c.names.iter().any(|n| n.as_bytes() == b"short-second"))
+        .unwrap();
+    assert_eq!(
+        first_renewal.started - t0,
+        Duration::from_secs(4),
+        "first renewal of the short grant"
+    );
+}
+
+/// A renewal whose reply comes after the safety deadline does not bring a lost guard
+/// back: `is_held` stays false and the reason stays "deadline passed".
+#[tokio::test(start_paused = true)]
+async fn is_held_never_turns_back_to_true() {
+    let (_memory, faulty, client) = setup();
+    // TTL 3 s: renew at 1 s, call timeout 1 s, deadline 2.7 s. Renewals fail until
+    // t = 2.6 s; the retry sent then is applied at once, but its reply comes 900 ms later,
+    // after the deadline.
+    let opts = LeaseOptions::builder(Duration::from_secs(3))
+        .backoff(Duration::from_millis(10), Duration::from_millis(20))
+        .build()
+        .unwrap();
+    faulty.set(Op::Renew, Fault::Fail);
+    let guard = held(&client, "late-reply", &opts).await;
+    tokio::time::sleep(Duration::from_millis(2600)).await;
+    faulty.set(Op::Renew, Fault::DelayReply(Duration::from_millis(900)));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!guard.is_held());
+    tokio::time::sleep(Duration::from_secs(1)).await; // the reply (Renewed) has come
+    let late = faulty
+        .renew_log()
+        .into_iter()
+        .filter(|c| c.started >= Instant::now() - Duration::from_millis(1200))
+        .filter_map(|c| c.finished)
+        .count();
+    assert_eq!(
+        late, 1,
+        "one renewal sent before and answered after the deadline"
+    );
+    assert!(!guard.is_held(), "a late renewal revived a lost guard");
+    assert_eq!(guard.loss_reason(), Some(LossReason::DeadlinePassed));
+}

@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -12,12 +12,12 @@ use tracing::Instrument;
 use crate::backend::LeaseBackend;
 use crate::error::{Error, Result};
 use crate::guard::{GuardShared, LeaseGuard, LossReason};
-use crate::heartbeat::{self, Command, HeartbeatHandle, Registration};
+use crate::heartbeat::{self, HeartbeatHandle, Registration};
 use crate::types::{
     AcquireOutcome, Capabilities, FencingToken, HeldBy, HolderLabel, LeaseInfo, LeaseName,
-    LeaseOptions, Owner,
+    LeaseOptions, Owner, OwnerToken, ReleaseOutcome,
 };
-use crate::util::backoff_delay;
+use crate::util::{backoff_delay, call};
 
 /// Answer to [`LeaseClient::try_acquire`].
 #[derive(Debug)]
@@ -37,8 +37,18 @@ pub struct LeaseContext {
     /// The fencing token of this acquisition: pass it with every write to the protected
     /// resource.
     pub fencing: FencingToken,
-    /// Cancelled when the lease is lost.
+    /// Cancelled when the lease is lost, and when the run ends (reason
+    /// [`LossReason::Released`]), so tasks spawned with it stop with the run.
     pub lost: CancellationToken,
+    shared: Arc<GuardShared>,
+}
+
+impl LeaseContext {
+    /// Why [`LeaseContext::lost`] was cancelled: `None` while the lease is held,
+    /// [`LossReason::Released`] once the run has ended.
+    pub fn loss_reason(&self) -> Option<LossReason> {
+        self.shared.loss_reason()
+    }
 }
 
 /// Outcome of [`LeaseClient::run_exclusive`].
@@ -57,37 +67,116 @@ pub enum RunOutcome<T> {
 #[derive(Debug)]
 pub(crate) struct ClientInner {
     pub(crate) backend: Arc<dyn LeaseBackend>,
-    caps: Capabilities,
+    pub(crate) caps: Capabilities,
     label: HolderLabel,
-    heartbeat: OnceLock<HeartbeatHandle>,
+    /// The running heartbeat; replaced by a new one if it dies.
+    heartbeat: Mutex<Option<Arc<HeartbeatHandle>>>,
     next_id: AtomicU64,
     epoch: Instant,
 }
 
 impl ClientInner {
-    /// Sends a command to the heartbeat; `false` if it is not running.
-    pub(crate) fn send(&self, cmd: Command) -> bool {
-        match self.heartbeat.get() {
-            Some(hb) => hb.send(cmd),
-            None => false,
+    /// The client's heartbeat, started on the current runtime if there is none or the
+    /// last one has stopped (its runtime was shut down, or it panicked). Fails only where
+    /// no runtime is running, before anything is sent to the store.
+    fn heartbeat(&self) -> Result<Arc<HeartbeatHandle>> {
+        let mut slot = self.heartbeat.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(hb) = slot.as_ref() {
+            if hb.is_alive() {
+                return Ok(hb.clone());
+            }
+            tracing::warn!(
+                holder = %self.label,
+                "the heartbeat task has stopped (its runtime was shut down, or it panicked); \
+                 starting a new one on this runtime"
+            );
         }
+        let hb = Arc::new(heartbeat::spawn(
+            self.backend.clone(),
+            self.caps.backend,
+            self.caps.max_renew_batch,
+            self.epoch,
+        )?);
+        *slot = Some(hb.clone());
+        Ok(hb)
     }
+}
 
-    /// Queues an unregistration without waking the heartbeat.
-    pub(crate) fn unregister_quiet(&self, id: u64) {
-        if let Some(hb) = self.heartbeat.get() {
-            hb.unregister_quiet(id);
-        }
+/// Armed around an acquire call: if the call does not end with a guard (it was dropped
+/// at an await point, timed out, or failed after the store may have applied it), the
+/// drop releases whatever the call may have taken, by its owner token, in the background.
+/// Disarmed once a [`LeaseGuard`] owns the lease, or once the store said it is held.
+struct AcquireCleanup {
+    inner: Arc<ClientInner>,
+    name: LeaseName,
+    token: OwnerToken,
+    call_timeout: Duration,
+    armed: bool,
+}
+
+impl AcquireCleanup {
+    fn disarm(&mut self) {
+        self.armed = false;
     }
+}
 
-    fn heartbeat(&self) -> Result<&HeartbeatHandle> {
-        if let Some(hb) = self.heartbeat.get() {
-            return Ok(hb);
+impl Drop for AcquireCleanup {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
         }
-        let tx = heartbeat::spawn(self.backend.clone(), self.caps.max_renew_batch, self.epoch)?;
-        // If another task won the race, its sender is kept and ours is dropped, which
-        // ends the extra heartbeat task at once.
-        Ok(self.heartbeat.get_or_init(|| tx))
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!(
+                lease = %self.name,
+                "acquire abandoned outside a runtime; anything it took lapses at its TTL"
+            );
+            return;
+        };
+        let span = tracing::debug_span!(
+            "lease.cleanup",
+            lease = %self.name,
+            holder = %self.inner.label,
+        );
+        rt.spawn(
+            release_abandoned(
+                self.inner.clone(),
+                self.name.clone(),
+                self.token,
+                self.call_timeout,
+            )
+            .instrument(span),
+        );
+    }
+}
+
+/// Releases what an abandoned acquire may have taken. The release can overtake the
+/// acquire on its way to the store (another connection, another stream), so if it finds
+/// nothing it is sent once more after the call timeout, by when the acquire has been
+/// applied or will not be.
+async fn release_abandoned(
+    inner: Arc<ClientInner>,
+    name: LeaseName,
+    token: OwnerToken,
+    call_timeout: Duration,
+) {
+    let release =
+        || crate::guard::release_on_store(&inner, &name, &token, Duration::ZERO, call_timeout);
+    if let Ok(ReleaseOutcome::Released) = release().await {
+        tracing::info!("an abandoned acquire had taken the lease; released it");
+        return;
+    }
+    tokio::time::sleep(call_timeout).await;
+    match release().await {
+        Ok(ReleaseOutcome::Released) => {
+            tracing::info!("an abandoned acquire had taken the lease; released it")
+        }
+        Ok(ReleaseOutcome::NotOwner) => {
+            tracing::debug!("the abandoned acquire had taken nothing")
+        }
+        Err(e) => tracing::warn!(
+            error = %e,
+            "could not release what an abandoned acquire may have taken; it lapses at its TTL"
+        ),
     }
 }
 
@@ -133,7 +222,7 @@ impl LeaseClient {
                 backend,
                 caps,
                 label,
-                heartbeat: OnceLock::new(),
+                heartbeat: Mutex::new(None),
                 next_id: AtomicU64::new(1),
                 epoch: Instant::now(),
             }),
@@ -156,6 +245,16 @@ impl LeaseClient {
     }
 
     /// Tries once to take `name`; does not wait if it is held.
+    ///
+    /// Errors: a typed [`Error`] when the store fails or does not answer within the call
+    /// timeout ([`Error::is_retryable`] says whether to try again later).
+    ///
+    /// Cancel safety: cancel-safe. If the future is dropped before it returns (a
+    /// `timeout`, a `select!`, a request handler whose client hung up), whatever the
+    /// store may have granted is released by its owner token in the background, once at
+    /// once and once more after the call timeout (in case the release overtook the
+    /// acquire): no lease stays held without a guard for longer than the call timeout
+    /// plus one round trip. The same holds when the call times out or fails.
     pub async fn try_acquire(
         &self,
         name: impl AsRef<[u8]>,
@@ -167,73 +266,52 @@ impl LeaseClient {
 
     async fn try_acquire_name(&self, name: &LeaseName, opts: &LeaseOptions) -> Result<TryAcquire> {
         let inner = &self.inner;
-        // Start the heartbeat before touching the store, so a missing runtime is an
-        // error before anything is taken.
+        // Make sure a live heartbeat exists before touching the store, so a missing
+        // runtime is an error before anything is taken.
         let hb = inner.heartbeat()?;
         let owner = Owner::new(inner.label.clone());
         let span = tracing::debug_span!("lease.acquire", lease = %name, holder = %inner.label);
         async {
+            let mut cleanup = AcquireCleanup {
+                inner: inner.clone(),
+                name: name.clone(),
+                token: owner.token,
+                call_timeout: opts.call_timeout(),
+                armed: true,
+            };
             let sent_at = Instant::now();
-            let reply = tokio::time::timeout(
+            let reply = call(
+                inner.caps.backend,
+                "acquire",
                 opts.call_timeout(),
                 inner.backend.acquire(name, &owner, opts.ttl()),
             )
             .await;
             match reply {
-                Err(_) => {
-                    // The store may have granted it after all: free it in the background
+                Err(e) => {
+                    if !e.may_have_reached_the_store() {
+                        cleanup.disarm();
+                    }
+                    // Anything the store may have granted is released by `cleanup`,
                     // rather than blocking everyone until the TTL.
-                    self.spawn_cleanup(name.clone(), owner, opts.call_timeout());
-                    tracing::warn!(timeout = ?opts.call_timeout(), "acquire timed out");
-                    Err(Error::Timeout {
-                        operation: "acquire",
-                        after: opts.call_timeout(),
-                    })
-                }
-                Ok(Err(e)) => {
                     tracing::warn!(error = %e, retryable = e.is_retryable(), "acquire failed");
                     Err(e)
                 }
-                Ok(Ok(AcquireOutcome::Held(by))) => {
+                Ok(AcquireOutcome::Held(by)) => {
+                    cleanup.disarm();
                     tracing::debug!(held_by = %by, "lease held elsewhere");
                     Ok(TryAcquire::Held(by))
                 }
-                Ok(Ok(AcquireOutcome::Acquired { fencing, ttl })) => {
-                    let ttl = ttl.min(opts.ttl());
-                    let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
-                    let shared = Arc::new(GuardShared::new(
-                        name.clone(),
-                        owner.token,
+                Ok(AcquireOutcome::Acquired { fencing, ttl }) => {
+                    let granted = Granted {
+                        name,
+                        owner: &owner,
                         fencing,
-                        owner.label.clone(),
-                        inner.epoch,
-                    ));
-                    let first_deadline = sent_at + ttl.saturating_sub(opts.safety_margin());
-                    shared.set_deadline(first_deadline);
-                    let reg = Registration {
-                        id,
-                        name: name.clone(),
-                        token: owner.token,
-                        ttl: opts.ttl(),
-                        renew_every: opts.renew_every(),
-                        margin: opts.safety_margin(),
-                        call_timeout: opts.call_timeout(),
-                        backoff: (opts.backoff_min(), opts.backoff_max()),
+                        ttl: ttl.min(opts.ttl()),
                         sent_at,
-                        first_deadline,
-                        shared: shared.clone(),
                     };
-                    let guard = LeaseGuard::new(
-                        shared,
-                        self.inner.clone(),
-                        id,
-                        opts.keep_for(),
-                        opts.call_timeout(),
-                    );
-                    if !hb.register(reg) {
-                        // Cannot happen while `inner` holds the sender; treat as lost.
-                        return Err(Error::unexpected("client", "heartbeat task stopped"));
-                    }
+                    let guard = self.register(hb, &granted, opts)?;
+                    cleanup.disarm();
                     tracing::info!(fencing = fencing.get(), "acquired");
                     Ok(TryAcquire::Acquired(guard))
                 }
@@ -243,18 +321,55 @@ impl LeaseClient {
         .await
     }
 
-    fn spawn_cleanup(&self, name: LeaseName, owner: Owner, call_timeout: Duration) {
-        let inner = self.inner.clone();
-        tokio::spawn(async move {
-            let _ = crate::guard::release_on_store(
-                &inner,
-                &name,
-                &owner.token,
-                Duration::ZERO,
-                call_timeout,
-            )
-            .await;
-        });
+    /// Hands a granted lease to the heartbeat and returns its guard. If the heartbeat died
+    /// since the acquire started, a new one is started on this runtime and takes it.
+    fn register(
+        &self,
+        mut hb: Arc<HeartbeatHandle>,
+        granted: &Granted<'_>,
+        opts: &LeaseOptions,
+    ) -> Result<LeaseGuard> {
+        let inner = &self.inner;
+        for _ in 0..2 {
+            let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+            let shared = Arc::new(GuardShared::new(
+                granted.name.clone(),
+                granted.owner.token,
+                granted.fencing,
+                granted.owner.label.clone(),
+                inner.epoch,
+            ));
+            let first_deadline = granted.sent_at + granted.ttl.saturating_sub(opts.safety_margin());
+            shared.set_deadline(first_deadline);
+            let reg = Registration {
+                id,
+                name: granted.name.clone(),
+                token: granted.owner.token,
+                ttl: opts.ttl(),
+                renew_every: opts.renew_every(),
+                margin: opts.safety_margin(),
+                call_timeout: opts.call_timeout(),
+                backoff: (opts.backoff_min(), opts.backoff_max()),
+                sent_at: granted.sent_at,
+                first_deadline,
+                shared: shared.clone(),
+            };
+            if hb.register(reg) {
+                return Ok(LeaseGuard::new(
+                    shared,
+                    inner.clone(),
+                    hb,
+                    id,
+                    opts.keep_for(),
+                    opts.call_timeout(),
+                ));
+            }
+            hb = inner.heartbeat()?;
+        }
+        Err(Error::unexpected(
+            "client",
+            "the heartbeat task stopped twice while a lease was being registered",
+        ))
     }
 
     /// Takes `name`, waiting up to `opts.wait()` while someone else holds it.
@@ -265,6 +380,9 @@ impl LeaseClient {
     ///
     /// Errors: [`Error::StillHeld`] when the wait ran out while the lease was held; the
     /// last store error when the store failed until the end; any non-retryable error at once.
+    ///
+    /// Cancel safety: cancel-safe, as [`LeaseClient::try_acquire`] is: a dropped call
+    /// leaves no lease held without a guard beyond the call timeout plus one round trip.
     pub async fn acquire(&self, name: impl AsRef<[u8]>, opts: &LeaseOptions) -> Result<LeaseGuard> {
         let name = LeaseName::new(name)?;
         self.acquire_name(&name, opts).await
@@ -300,12 +418,14 @@ impl LeaseClient {
                     // Sleep until a release notification, the holder's expiry or our
                     // deadline, whichever is first.
                     let max = by.remaining.map_or(left, |r| r.min(left));
-                    let waited = tokio::time::timeout(
+                    let waited = call(
+                        self.inner.caps.backend,
+                        "wait_released",
                         max + opts.call_timeout(),
                         self.inner.backend.wait_released(name, max),
                     )
                     .await;
-                    if !matches!(waited, Ok(Ok(()))) {
+                    if waited.is_err() {
                         tokio::time::sleep(pause).await;
                     }
                 }
@@ -325,7 +445,12 @@ impl LeaseClient {
     /// Waits for the lease up to `opts.wait()`; if it is still held, the work does not run
     /// and [`RunOutcome::Skipped`] is returned. If the lease is lost while the work runs,
     /// the work's future is dropped (cancelled) and [`RunOutcome::Lost`] is returned. After
-    /// the work completes the lease is released (honouring keep-for).
+    /// the work completes the lease is released (honouring keep-for). When the run ends,
+    /// however it ends, [`LeaseContext::lost`] is cancelled, so tasks spawned with it stop.
+    ///
+    /// Cancel safety: cancel-safe. Dropped while acquiring, it behaves as a dropped
+    /// [`LeaseClient::try_acquire`]; dropped while the work runs, the work is dropped with
+    /// it and the lease is released in the background.
     pub async fn run_exclusive<F, Fut, T>(
         &self,
         name: impl AsRef<[u8]>,
@@ -357,7 +482,9 @@ impl LeaseClient {
         Ok(run_with_guard(guard, work).await)
     }
 
-    /// Reads the current holder of `name` from the store.
+    /// Reads the current holder of `name` from the store, bounded by 5 s.
+    ///
+    /// Cancel safety: cancel-safe; it only reads.
     pub async fn inspect(&self, name: impl AsRef<[u8]>) -> Result<Option<LeaseInfo>> {
         let name = LeaseName::new(name)?;
         self.inspect_with_timeout(&name, Duration::from_secs(5))
@@ -365,19 +492,31 @@ impl LeaseClient {
     }
 
     /// Reads the current holder of `name`, bounded by `timeout`.
+    ///
+    /// Cancel safety: cancel-safe; it only reads.
     pub async fn inspect_with_timeout(
         &self,
         name: &LeaseName,
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>> {
-        match tokio::time::timeout(timeout, self.inner.backend.inspect(name)).await {
-            Ok(r) => r,
-            Err(_) => Err(Error::Timeout {
-                operation: "inspect",
-                after: timeout,
-            }),
-        }
+        call(
+            self.inner.caps.backend,
+            "inspect",
+            timeout,
+            self.inner.backend.inspect(name),
+        )
+        .await
     }
+}
+
+/// What a successful acquire call granted.
+struct Granted<'a> {
+    name: &'a LeaseName,
+    owner: &'a Owner,
+    fencing: FencingToken,
+    /// The TTL the store granted, at most the one asked for.
+    ttl: Duration,
+    sent_at: Instant,
 }
 
 /// Runs `work` under `guard`, cancelling it when the lease is lost, then releases.
@@ -386,10 +525,12 @@ where
     F: FnOnce(LeaseContext) -> Fut,
     Fut: Future<Output = T>,
 {
+    // The select below watches the deadline, so the context's token needs no watcher.
     let ctx = LeaseContext {
         name: guard.name().clone(),
         fencing: guard.fencing(),
-        lost: guard.lost_token(),
+        lost: guard.shared().lost_token().clone(),
+        shared: guard.shared().clone(),
     };
     let fut = work(ctx);
     let outcome = tokio::select! {
@@ -400,7 +541,9 @@ where
         }
         out = fut => RunOutcome::Ran(out),
     };
-    // Errors are logged by `release`; the lease lapses at its TTL if it fails.
+    // `release` cancels the context's token first (reason `Released`), so tasks spawned
+    // with it stop before the lease is given up. Errors are logged by `release`; the
+    // lease lapses at its TTL if it fails.
     let _ = guard.release().await;
     outcome
 }

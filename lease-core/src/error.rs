@@ -92,6 +92,19 @@ pub enum Error {
         what: &'static str,
     },
 
+    /// A backend's future panicked: a bug in the backend. The client catches the panic so
+    /// that it cannot take the heartbeat (and with it every other lease) down; a renewal
+    /// that panics counts as a failed renewal and is retried until the safety deadline.
+    #[error("the {backend} backend panicked in {operation}: {message}")]
+    Panicked {
+        /// Short backend name.
+        backend: &'static str,
+        /// The primitive that panicked.
+        operation: &'static str,
+        /// The panic's message, where it was a string.
+        message: String,
+    },
+
     /// No tokio runtime is running, so the client cannot start its heartbeat task.
     #[error("no tokio runtime: lease clients must be used inside a tokio runtime")]
     NoRuntime,
@@ -129,9 +142,23 @@ impl Error {
             | Error::UnexpectedReply { .. }
             | Error::Rejected { .. }
             | Error::Unsupported { .. }
+            | Error::Panicked { .. }
             | Error::NoRuntime
             | Error::NotCompiledIn { .. } => false,
         }
+    }
+
+    /// Whether the store may have applied the call that failed with this error, so that
+    /// something it took must be given back: `false` only for errors raised before
+    /// anything was sent (bad input, a missing capability or runtime).
+    pub(crate) fn may_have_reached_the_store(&self) -> bool {
+        !matches!(
+            self,
+            Error::InvalidInput(_)
+                | Error::Unsupported { .. }
+                | Error::NoRuntime
+                | Error::NotCompiledIn { .. }
+        )
     }
 
     /// Shorthand for an [`Error::UnexpectedReply`].
@@ -196,9 +223,13 @@ pub enum InvalidInput {
         /// The TTL.
         ttl: Duration,
     },
-    /// The safety margin must leave room for at least one renewal retry.
+    /// The safety margin must leave room for at least one renewal retry: a renewal sent
+    /// one period after the last one, failing at the call timeout, must be retried (after
+    /// the shortest backoff) before the safety deadline, TTL - margin.
     #[error(
-        "safety margin {margin:?} must be below ttl {ttl:?} minus renewal period {renew_every:?}"
+        "safety margin {margin:?} leaves no room for a renewal retry: renewal period \
+         {renew_every:?} + call timeout {call_timeout:?} + backoff minimum {backoff_min:?} \
+         must be below ttl {ttl:?} minus the margin"
     )]
     SafetyMargin {
         /// The rejected margin.
@@ -207,6 +238,10 @@ pub enum InvalidInput {
         ttl: Duration,
         /// The renewal period.
         renew_every: Duration,
+        /// The per-call timeout.
+        call_timeout: Duration,
+        /// The lower bound of the retry backoff.
+        backoff_min: Duration,
     },
     /// The per-call timeout must be greater than zero and below the TTL.
     #[error("call timeout {timeout:?} must be greater than zero and below the ttl {ttl:?}")]
@@ -227,6 +262,30 @@ pub enum InvalidInput {
     /// A period for a scheduled job must be greater than zero.
     #[error("period must be greater than zero")]
     PeriodZero,
+    /// A scheduled job's keep-for (lockAtLeastFor) must be below its period: the lease of
+    /// one run must be free again by the next tick.
+    #[error(
+        "keep-for {keep_for:?} must be below the period {period:?}: with keep-for at or \
+         above the period, the instance that ran finds its own lease still held at its \
+         next tick (set it a little below the period, or leave it zero to derive it)"
+    )]
+    KeepForNotBelowPeriod {
+        /// The rejected keep-for.
+        keep_for: Duration,
+        /// The job's period.
+        period: Duration,
+    },
+    /// A scheduled job's period is too short to derive a keep-for below it on this store.
+    #[error(
+        "period {period:?} is not above the store's TTL granularity {granularity:?}: no \
+         keep-for below the period can be derived (use a longer period, or set keep_for)"
+    )]
+    PeriodTooShort {
+        /// The job's period.
+        period: Duration,
+        /// The store's TTL granularity.
+        granularity: Duration,
+    },
     /// A store URL or endpoint could not be parsed. The message never contains credentials.
     #[error("malformed store address: {0}")]
     MalformedUrl(String),

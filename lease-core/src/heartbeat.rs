@@ -5,6 +5,12 @@
 //! safety deadline, and signals a lease lost at that deadline (or as soon as the store
 //! says it is not ours). Unregistering a lease that is part of an in-flight renewal waits
 //! for that renewal to finish, so no renewal can reach the store after the release.
+//!
+//! The task is supervised from inside: a backend future that panics is caught and counts
+//! as a failed renewal, and if the task itself ends abnormally (its runtime is shut down,
+//! or a bug panics) the drop of its state tells every lease it held that it is lost
+//! ([`LossReason::HeartbeatStopped`]). The client sees the closed channel and starts a new
+//! heartbeat for its next acquire. Logs are written per batch, not per lease.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -17,12 +23,16 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::backend::LeaseBackend;
 use crate::error::Error;
 use crate::guard::{GuardShared, LossReason};
 use crate::types::{LeaseName, OwnerToken, RenewItem, RenewOutcome};
-use crate::util::backoff_delay;
+use crate::util::{backoff_delay, call};
+
+/// At most this many lease names are written into one log event about a batch.
+const NAMES_IN_LOG: usize = 5;
 
 /// What the heartbeat needs to keep one lease alive.
 pub(crate) struct Registration {
@@ -39,6 +49,18 @@ pub(crate) struct Registration {
     /// granted (which may be shorter than requested, e.g. a shared etcd lease) - margin.
     pub first_deadline: Instant,
     pub shared: Arc<GuardShared>,
+}
+
+impl Registration {
+    /// When the first renewal is due: one renewal period after the acquire was sent, or
+    /// half-way to the first deadline if the store granted less TTL than asked (so that
+    /// a retry still fits before the deadline). The one rule for the first renewal, used
+    /// both to decide whether to wake the heartbeat and to schedule the renewal.
+    fn first_due(&self) -> Instant {
+        let halfway =
+            self.sent_at + self.first_deadline.saturating_duration_since(self.sent_at) / 2;
+        (self.sent_at + self.renew_every).min(halfway)
+    }
 }
 
 pub(crate) enum Command {
@@ -116,11 +138,14 @@ impl Queue {
 }
 
 impl HeartbeatHandle {
+    /// Whether the heartbeat task still runs (or at least has not ended).
+    pub(crate) fn is_alive(&self) -> bool {
+        !self.tx.is_closed()
+    }
+
     /// Hands a new lease to the heartbeat; `false` if the heartbeat is gone.
     pub(crate) fn register(&self, reg: Registration) -> bool {
-        let attention = self
-            .shared
-            .nanos((reg.sent_at + reg.renew_every).min(reg.first_deadline));
+        let attention = self.shared.nanos(reg.first_due());
         self.shared.push(Command::Register(Box::new(reg)));
         // Pushed before reading `wake_at`; the heartbeat publishes `wake_at` before it
         // drains the queue. So either it sees this entry, or we see its wake-up time and
@@ -146,6 +171,7 @@ impl HeartbeatHandle {
 /// Spawns the heartbeat task on the current runtime.
 pub(crate) fn spawn(
     backend: Arc<dyn LeaseBackend>,
+    backend_name: &'static str,
     max_batch: usize,
     epoch: Instant,
 ) -> Result<HeartbeatHandle, Error> {
@@ -156,17 +182,81 @@ pub(crate) fn spawn(
         wake_at: AtomicU64::new(u64::MAX),
         epoch,
     });
-    handle.spawn(run(backend, max_batch.max(1), rx, shared.clone()));
+    let span = tracing::info_span!("lease.heartbeat", backend = backend_name);
+    let state = State {
+        entries: HashMap::new(),
+        rx,
+        queue: shared.clone(),
+    };
+    handle.spawn(run(backend, backend_name, max_batch.max(1), state).instrument(span));
     Ok(HeartbeatHandle { tx, shared })
+}
+
+/// The heartbeat's state. Dropped when the task ends: normally (the client and every
+/// guard are gone) it holds nothing live; when the runtime shuts down or the task
+/// panics, its drop tells every lease still registered that it is lost.
+struct State {
+    entries: HashMap<u64, Entry>,
+    rx: mpsc::UnboundedReceiver<Command>,
+    queue: Arc<Queue>,
+}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        // Close first, then drain: a registration pushed after the drain sees the closed
+        // channel (the queue's lock orders the two), and its client starts a new heartbeat.
+        self.rx.close();
+        let mut stranded: Vec<Arc<GuardShared>> =
+            self.entries.drain().map(|(_, e)| e.reg.shared).collect();
+        for cmd in self.queue.take() {
+            if let Command::Register(reg) = cmd {
+                stranded.push(reg.shared);
+            }
+        }
+        while let Ok(cmd) = self.rx.try_recv() {
+            if let Command::Register(reg) = cmd {
+                stranded.push(reg.shared);
+            }
+        }
+        let lost: Vec<&LeaseName> = stranded
+            .iter()
+            .filter(|s| !s.is_released() && s.mark_lost(LossReason::HeartbeatStopped))
+            .map(|s| s.name())
+            .collect();
+        if !lost.is_empty() {
+            tracing::warn!(
+                leases = lost.len(),
+                names = %names_for_log(&lost),
+                "the heartbeat stopped (its runtime shut down, or it panicked): its leases \
+                 are lost and lapse at their TTL"
+            );
+        }
+    }
+}
+
+/// Up to [`NAMES_IN_LOG`] names, for a log event about many leases.
+fn names_for_log(names: &[&LeaseName]) -> String {
+    let mut out = String::new();
+    for (i, n) in names.iter().take(NAMES_IN_LOG).enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        out.push_str(&n.to_string_lossy());
+    }
+    if names.len() > NAMES_IN_LOG {
+        out.push_str(&format!(" and {} more", names.len() - NAMES_IN_LOG));
+    }
+    out
 }
 
 async fn run(
     backend: Arc<dyn LeaseBackend>,
+    backend_name: &'static str,
     max_batch: usize,
-    mut rx: mpsc::UnboundedReceiver<Command>,
-    queue: Arc<Queue>,
+    mut state: State,
 ) {
-    let mut entries: HashMap<u64, Entry> = HashMap::new();
+    let State { entries, rx, queue } = &mut state;
+    let queue = queue.clone();
     let mut in_flight: FuturesUnordered<BatchFuture> = FuturesUnordered::new();
     // The full passes over all entries (expire, start due batches, next wake-up) run only
     // when the timer fires or a batch finishes, not on every command: registering N leases
@@ -175,15 +265,22 @@ async fn run(
     let mut wake: Option<Instant> = None;
     loop {
         for cmd in queue.take() {
-            if let Some(t) = apply(&mut entries, cmd) {
+            if let Some(t) = apply(entries, cmd) {
                 wake = Some(wake.map_or(t, |w| w.min(t)));
             }
         }
         if dirty {
             let now = Instant::now();
-            expire(&mut entries, now);
-            start_due(&backend, max_batch, &mut entries, &mut in_flight, now);
-            wake = next_wake(&entries);
+            expire(entries, now);
+            start_due(
+                &backend,
+                backend_name,
+                max_batch,
+                entries,
+                &mut in_flight,
+                now,
+            );
+            wake = next_wake(entries);
             dirty = false;
         }
         // Publish the wake-up time, then look at the queue once more (see `register`).
@@ -193,7 +290,7 @@ async fn run(
         let late = queue.take();
         if !late.is_empty() {
             for cmd in late {
-                if let Some(t) = apply(&mut entries, cmd) {
+                if let Some(t) = apply(entries, cmd) {
                     wake = Some(wake.map_or(t, |w| w.min(t)));
                 }
             }
@@ -204,14 +301,14 @@ async fn run(
                 let Some(cmd) = cmd else { break };
                 let mut next = Some(cmd);
                 while let Some(cmd) = next {
-                    if let Some(t) = apply(&mut entries, cmd) {
+                    if let Some(t) = apply(entries, cmd) {
                         wake = Some(wake.map_or(t, |w| w.min(t)));
                     }
                     next = rx.try_recv().ok();
                 }
             }
             Some(done) = in_flight.next(), if !in_flight.is_empty() => {
-                finish(&mut entries, done);
+                finish(entries, done);
                 dirty = true;
             }
             _ = sleep_until_opt(wake) => dirty = true,
@@ -220,7 +317,7 @@ async fn run(
     // The client and all its guards are gone; let in-flight renewals finish so that
     // nothing is left running against the store.
     while let Some(done) = in_flight.next().await {
-        finish(&mut entries, done);
+        finish(entries, done);
     }
 }
 
@@ -231,9 +328,7 @@ fn apply(entries: &mut HashMap<u64, Entry>, cmd: Command) -> Option<Instant> {
             let deadline = reg.first_deadline;
             reg.shared.set_deadline(deadline);
             let entry = Entry {
-                // If the store granted less than asked, renew by half-way to the deadline.
-                next_due: (reg.sent_at + reg.renew_every)
-                    .min(reg.sent_at + deadline.saturating_duration_since(reg.sent_at) / 2),
+                next_due: reg.first_due(),
                 deadline,
                 attempt: 0,
                 in_flight: false,
@@ -274,8 +369,11 @@ fn next_wake(entries: &HashMap<u64, Entry>) -> Option<Instant> {
         .min()
 }
 
+/// Drops released leases and marks lost those whose deadline has passed (or that the
+/// guard's own timer marked lost already); one log event for all of them.
 fn expire(entries: &mut HashMap<u64, Entry>, now: Instant) {
     let mut gone = Vec::new();
+    let mut lost = Vec::new();
     for (id, e) in entries.iter_mut() {
         if e.reg.shared.is_released() {
             // Released (its unregistration may still be queued): never reported lost.
@@ -284,22 +382,45 @@ fn expire(entries: &mut HashMap<u64, Entry>, now: Instant) {
             }
             continue;
         }
-        if !e.lost && e.deadline <= now {
+        if !e.lost && (e.deadline <= now || e.reg.shared.is_lost()) {
             e.lost = true;
-            tracing::warn!(
-                lease = %e.reg.name,
-                holder = %e.reg.shared.holder(),
-                fencing = e.reg.shared.fencing().get(),
-                "lease lost: no renewal succeeded before the safety deadline"
-            );
             e.reg.shared.mark_lost(LossReason::DeadlinePassed);
+            lost.push(*id);
             if !e.in_flight {
                 gone.push(*id);
             }
         }
     }
+    if !lost.is_empty() {
+        let names: Vec<&LeaseName> = lost
+            .iter()
+            .filter_map(|id| entries.get(id))
+            .map(|e| &e.reg.name)
+            .collect();
+        log_lost(&names, entries.get(&lost[0]), LossReason::DeadlinePassed);
+    }
     for id in gone {
         entries.remove(&id);
+    }
+}
+
+/// One warning for leases lost together: with the lease's name, holder and fencing token
+/// when it is one, with their number and a few names when they are many.
+fn log_lost(names: &[&LeaseName], first: Option<&Entry>, reason: LossReason) {
+    match (names, first) {
+        ([one], Some(e)) => tracing::warn!(
+            lease = %one,
+            holder = %e.reg.shared.holder(),
+            fencing = e.reg.shared.fencing().get(),
+            %reason,
+            "lease lost"
+        ),
+        _ => tracing::warn!(
+            leases = names.len(),
+            names = %names_for_log(names),
+            %reason,
+            "leases lost"
+        ),
     }
 }
 
@@ -340,6 +461,7 @@ fn joins_batch(next_due: Instant, now: Instant, renew_every: Duration) -> bool {
 
 fn start_due(
     backend: &Arc<dyn LeaseBackend>,
+    backend_name: &'static str,
     max_batch: usize,
     entries: &mut HashMap<u64, Entry>,
     in_flight: &mut FuturesUnordered<BatchFuture>,
@@ -351,7 +473,7 @@ fn start_due(
     // and then cost one call per tick.
     let mut groups: HashMap<(Duration, Duration), (bool, Vec<u64>)> = HashMap::new();
     for (id, e) in entries.iter() {
-        if e.lost || e.in_flight {
+        if e.lost || e.in_flight || e.reg.shared.is_lost() {
             continue;
         }
         let due = e.next_due <= now;
@@ -395,14 +517,15 @@ fn start_due(
             tracing::debug!(leases = items.len(), ?ttl, "renewing batch");
             in_flight.push(Box::pin(async move {
                 let sent_at = Instant::now();
-                let result =
-                    match tokio::time::timeout(call_timeout, backend.renew(&items, ttl)).await {
-                        Ok(r) => r,
-                        Err(_) => Err(Error::Timeout {
-                            operation: "renew",
-                            after: call_timeout,
-                        }),
-                    };
+                // A panic inside the backend's future is caught here and counts as a
+                // failed renewal; it cannot take the heartbeat down.
+                let result = call(
+                    backend_name,
+                    "renew",
+                    call_timeout,
+                    backend.renew(&items, ttl),
+                )
+                .await;
                 BatchResult {
                     ids,
                     sent_at,
@@ -432,6 +555,16 @@ fn finish(entries: &mut HashMap<u64, Entry>, done: BatchResult) {
         )),
         Err(e) => Err(e),
     };
+    // One backoff for the whole batch, so that its leases are retried together.
+    let attempt = ids
+        .iter()
+        .filter_map(|id| entries.get(id))
+        .map(|e| e.attempt)
+        .max()
+        .unwrap_or(0);
+    let mut retry: Option<(Duration, Vec<u64>)> = None;
+    let mut not_ours = Vec::new();
+    let mut late = Vec::new();
     for (i, id) in ids.iter().enumerate() {
         let Some(e) = entries.get_mut(id) else {
             continue;
@@ -445,42 +578,74 @@ fn finish(entries: &mut HashMap<u64, Entry>, done: BatchResult) {
             entries.remove(id);
             continue;
         }
-        if e.lost {
+        if e.lost || e.reg.shared.is_lost() {
             entries.remove(id);
             continue;
         }
         match &result {
             Ok(outcomes) => match outcomes.get(i) {
-                Some(RenewOutcome::Renewed) => {
+                Some(RenewOutcome::Renewed) if now < e.deadline => {
                     e.attempt = 0;
                     e.deadline = sent_at + e.reg.ttl.saturating_sub(e.reg.margin);
                     e.reg.shared.set_deadline(e.deadline);
                     e.next_due = sent_at + e.reg.renew_every;
                     tracing::trace!(lease = %e.reg.name, "renewed");
                 }
+                Some(RenewOutcome::Renewed) => {
+                    // The reply came after the safety deadline: the lost signal was due
+                    // then, and it stays given.
+                    e.lost = true;
+                    e.reg.shared.mark_lost(LossReason::DeadlinePassed);
+                    late.push(*id);
+                }
                 _ => {
-                    tracing::warn!(
-                        lease = %e.reg.name,
-                        holder = %e.reg.shared.holder(),
-                        fencing = e.reg.shared.fencing().get(),
-                        "lease lost: the store says it is no longer ours"
-                    );
+                    e.lost = true;
                     e.reg.shared.mark_lost(LossReason::NotOwner);
-                    entries.remove(id);
+                    not_ours.push(*id);
                 }
             },
-            Err(err) => {
-                let delay = backoff_delay(e.reg.backoff.0, e.reg.backoff.1, e.attempt);
+            Err(_) => {
+                let (delay, failed) = retry.get_or_insert_with(|| {
+                    (
+                        backoff_delay(e.reg.backoff.0, e.reg.backoff.1, attempt),
+                        Vec::new(),
+                    )
+                });
+                failed.push(*id);
                 e.attempt = e.attempt.saturating_add(1);
-                e.next_due = (now + delay).min(e.deadline);
-                tracing::warn!(
-                    lease = %e.reg.name,
-                    holder = %e.reg.shared.holder(),
-                    error = %err,
-                    retry_in = ?delay,
-                    "renewal failed; retrying until the safety deadline"
-                );
+                e.next_due = (now + *delay).min(e.deadline);
             }
+        }
+    }
+    if let (Err(err), Some((delay, failed))) = (&result, retry) {
+        let names: Vec<&LeaseName> = failed
+            .iter()
+            .filter_map(|id| entries.get(id))
+            .map(|e| &e.reg.name)
+            .collect();
+        tracing::warn!(
+            leases = failed.len(),
+            names = %names_for_log(&names),
+            error = %err,
+            retry_in = ?delay,
+            "renewal failed; retrying until the safety deadline"
+        );
+    }
+    for (ids, reason) in [
+        (not_ours, LossReason::NotOwner),
+        (late, LossReason::DeadlinePassed),
+    ] {
+        if ids.is_empty() {
+            continue;
+        }
+        let names: Vec<&LeaseName> = ids
+            .iter()
+            .filter_map(|id| entries.get(id))
+            .map(|e| &e.reg.name)
+            .collect();
+        log_lost(&names, entries.get(&ids[0]), reason);
+        for id in ids {
+            entries.remove(&id);
         }
     }
 }

@@ -45,8 +45,16 @@ pub struct JobStats {
 /// The lease TTL is lockAtMostFor (how long a crashed runner blocks others; the heartbeat
 /// keeps it alive while the job runs, so it need not cover the job's duration), keep-for is
 /// lockAtLeastFor (how long after the start the lease stays taken even if the job finishes
-/// early, so an instance whose clock or schedule is a little behind does not run it again).
-/// Set keep-for a little below the period.
+/// early, so an instance whose schedule is a little behind does not run it again).
+///
+/// Keep-for must be below the period, so that the instance that ran finds its lease free
+/// at its next tick. Left at zero it is derived from the period: the period minus a tenth
+/// of it, or minus the store's TTL granularity where that is coarser (etcd rounds up to
+/// whole seconds). Instances whose ticks are apart by less than keep-for then run the job
+/// once per period between them; an instance further apart than keep-for may run it once
+/// more in the first period. A backend that cannot keep a lease after release
+/// ([`Capabilities::keep_for`](crate::Capabilities::keep_for) false, e.g. session-bound
+/// advisory locks) is refused: without keep-for a fast job runs on every instance.
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
@@ -73,7 +81,13 @@ pub struct ScheduledJob {
 
 impl ScheduledJob {
     /// A job named `name` run every `period` with the given lease options. The options'
-    /// `wait` is ignored: a tick never waits for another instance.
+    /// `wait` is ignored: a tick never waits for another instance. A zero keep-for is
+    /// derived from the period (see above).
+    ///
+    /// Errors: [`InvalidInput::PeriodZero`]; [`InvalidInput::KeepForNotBelowPeriod`] for a
+    /// keep-for at or above the period; [`InvalidInput::PeriodTooShort`] when no keep-for
+    /// can be derived (a period not above the store's TTL granularity);
+    /// [`Error::Unsupported`] for a backend without keep-for.
     pub fn new(
         client: LeaseClient,
         name: impl AsRef<[u8]>,
@@ -83,12 +97,43 @@ impl ScheduledJob {
         if period.is_zero() {
             return Err(InvalidInput::PeriodZero.into());
         }
+        let name = LeaseName::new(name)?;
+        let caps = client.capabilities();
+        if !caps.keep_for {
+            return Err(Error::Unsupported {
+                backend: caps.backend,
+                what: "keep-for (lockAtLeastFor), which a scheduled job needs to run at most \
+                       once per period",
+            });
+        }
+        let keep_for = if opts.keep_for().is_zero() {
+            let derived = period.saturating_sub((period / 10).max(caps.ttl_granularity));
+            if derived.is_zero() {
+                return Err(InvalidInput::PeriodTooShort {
+                    period,
+                    granularity: caps.ttl_granularity,
+                }
+                .into());
+            }
+            derived
+        } else {
+            opts.keep_for()
+        };
+        if keep_for >= period {
+            return Err(InvalidInput::KeepForNotBelowPeriod { keep_for, period }.into());
+        }
         Ok(ScheduledJob {
             client,
-            name: LeaseName::new(name)?,
+            name,
             period,
-            opts,
+            opts: opts.with_keep_for(keep_for),
         })
+    }
+
+    /// The keep-for each run's lease is released with (derived from the period if the
+    /// options left it zero).
+    pub fn keep_for(&self) -> Duration {
+        self.opts.keep_for()
     }
 
     /// The lease name.
@@ -98,6 +143,10 @@ impl ScheduledJob {
 
     /// One tick: run the job if no other instance holds the lease. Never panics and never
     /// returns an error: store failures are a skipped run.
+    ///
+    /// Cancel safety: cancel-safe. Dropped while acquiring, nothing stays held beyond the
+    /// call timeout plus one round trip; dropped while the job runs, the job is dropped
+    /// and the lease released in the background (honouring keep-for).
     pub async fn run_once<F, Fut, T>(&self, job: F) -> JobRun<T>
     where
         F: FnOnce(LeaseContext) -> Fut,
@@ -131,6 +180,9 @@ impl ScheduledJob {
 
     /// Runs the job on every tick of `period` until `shutdown` is cancelled; returns what
     /// it did. The first tick is immediate; missed ticks are skipped, not bunched.
+    /// Cancelling `shutdown` drops a run in progress, as dropping this future does.
+    ///
+    /// Cancel safety: cancel-safe, as [`ScheduledJob::run_once`] is; the counts are lost.
     pub async fn run<F, Fut, T>(&self, shutdown: CancellationToken, mut job: F) -> JobStats
     where
         F: FnMut(LeaseContext) -> Fut,

@@ -450,6 +450,11 @@ impl LeaseOptions {
     pub fn keep_for(&self) -> Duration {
         self.keep_for
     }
+    /// The same options with another keep-for (validated by the caller).
+    pub(crate) fn with_keep_for(mut self, keep_for: Duration) -> Self {
+        self.keep_for = keep_for;
+        self
+    }
     /// Timeout of every single call to the store.
     pub fn call_timeout(&self) -> Duration {
         self.call_timeout
@@ -486,7 +491,7 @@ impl LeaseOptionsBuilder {
         self
     }
     /// Retry backoff bounds; each wait is drawn with jitter between them, growing
-    /// exponentially (defaults: 10 ms .. min(TTL/4, 1 s)).
+    /// exponentially (defaults: min(10 ms, TTL/20) .. min(TTL/4, 1 s)).
     pub fn backoff(mut self, min: Duration, max: Duration) -> Self {
         self.backoff_min = Some(min);
         self.backoff_max = Some(max);
@@ -502,7 +507,9 @@ impl LeaseOptionsBuilder {
         self.call_timeout = Some(timeout);
         self
     }
-    /// Safety margin (default TTL/10).
+    /// Safety margin (default TTL/10). Together with the renewal period, the call
+    /// timeout and the shortest backoff it must leave room for one renewal retry before
+    /// the deadline: `renew_every + call_timeout + backoff_min < ttl - margin`.
     pub fn safety_margin(mut self, margin: Duration) -> Self {
         self.safety_margin = Some(margin);
         self
@@ -526,13 +533,6 @@ impl LeaseOptionsBuilder {
             return Err(InvalidInput::RenewPeriod { renew_every, ttl });
         }
         let safety_margin = self.safety_margin.unwrap_or(ttl / 10);
-        if safety_margin >= ttl - renew_every {
-            return Err(InvalidInput::SafetyMargin {
-                margin: safety_margin,
-                ttl,
-                renew_every,
-            });
-        }
         let call_timeout = self
             .call_timeout
             .unwrap_or_else(|| (ttl / 3).min(Duration::from_secs(5)));
@@ -542,7 +542,9 @@ impl LeaseOptionsBuilder {
                 ttl,
             });
         }
-        let backoff_min = self.backoff_min.unwrap_or(Duration::from_millis(10));
+        let backoff_min = self
+            .backoff_min
+            .unwrap_or_else(|| (ttl / 20).min(Duration::from_millis(10)));
         let backoff_max = self.backoff_max.unwrap_or_else(|| {
             (ttl / 4).clamp(backoff_min, Duration::from_secs(1).max(backoff_min))
         });
@@ -550,6 +552,21 @@ impl LeaseOptionsBuilder {
             return Err(InvalidInput::Backoff {
                 min: backoff_min,
                 max: backoff_max,
+            });
+        }
+        // One retry must fit: the renewal sent `renew_every` after the last success may
+        // fail only at its timeout, and its retry waits at least `backoff_min`; it must
+        // still be sent before the deadline, `ttl - margin` after the last success.
+        let retry_sent_by = renew_every
+            .saturating_add(call_timeout)
+            .saturating_add(backoff_min);
+        if safety_margin >= ttl || retry_sent_by >= ttl - safety_margin {
+            return Err(InvalidInput::SafetyMargin {
+                margin: safety_margin,
+                ttl,
+                renew_every,
+                call_timeout,
+                backoff_min,
             });
         }
         if self.keep_for > MAX_TTL {

@@ -1,6 +1,50 @@
 //! Small helpers shared by the client and the heartbeat.
 
+use std::any::Any;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
+
+use futures::FutureExt;
+
+use crate::error::{Error, Result};
+
+/// One call to a backend, as the client makes every call: bounded by `timeout`, and with
+/// a panic inside the backend's future turned into [`Error::Panicked`] instead of
+/// unwinding through the caller (the heartbeat task above all).
+///
+/// Cancel-safe in the sense that dropping it drops the backend's future; what the store
+/// may have applied by then is the caller's to clean up.
+pub(crate) async fn call<T>(
+    backend: &'static str,
+    operation: &'static str,
+    timeout: Duration,
+    fut: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    match tokio::time::timeout(timeout, AssertUnwindSafe(fut).catch_unwind()).await {
+        Ok(Ok(reply)) => reply,
+        Ok(Err(panic)) => Err(Error::Panicked {
+            backend,
+            operation,
+            message: panic_message(&*panic),
+        }),
+        Err(_) => Err(Error::Timeout {
+            operation,
+            after: timeout,
+        }),
+    }
+}
+
+/// The message of a panic payload, where it is a string.
+pub(crate) fn panic_message(panic: &(dyn Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&'static str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic without a message".to_owned()
+    }
+}
 
 /// Exponential backoff with "equal jitter": the delay for `attempt` (0-based) is drawn
 /// uniformly from `[d/2, d]` where `d = min(max, min * 2^attempt)`.

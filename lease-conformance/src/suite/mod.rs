@@ -20,6 +20,9 @@ use tokio::time::Instant;
 
 use crate::faulty::{Fault, FaultyBackend, Op};
 
+mod failure;
+pub use failure::*;
+
 /// Extra time allowed, beyond the TTL, for a lease to be seen expired on the store: covers
 /// store-side expiry granularity (Redis expires lazily or in its 10 Hz cycle; etcd checks
 /// leases on its own schedule) and scheduling delays of a loaded 2-core test machine.
@@ -1229,11 +1232,14 @@ pub async fn store_down_typed_errors(backend: Arc<dyn LeaseBackend>) {
         c.acquire(&n, &wait).await,
         Err(Error::Unavailable { .. })
     ));
-    let job = ScheduledJob::new(c.clone(), &n, ttl, options.clone()).expect("job");
-    assert!(matches!(
-        job.run_once(|_| async {}).await,
-        JobRun::StoreError(_)
-    ));
+    if backend.capabilities().keep_for {
+        let period = ttl.max(backend.capabilities().ttl_granularity * 2);
+        let job = ScheduledJob::new(c.clone(), &n, period, options.clone()).expect("job");
+        assert!(matches!(
+            job.run_once(|_| async {}).await,
+            JobRun::StoreError(_)
+        ));
+    }
     // Hung store: the per-call timeout answers.
     faulty.set_all(Fault::Hang);
     let quick = LeaseOptions::builder(ttl)
