@@ -2,13 +2,15 @@
 //!
 //! See `lease --help` and the README for exit codes and examples.
 
+mod supervise;
+
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use lease::{Error, HolderLabel, LeaseBackend, LeaseClient, LeaseName, LeaseOptions};
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::process::Command;
 use tokio::signal::unix::{SignalKind, signal};
@@ -62,8 +64,11 @@ enum Cmd {
     /// Acquire NAME, run CMD while renewing, release when it exits.
     ///
     /// The command gets LEASE_NAME, LEASE_FENCING_TOKEN and LEASE_HOLDER in its
-    /// environment; SIGINT and SIGTERM are forwarded to it. If the lease is lost, it gets
-    /// SIGTERM, then SIGKILL after --grace, and `lease` exits with 76.
+    /// environment. It runs in a process group of its own, with everything it starts:
+    /// SIGINT and SIGTERM are forwarded to the whole group; if the lease is lost, the group
+    /// gets SIGTERM, then SIGKILL after --grace, and `lease` exits with 76; if `lease`
+    /// itself is killed (even with SIGKILL), the group is killed with it (Linux). What the
+    /// command leaves running when it exits is terminated before the lease is released.
     Exec(ExecArgs),
     /// Show holder, fencing token and remaining TTL of leases.
     Status {
@@ -81,6 +86,20 @@ enum Cmd {
         force: bool,
         /// Lease name.
         name: String,
+    },
+    /// Internal: runs the command of `lease exec` in its process group (see
+    /// `supervise.rs`).
+    #[command(name = "__supervise", hide = true)]
+    Supervise {
+        /// Pid of the `lease exec` process.
+        #[arg(long)]
+        parent: i32,
+        /// Time between SIGTERM and SIGKILL for processes the command leaves behind.
+        #[arg(long, value_parser = parse_duration)]
+        grace: Duration,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
     },
 }
 
@@ -155,19 +174,30 @@ fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    let level = match cli.verbose {
-        0 => "warn",
-        1 => "info",
-        2 => "debug",
-        _ => "trace",
-    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("LEASE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(log_filter(cli.verbose))),
         )
         .with_writer(std::io::stderr)
         .init();
+    if let Cmd::Supervise {
+        parent,
+        grace,
+        command,
+    } = &cli.command
+    {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build();
+        return match runtime {
+            Ok(rt) => ExitCode::from(rt.block_on(supervise::run(*parent, *grace, command))),
+            Err(e) => {
+                eprintln!("lease: cannot start the runtime: {e}");
+                ExitCode::from(EXIT_STORE)
+            }
+        };
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -188,6 +218,31 @@ fn main() -> ExitCode {
     }
 }
 
+/// The log filter for `-v` counts: by default only this project's warnings (renewal
+/// failures, lost leases); the store clients' own warnings (e.g. sqlx's slow-statement
+/// warning, which prints the whole SQL statement) from `-v` on.
+fn log_filter(verbose: u8) -> String {
+    const OWN: [&str; 6] = [
+        "lease",
+        "lease_core",
+        "lease_redis",
+        "lease_postgres",
+        "lease_etcd",
+        "lease_cli",
+    ];
+    let (own, others) = match verbose {
+        0 => ("warn", "off"),
+        1 => ("info", "warn"),
+        2 => ("debug", "info"),
+        _ => ("trace", "trace"),
+    };
+    let mut filter = others.to_owned();
+    for target in OWN {
+        filter.push_str(&format!(",{target}={own}"));
+    }
+    filter
+}
+
 async fn run(cli: Cli) -> Result<u8, Fail> {
     let Some(url) = cli.backend else {
         return Err(Fail::usage(
@@ -197,6 +252,7 @@ async fn run(cli: Cli) -> Result<u8, Fail> {
     match cli.command {
         Cmd::Exec(args) => exec(&url, args).await,
         Cmd::Status { names, json } => status(&url, &names, json).await,
+        Cmd::Supervise { .. } => Err(Fail::usage("__supervise is internal to lease exec")),
         Cmd::Release { force, name } => {
             if !force {
                 return Err(Fail::usage(format!(
@@ -300,12 +356,26 @@ async fn exec(url: &str, args: ExecArgs) -> Result<u8, Fail> {
         Err(e) => return Err(e.into()),
     };
     tracing::info!(lease = %name, fencing = guard.fencing().get(), holder = %label, "acquired; starting the command");
-    let mut child = match Command::new(program)
+    // The supervisor (this binary) leads a new process group and starts the command in
+    // it; it is spawned from the main thread, which lives as long as this process (the
+    // parent-death signal follows the thread that spawned).
+    let me = std::env::current_exe()
+        .ok()
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| "/proc/self/exe".into());
+    let mut child = match Command::new(me)
+        .arg(supervise::SUBCOMMAND)
+        .arg("--parent")
+        .arg(std::process::id().to_string())
+        .arg("--grace")
+        .arg(humantime::format_duration(args.grace).to_string())
+        .arg("--")
+        .arg(program)
         .args(program_args)
         .env("LEASE_NAME", name.to_string_lossy())
         .env("LEASE_FENCING_TOKEN", guard.fencing().to_string())
         .env("LEASE_HOLDER", label.as_str())
-        .kill_on_drop(true)
+        .process_group(0)
         .spawn()
     {
         Ok(c) => c,
@@ -317,7 +387,7 @@ async fn exec(url: &str, args: ExecArgs) -> Result<u8, Fail> {
             });
         }
     };
-    let pid = child
+    let group = child
         .id()
         .and_then(|p| i32::try_from(p).ok())
         .map(Pid::from_raw);
@@ -327,17 +397,14 @@ async fn exec(url: &str, args: ExecArgs) -> Result<u8, Fail> {
     ) {
         (Ok(a), Ok(b)) => (a, b),
         _ => {
+            signal_group(group, Signal::SIGKILL);
             return Err(Fail {
                 code: EXIT_STORE,
                 message: "cannot install signal handlers".into(),
             });
         }
     };
-    let forward = |sig: Signal| {
-        if let Some(pid) = pid {
-            let _ = kill(pid, sig);
-        }
-    };
+    let forward = |sig: Signal| signal_group(group, sig);
     let status = loop {
         tokio::select! {
             status = child.wait() => break Some(status),
@@ -348,7 +415,8 @@ async fn exec(url: &str, args: ExecArgs) -> Result<u8, Fail> {
                 forward(Signal::SIGTERM);
                 if tokio::time::timeout(args.grace, child.wait()).await.is_err() {
                     eprintln!("lease: the command did not exit within {}; killing it", humantime::format_duration(args.grace));
-                    let _ = child.kill().await;
+                    forward(Signal::SIGKILL);
+                    let _ = child.wait().await;
                 }
                 break None;
             }
@@ -368,20 +436,17 @@ async fn exec(url: &str, args: ExecArgs) -> Result<u8, Fail> {
         code: EXIT_STORE,
         message: format!("waiting for the command: {e}"),
     })?;
-    Ok(exit_code_of(status))
+    Ok(supervise::exit_code_of(status))
+}
+
+/// Sends `sig` to the command's process group (the supervisor, the command and all it
+/// started).
+fn signal_group(group: Option<Pid>, sig: Signal) {
+    if let Some(group) = group {
+        let _ = killpg(group, sig);
+    }
 }
 
 fn round_ms(d: Duration) -> Duration {
     Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
-fn exit_code_of(status: std::process::ExitStatus) -> u8 {
-    use std::os::unix::process::ExitStatusExt;
-    if let Some(code) = status.code() {
-        return u8::try_from(code & 0xff).unwrap_or(1);
-    }
-    match status.signal() {
-        Some(sig) => u8::try_from((128 + sig) & 0xff).unwrap_or(1),
-        None => 1,
-    }
 }

@@ -160,6 +160,140 @@ async fn holder_killed_then_waiting_exec_runs_after_the_ttl(url: &str) {
     eprintln!("waiting exec ran {took:?} after the holder was killed (ttl 2 s)");
 }
 
+/// Whether `pid` is a live process (a zombie counts as gone: it has exited and only
+/// waits for its parent, or init, to reap it).
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            let state = stat
+                .rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().next().map(str::to_owned));
+            !matches!(state.as_deref(), Some("Z") | Some("X") | None)
+        }
+        Err(_) => false,
+    }
+}
+
+/// Waits until none of `pids` is alive, for at most `within`; returns how long it took.
+async fn all_gone(pids: &[u32], within: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        let left: Vec<u32> = pids.iter().copied().filter(|p| alive(*p)).collect();
+        if left.is_empty() {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "still running {within:?} later: {left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A command that starts two grandchildren and writes "sh-pid child-pid child-pid" to
+/// `pids` once they run, then waits for them.
+fn family(pids: &std::path::Path) -> String {
+    format!(
+        "sleep 300 & a=$!; sleep 301 & b=$!; echo \"$$ $a $b\" > {p}.tmp; mv {p}.tmp {p}; wait",
+        p = pids.display()
+    )
+}
+
+async fn read_pids(pids: &std::path::Path) -> Vec<u32> {
+    wait_for_file(pids, Duration::from_secs(10))
+        .await
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect()
+}
+
+/// The command and everything it started live and die with `lease exec`: killed with
+/// SIGKILL, `lease` takes them with it within a second; SIGTERM to `lease` reaches the
+/// grandchildren; what the command leaves running when it exits is terminated before the
+/// lease is released.
+async fn the_command_and_its_children_never_outlive_lease(url: &str) {
+    let dir = tempdir();
+    // SIGKILL.
+    let pids = dir.join("killed");
+    let mut a = lease(url);
+    a.args([
+        "exec",
+        "--ttl",
+        "3s",
+        "family",
+        "--",
+        "sh",
+        "-c",
+        &family(&pids),
+    ]);
+    let mut a: Child = a.spawn().unwrap();
+    let family_pids = read_pids(&pids).await;
+    assert_eq!(family_pids.len(), 3);
+    assert!(family_pids.iter().all(|p| alive(*p)));
+    kill(a.id().unwrap(), nix::sys::signal::Signal::SIGKILL);
+    let killed_at = Instant::now();
+    let _ = a.wait().await;
+    let took = all_gone(&family_pids, Duration::from_secs(1)).await;
+    eprintln!(
+        "lease SIGKILLed: its command and the command's children gone after {took:?} \
+         ({:?} after the kill)",
+        killed_at.elapsed()
+    );
+    // SIGTERM is forwarded to the whole group; the waiting run takes over at the TTL.
+    let pids = dir.join("terminated");
+    let mut b = lease(url);
+    b.args([
+        "exec",
+        "--ttl",
+        "3s",
+        "--wait",
+        "10s",
+        "family",
+        "--",
+        "sh",
+        "-c",
+        &family(&pids),
+    ]);
+    let mut b: Child = b.spawn().unwrap();
+    let family_pids = read_pids(&pids).await;
+    kill(b.id().unwrap(), nix::sys::signal::Signal::SIGTERM);
+    let status = tokio::time::timeout(Duration::from_secs(5), b.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        status.code(),
+        Some(128 + 15),
+        "sh killed by the forwarded SIGTERM"
+    );
+    all_gone(&family_pids, Duration::from_millis(200)).await;
+    // Left behind when the command exits: terminated before `lease` exits.
+    let left = dir.join("left");
+    let mut c = lease(url);
+    c.args([
+        "exec",
+        "--ttl",
+        "3s",
+        "family",
+        "--",
+        "sh",
+        "-c",
+        &format!("sleep 300 & echo $! > {}; exit 4", left.display()),
+    ]);
+    let (code, _, err) = output(c).await;
+    assert_eq!(code, 4, "{err}");
+    let left_pid: u32 = wait_for_file(&left, Duration::from_secs(1))
+        .await
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        !alive(left_pid),
+        "a process the command left behind outlived lease"
+    );
+    assert!(err.contains("left 1 process(es) running"), "{err}");
+}
+
 /// `lease` run with its wall clock shifted by `offset_s` seconds (libfaketime; the
 /// monotonic clock, which only measures intervals, is left alone).
 fn skewed(url: &str, offset_s: i64) -> Command {
@@ -403,6 +537,69 @@ async fn store_stopped_terminates_the_command_with_the_lost_code(
     );
 }
 
+/// A foreign transaction holds the lock table's row for 1.5 s, so the acquire statement
+/// waits and sqlx logs its slow-statement warning (with the whole SQL statement). By
+/// default `lease` prints only its own messages; the store client's warning shows from
+/// `-v` on.
+#[tokio::test]
+async fn store_client_warnings_only_with_verbose() {
+    let db = lease_conformance::server::PostgresServer::shared()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let url = db.url();
+    let mut first = lease(&url);
+    first.args(["exec", "quiet", "--", "true"]);
+    assert_eq!(output(first).await.0, 0);
+    for verbose in [false, true] {
+        let dir = tempdir();
+        let locked = dir.join("locked");
+        let mut psql = Command::new("psql");
+        psql.args(["-q", "-v", "ON_ERROR_STOP=1", &url])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .kill_on_drop(true);
+        let mut psql = psql.spawn().expect("psql (postgresql-client)");
+        let script = format!(
+            "BEGIN;\nSELECT 1 FROM lease_locks FOR UPDATE;\n\\! touch {}\n\
+             SELECT pg_sleep(1.5);\nCOMMIT;\n",
+            locked.display()
+        );
+        let mut stdin = psql.stdin.take().unwrap();
+        tokio::io::AsyncWriteExt::write_all(&mut stdin, script.as_bytes())
+            .await
+            .unwrap();
+        drop(stdin);
+        let start = Instant::now();
+        while !locked.exists() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "psql did not lock"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let mut c = lease(&url);
+        if verbose {
+            c.arg("-v");
+        }
+        c.args(["exec", "--wait", "10s", "quiet", "--", "true"]);
+        let (code, _, err) = output(c).await;
+        assert_eq!(code, 0, "{err}");
+        assert!(start.elapsed() >= Duration::from_millis(1500));
+        psql.wait().await.unwrap();
+        if verbose {
+            assert!(
+                err.contains("slow statement"),
+                "-v shows the store client's warning: {err}"
+            );
+        } else {
+            assert!(
+                err.is_empty(),
+                "lease printed someone else's messages by default: {err}"
+            );
+        }
+    }
+}
+
 #[tokio::test]
 async fn bad_urls_and_stores_give_one_line_errors_and_documented_codes() {
     let cases = [
@@ -461,6 +658,12 @@ macro_rules! store_tests {
             async fn client_clock_an_hour_off_changes_nothing() {
                 let s = $start.await;
                 super::client_clock_an_hour_off_changes_nothing(&s.url()).await;
+            }
+
+            #[tokio::test]
+            async fn the_command_never_outlives_lease() {
+                let s = $start.await;
+                super::the_command_and_its_children_never_outlive_lease(&s.url()).await;
             }
 
             #[tokio::test]
