@@ -233,7 +233,7 @@ fn log_filter(verbose: u8) -> String {
     let (own, others) = match verbose {
         0 => ("warn", "off"),
         1 => ("info", "warn"),
-        2 => ("debug", "info"),
+        2 => ("debug", "debug"),
         _ => ("trace", "trace"),
     };
     let mut filter = others.to_owned();

@@ -199,6 +199,13 @@ fn family(pids: &std::path::Path) -> String {
     )
 }
 
+/// `lease exec ARGS -- sh -c SCRIPT`.
+fn exec_sh(url: &str, args: &[&str], script: &str) -> Command {
+    let mut c = lease(url);
+    c.arg("exec").args(args).args(["--", "sh", "-c", script]);
+    c
+}
+
 async fn read_pids(pids: &std::path::Path) -> Vec<u32> {
     wait_for_file(pids, Duration::from_secs(10))
         .await
@@ -215,18 +222,9 @@ async fn the_command_and_its_children_never_outlive_lease(url: &str) {
     let dir = tempdir();
     // SIGKILL.
     let pids = dir.join("killed");
-    let mut a = lease(url);
-    a.args([
-        "exec",
-        "--ttl",
-        "3s",
-        "family",
-        "--",
-        "sh",
-        "-c",
-        &family(&pids),
-    ]);
-    let mut a: Child = a.spawn().unwrap();
+    let mut a: Child = exec_sh(url, &["--ttl", "3s", "family"], &family(&pids))
+        .spawn()
+        .unwrap();
     let family_pids = read_pids(&pids).await;
     assert_eq!(family_pids.len(), 3);
     assert!(family_pids.iter().all(|p| alive(*p)));
@@ -241,20 +239,13 @@ async fn the_command_and_its_children_never_outlive_lease(url: &str) {
     );
     // SIGTERM is forwarded to the whole group; the waiting run takes over at the TTL.
     let pids = dir.join("terminated");
-    let mut b = lease(url);
-    b.args([
-        "exec",
-        "--ttl",
-        "3s",
-        "--wait",
-        "10s",
-        "family",
-        "--",
-        "sh",
-        "-c",
+    let mut b: Child = exec_sh(
+        url,
+        &["--ttl", "3s", "--wait", "10s", "family"],
         &family(&pids),
-    ]);
-    let mut b: Child = b.spawn().unwrap();
+    )
+    .spawn()
+    .unwrap();
     let family_pids = read_pids(&pids).await;
     kill(b.id().unwrap(), nix::sys::signal::Signal::SIGTERM);
     let status = tokio::time::timeout(Duration::from_secs(5), b.wait())
@@ -269,18 +260,8 @@ async fn the_command_and_its_children_never_outlive_lease(url: &str) {
     all_gone(&family_pids, Duration::from_millis(200)).await;
     // Left behind when the command exits: terminated before `lease` exits.
     let left = dir.join("left");
-    let mut c = lease(url);
-    c.args([
-        "exec",
-        "--ttl",
-        "3s",
-        "family",
-        "--",
-        "sh",
-        "-c",
-        &format!("sleep 300 & echo $! > {}; exit 4", left.display()),
-    ]);
-    let (code, _, err) = output(c).await;
+    let script = format!("sleep 300 & echo $! > {}; exit 4", left.display());
+    let (code, _, err) = output(exec_sh(url, &["--ttl", "3s", "family"], &script)).await;
     assert_eq!(code, 4, "{err}");
     let left_pid: u32 = wait_for_file(&left, Duration::from_secs(1))
         .await

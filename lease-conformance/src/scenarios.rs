@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use lease_core::{
     AcquireOutcome, CancellationToken, HolderLabel, JobStats, LeaseBackend, LeaseClient, LeaseName,
-    LeaseOptions, Owner, ScheduledJob, TryAcquire,
+    LeaseOptions, Owner, RunOutcome, ScheduledJob, TryAcquire,
 };
 use tokio::time::Instant;
 
@@ -300,6 +300,11 @@ pub async fn lock_at_most_for_dilemma(
 
 /// Seed 003, lockAtLeastFor: two instances with schedules `skew` apart run a fast job
 /// every `period`. Returns how many times the job ran over `periods` periods.
+///
+/// With `keep_for`, each instance is a [`ScheduledJob`] with keep-for a little below the
+/// period. Without it, each instance ticks on its own and runs the job under
+/// [`LeaseClient::run_exclusive`] (a lock without lockAtLeastFor, which `ScheduledJob`
+/// refuses to be).
 pub async fn lock_at_least_for(
     backend: Arc<dyn LeaseBackend>,
     keep_for: bool,
@@ -325,16 +330,37 @@ pub async fn lock_at_least_for(
     let name = unique("at-least-for");
     let shutdown = CancellationToken::new();
     let mut tasks = Vec::new();
+    let fast_job = |_| async {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
     for i in 0..2u32 {
         let client = LeaseClient::with_label(backend.clone(), label(&format!("instance-{i}")));
-        let job = ScheduledJob::new(client, &name, period, opts.clone()).expect("job");
         let shutdown = shutdown.clone();
+        if keep_for {
+            let job = ScheduledJob::new(client, &name, period, opts.clone()).expect("job");
+            tasks.push(tokio::spawn(async move {
+                tokio::time::sleep(skew * i).await;
+                job.run(shutdown, fast_job).await
+            }));
+            continue;
+        }
+        let (name, opts) = (name.clone(), opts.clone());
         tasks.push(tokio::spawn(async move {
             tokio::time::sleep(skew * i).await;
-            job.run(shutdown, |_| async {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            })
-            .await
+            let mut stats = JobStats::default();
+            let mut ticks = tokio::time::interval(period);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return stats,
+                    _ = ticks.tick() => {}
+                }
+                match client.run_exclusive(&name, &opts, fast_job).await {
+                    Ok(RunOutcome::Ran(())) => stats.ran += 1,
+                    Ok(RunOutcome::Skipped(_)) => stats.skipped += 1,
+                    Ok(RunOutcome::Lost(_)) => stats.lost += 1,
+                    Err(_) => stats.store_errors += 1,
+                }
+            }
         }));
     }
     tokio::time::sleep(period * periods - period / 2).await;

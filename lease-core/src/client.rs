@@ -186,6 +186,13 @@ async fn release_abandoned(
 /// Cheap to clone; clones share the heartbeat. Create one per process (or per holder
 /// label) and share it.
 ///
+/// The heartbeat task runs on the runtime of the first acquire. If it stops (that runtime
+/// was shut down, or the task panicked), its leases hear [`LossReason::HeartbeatStopped`]
+/// and the next acquire starts a new heartbeat on its own runtime before it touches the
+/// store. A heartbeat whose runtime still exists but is not driven (a current-thread
+/// runtime outside `block_on`) cannot renew: its guards still hear "lost" at their
+/// deadline, but keep the runtime of the first acquire running.
+///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), lease_core::Error> {

@@ -257,6 +257,9 @@ impl EtcdBackend {
     ///
     /// Errors: [`InvalidInput`] for a bad config or endpoint; [`Error::Unavailable`],
     /// [`Error::Timeout`] or [`Error::Rejected`] (bad credentials) when authenticating fails.
+    ///
+    /// Cancel safety: cancel-safe: dropping it takes no lease and leaves nothing the caller
+    /// must clean up.
     pub async fn connect(endpoints: &[String], config: EtcdConfig) -> Result<Self> {
         config.validate()?;
         if endpoints.is_empty() {
@@ -290,6 +293,9 @@ impl EtcdBackend {
 
     /// Connects to an `etcd://[user[:password]@]host[:port][,host[:port]...][/prefix]` URL
     /// with default timeouts. See [`EtcdConfig::from_url`] and [`EtcdBackend::connect`].
+    ///
+    /// Cancel safety: cancel-safe: dropping it takes no lease and leaves nothing the caller
+    /// must clean up.
     pub async fn from_url(url: &str) -> Result<Self> {
         let (endpoints, config) = EtcdConfig::from_url(url)?;
         Self::connect(&endpoints, config).await

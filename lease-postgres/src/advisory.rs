@@ -150,11 +150,17 @@ impl AdvisoryLockBackend {
     /// a call timeout of 5 s (pool acquire timeout, `statement_timeout`, client bound).
     ///
     /// Errors as for [`PostgresBackend::connect`](crate::PostgresBackend::connect).
+    ///
+    /// Cancel safety: cancel-safe: dropping it takes no lease and leaves nothing the caller
+    /// must clean up.
     pub async fn connect(url: &str) -> Result<Self> {
         Self::connect_with(url, Duration::from_secs(5), 10).await
     }
 
     /// Connects with the given call timeout and pool size.
+    ///
+    /// Cancel safety: cancel-safe: dropping it takes no lease and leaves nothing the caller
+    /// must clean up.
     pub async fn connect_with(
         url: &str,
         call_timeout: Duration,

@@ -197,11 +197,17 @@ impl PostgresBackend {
     /// [`Error::Unavailable`] when the server cannot be reached within the call timeout;
     /// [`Error::Rejected`] when it refuses (authentication, missing database, no
     /// permission to create the table).
+    ///
+    /// Cancel safety: cancel-safe: dropped, the table creation is rolled back or has
+    /// committed (it is idempotent; call again); no lease is taken.
     pub async fn connect(url: &str) -> Result<Self> {
         Self::connect_with(url, PostgresConfig::default()).await
     }
 
     /// Connects with the given settings. See [`PostgresBackend::connect`].
+    ///
+    /// Cancel safety: cancel-safe: dropped, the table creation is rolled back or has
+    /// committed (it is idempotent; call again); no lease is taken.
     pub async fn connect_with(url: &str, config: PostgresConfig) -> Result<Self> {
         config.validate()?;
         let options = connect_options(url, config.call_timeout)?;
@@ -221,6 +227,9 @@ impl PostgresBackend {
     /// call is additionally bounded by `config.call_timeout` on the client.
     ///
     /// Creates the table if `config.create_schema` is set.
+    ///
+    /// Cancel safety: cancel-safe: dropped, the table creation is rolled back or has
+    /// committed (it is idempotent; call again); no lease is taken.
     pub async fn from_pool(pool: PgPool, config: PostgresConfig) -> Result<Self> {
         let table = config.validate()?;
         let releases = Releases::new(&pool, table.payload_prefix());
@@ -260,6 +269,9 @@ impl PostgresBackend {
     /// instances start at once: the DDL runs in a transaction that first takes a
     /// transaction-level advisory lock, so concurrent creators queue instead of racing in
     /// the catalog.
+    ///
+    /// Cancel safety: cancel-safe: dropped, the table creation is rolled back or has
+    /// committed (it is idempotent; call again); no lease is taken.
     pub async fn create_schema(&self) -> Result<()> {
         let ddl = sql::schema_sql(&self.inner.table);
         let pool = &self.inner.pool;
@@ -303,6 +315,9 @@ impl PostgresBackend {
 
     /// The acquire statement on a given connection (for tests that run it inside an
     /// open transaction). Not part of the API.
+    ///
+    /// Cancel safety: as for `LeaseBackend::acquire`: dropped after the statement was sent,
+    /// it may have taken the lease; the caller's transaction decides whether it stays.
     #[doc(hidden)]
     pub async fn acquire_on(
         &self,

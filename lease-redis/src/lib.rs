@@ -204,11 +204,17 @@ impl RedisBackend {
     /// Errors: [`InvalidInput::MalformedUrl`] (the message never shows the password),
     /// [`Error::Unavailable`] or [`Error::Timeout`] when the server cannot be reached within
     /// the connect timeout, [`Error::Rejected`] for bad credentials.
+    ///
+    /// Cancel safety: cancel-safe: dropping it takes no lease and leaves nothing the caller
+    /// must clean up.
     pub async fn connect(url: &str) -> Result<Self> {
         Self::connect_with(url, RedisConfig::default()).await
     }
 
     /// Connects to `url` with `config`. See [`RedisBackend::connect`].
+    ///
+    /// Cancel safety: cancel-safe: dropping it takes no lease and leaves nothing the caller
+    /// must clean up.
     pub async fn connect_with(url: &str, config: RedisConfig) -> Result<Self> {
         config.validate()?;
         let client = Client::open(url).map_err(|e| error::malformed_url(url, &e))?;
@@ -218,6 +224,9 @@ impl RedisBackend {
     /// Connects with an already configured `redis` client (custom TLS settings, RESP3,
     /// ...). The client is kept for the pub/sub connections of
     /// [`LeaseBackend::wait_released`].
+    ///
+    /// Cancel safety: cancel-safe: dropping it takes no lease and leaves nothing the caller
+    /// must clean up.
     pub async fn from_client(client: Client, config: RedisConfig) -> Result<Self> {
         config.validate()?;
         #[cfg(feature = "tls")]
@@ -244,6 +253,9 @@ impl RedisBackend {
     /// Without a [`Client`] there is no way to open a pub/sub connection, so the
     /// capabilities say `release_notification: false` (waiters poll with backoff); use
     /// [`RedisBackend::from_client`] to get notifications.
+    ///
+    /// Cancel safety: cancel-safe: dropping it takes no lease and leaves nothing the caller
+    /// must clean up.
     pub async fn from_connection_manager(
         cm: ConnectionManager,
         config: RedisConfig,

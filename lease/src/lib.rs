@@ -28,6 +28,9 @@ use std::sync::Arc;
 /// A URL whose store was not compiled in gives [`Error::NotCompiledIn`]; a malformed URL
 /// gives [`InvalidInput::MalformedUrl`]. Error messages never contain credentials.
 ///
+/// Cancel safety: cancel-safe: dropping it takes no lease and leaves nothing the caller
+/// must clean up.
+///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), lease::Error> {

@@ -48,6 +48,27 @@ async fn held_guard(c: &LeaseClient, n: &LeaseName, options: &LeaseOptions) -> L
     }
 }
 
+/// Waits for `g` to hear "lost" (for at most two TTLs) and checks that it came by the
+/// guard's safety deadline, as it stood before the wait, plus [`SIGNAL_TOLERANCE`].
+async fn lost_by_deadline(g: &LeaseGuard, ttl: Duration, what: &str, backend: &str) -> LossReason {
+    let deadline = g.deadline();
+    let reason = tokio::time::timeout(ttl * 2, g.lost())
+        .await
+        .unwrap_or_else(|_| panic!("{what}: no lost signal within two TTLs"));
+    let now = Instant::now();
+    let late = now.saturating_duration_since(deadline);
+    eprintln!(
+        "{what} on {backend}: lost ({reason}) {late:?} after the deadline ({:?} before it)",
+        deadline.saturating_duration_since(now)
+    );
+    assert!(
+        late <= SIGNAL_TOLERANCE,
+        "{what}: lost signalled {late:?} after the deadline ({reason})"
+    );
+    assert!(!g.is_held());
+    reason
+}
+
 /// How many of `names` the store reports held.
 async fn count_held(backend: &dyn LeaseBackend, names: &[LeaseName]) -> Vec<LeaseName> {
     futures::stream::iter(names)
@@ -150,6 +171,14 @@ pub async fn cancelled_acquires_leave_nothing_held(backend: Arc<dyn LeaseBackend
     );
     tokio::time::sleep_until(last_drop + call_timeout + Duration::from_secs(1)).await;
     let held = count_held(&*backend, &names).await;
+    eprintln!(
+        "cancelled acquires on {}: {CANCELLED_CALLS} calls, {dropped} dropped mid-call, {} \
+         finished before their drop point; {} names held {:?} after the last drop",
+        backend.capabilities().backend,
+        completed.load(Ordering::Relaxed),
+        held.len(),
+        last_drop.elapsed()
+    );
     assert!(
         held.is_empty(),
         "{} of {CANCELLED_CALLS} names still held {:?} after the last drop \
@@ -255,7 +284,9 @@ pub async fn renew_panic_is_a_failed_renewal(backend: Arc<dyn LeaseBackend>) {
     let g = held_guard(&c, &name(&ns, "panic-once"), &options).await;
     faulty.set_once(Op::Renew, Fault::Panic);
     let before = faulty.calls(Op::Renew);
-    faulty.wait_for_calls(Op::Renew, before + 2).await;
+    tokio::time::timeout(ttl * 2, faulty.wait_for_calls(Op::Renew, before + 2))
+        .await
+        .unwrap_or_else(|_| panic!("no renewal after one that panicked: {:?}", g.loss_reason()));
     tokio::time::sleep(ttl * 2).await;
     assert!(
         g.is_held(),
@@ -269,16 +300,9 @@ pub async fn renew_panic_is_a_failed_renewal(backend: Arc<dyn LeaseBackend>) {
     // Every time.
     let g = held_guard(&c, &name(&ns, "panic-always"), &options).await;
     faulty.set(Op::Renew, Fault::Panic);
-    let deadline = g.deadline();
-    let reason = tokio::time::timeout(ttl * 2, g.lost())
-        .await
-        .expect("no lost signal while every renewal panics");
-    let late = Instant::now().saturating_duration_since(deadline);
+    let backend_name = backend.capabilities().backend;
+    let reason = lost_by_deadline(&g, ttl, "every renewal panicking", backend_name).await;
     assert_eq!(reason, LossReason::DeadlinePassed);
-    assert!(
-        late <= SIGNAL_TOLERANCE,
-        "lost signalled {late:?} after the deadline"
-    );
     faulty.set(Op::Renew, Fault::Pass);
     drop(g);
     // The same client works on.
@@ -373,16 +397,14 @@ pub async fn heartbeat_runtime_dropped(backend: Arc<dyn LeaseBackend>) {
         side.run(async move { held_guard(&c, &first, &options).await })
             .await
     };
-    let deadline = g.deadline();
     side.shut_down().await;
-    let reason = tokio::time::timeout(ttl * 2, g.lost())
-        .await
-        .expect("no lost signal after the heartbeat's runtime was dropped");
-    let late = Instant::now().saturating_duration_since(deadline);
-    assert!(
-        late <= SIGNAL_TOLERANCE,
-        "lost signalled {late:?} after the deadline ({reason})"
-    );
+    let reason = lost_by_deadline(
+        &g,
+        ttl,
+        "heartbeat runtime dropped",
+        backend.capabilities().backend,
+    )
+    .await;
     assert!(
         matches!(
             reason,
@@ -390,7 +412,6 @@ pub async fn heartbeat_runtime_dropped(backend: Arc<dyn LeaseBackend>) {
         ),
         "{reason:?}"
     );
-    assert!(!g.is_held());
     drop(g);
     // The same client, from this runtime: a new heartbeat renews.
     let wait = LeaseOptions::builder(ttl)
@@ -477,14 +498,14 @@ pub async fn stalled_heartbeat_bounds_lost_and_release(backend: Arc<dyn LeaseBac
         .await;
     }
     // The side runtime is idle from here on: the heartbeat cannot run.
-    let deadline = lost.deadline();
-    let reason = tokio::time::timeout(ttl * 2, lost.lost())
-        .await
-        .expect("no lost signal while the heartbeat is stalled");
-    let late = Instant::now().saturating_duration_since(deadline);
+    let reason = lost_by_deadline(
+        &lost,
+        ttl,
+        "heartbeat stalled",
+        backend.capabilities().backend,
+    )
+    .await;
     assert_eq!(reason, LossReason::DeadlinePassed);
-    assert!(late <= SIGNAL_TOLERANCE, "lost signalled {late:?} late");
-    assert!(!lost.is_held());
     lost.disarm();
     faulty.set(Op::Renew, Fault::Pass);
     let started = Instant::now();
