@@ -37,6 +37,9 @@ pub enum Fault {
     Pass,
     /// Fail at once with [`Error::Unavailable`] (as if the store were down).
     Fail,
+    /// Fail at once with [`Error::InvalidInput`], as a backend does that refuses an input
+    /// before sending anything (the client then knows nothing was taken).
+    RefuseInput,
     /// Never answer (as if the store hung).
     Hang,
     /// Pass the call through after a delay.
@@ -159,6 +162,10 @@ impl FaultyBackend {
         self.call_started.notify_waiters();
         match fault {
             Fault::Fail => Err(Error::unavailable("faulty", "injected fault: store down")),
+            Fault::RefuseInput => Err(lease_core::InvalidInput::Other(
+                "injected fault: input refused before anything was sent".into(),
+            )
+            .into()),
             Fault::Hang => std::future::pending().await,
             Fault::Delay(d) => {
                 tokio::time::sleep(d).await;

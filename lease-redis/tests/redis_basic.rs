@@ -516,9 +516,10 @@ async fn wait_released_by_notification() {
     b.wait_released(&n, Duration::from_secs(10)).await.unwrap();
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
 
-    // Through the client: a waiting acquire gets the lease right after the release.
+    // Through the client: a waiting acquire gets the lease right after the release. (A
+    // TTL of 10 s leaves room for one renewal retry with the 2 s backoff.)
     let client = LeaseClient::new(Arc::new(b.clone()));
-    let opts = LeaseOptions::builder(Duration::from_secs(3))
+    let opts = LeaseOptions::builder(Duration::from_secs(10))
         .wait(Duration::from_secs(10))
         .backoff(Duration::from_secs(2), Duration::from_secs(2))
         .build()

@@ -456,10 +456,12 @@ pub async fn stalled_heartbeat_bounds_lost_and_release(backend: Arc<dyn LeaseBac
     .expect("opts");
     let faulty = Arc::new(FaultyBackend::new(backend.clone()));
     let c = client(&(faulty.clone() as Arc<dyn LeaseBackend>), "stalled");
-    // Start the client's heartbeat on the side runtime: an acquire that fails before
-    // it reaches the store.
+    // Start the client's heartbeat on the side runtime: an acquire refused before it
+    // reaches the store. (A failure that may have reached the store would spawn a
+    // cleanup on the side runtime, and a cleanup stalled there mid-call would hold one of
+    // the backend's connections.)
     let side = SideRuntime::start();
-    faulty.set_once(Op::Acquire, Fault::Fail);
+    faulty.set_once(Op::Acquire, Fault::RefuseInput);
     {
         let (c, short) = (c.clone(), short.clone());
         let n = name(&ns, "start-heartbeat");
