@@ -296,6 +296,8 @@ impl LeaseGuard {
     /// cancelled first, with [`LossReason::Released`] unless the lease was lost already.
     ///
     /// Returns [`ReleaseOutcome::NotOwner`] if the lease had already lapsed or been taken.
+    /// If the store call fails, the error is returned and the release is sent once more in
+    /// the background after the call timeout.
     ///
     /// Cancel safety: cancel-safe. If the future is dropped before the store answered,
     /// the guard's drop releases in the background as if the guard had been dropped.
@@ -324,12 +326,46 @@ impl LeaseGuard {
                 Ok(ReleaseOutcome::NotOwner) => {
                     tracing::warn!("release found the lease no longer ours")
                 }
-                Err(e) => tracing::warn!(error = %e, "release failed; the lease lapses at its TTL"),
+                Err(e) => {
+                    tracing::warn!(
+                        error = %e,
+                        "release failed; trying once more in the background after the call \
+                         timeout, else the lease lapses at its TTL"
+                    );
+                    self.retry_release_later();
+                }
             }
             outcome
         }
         .instrument(span)
         .await
+    }
+
+    /// After a failed release (the store down, or its reply lost after it applied the
+    /// release), one more release in the background after the call timeout, where a
+    /// runtime exists.
+    fn retry_release_later(&self) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (client, shared) = (self.client.clone(), self.shared.clone());
+        let (keep_for, call_timeout) = (self.keep_for, self.call_timeout);
+        let span = tracing::Span::current();
+        rt.spawn(
+            async move {
+                tokio::time::sleep(call_timeout).await;
+                match release_on_store(&client, &shared.name, &shared.token, keep_for, call_timeout)
+                    .await
+                {
+                    Ok(outcome) => tracing::info!(?outcome, "release retried"),
+                    Err(e) => tracing::warn!(
+                        error = %e,
+                        "release failed again; the lease lapses at its TTL"
+                    ),
+                }
+            }
+            .instrument(span),
+        );
     }
 
     /// Stops renewal and forgets the lease without releasing it: it stays taken until its

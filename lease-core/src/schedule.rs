@@ -10,7 +10,7 @@ use tracing::Instrument;
 use crate::client::{LeaseClient, LeaseContext, RunOutcome, TryAcquire, run_with_guard};
 use crate::error::{Error, InvalidInput};
 use crate::guard::LossReason;
-use crate::types::{HeldBy, LeaseName, LeaseOptions};
+use crate::types::{HeldBy, LeaseName, LeaseOptions, MAX_TTL};
 
 /// What one tick of a [`ScheduledJob`] did.
 #[derive(Debug)]
@@ -50,7 +50,7 @@ pub struct JobStats {
 /// Keep-for must be below the period, so that the instance that ran finds its lease free
 /// at its next tick. Left at zero it is derived from the period: the period minus a tenth
 /// of it, or minus the store's TTL granularity where that is coarser (etcd rounds up to
-/// whole seconds). Instances whose ticks are apart by less than keep-for then run the job
+/// whole seconds), and at most [`MAX_TTL`]. Instances whose ticks are apart by less than keep-for then run the job
 /// once per period between them; an instance further apart than keep-for may run it once
 /// more in the first period. A backend that cannot keep a lease after release
 /// ([`Capabilities::keep_for`](crate::Capabilities::keep_for) false, e.g. session-bound
@@ -107,7 +107,9 @@ impl ScheduledJob {
             });
         }
         let keep_for = if opts.keep_for().is_zero() {
-            let derived = period.saturating_sub((period / 10).max(caps.ttl_granularity));
+            let derived = period
+                .saturating_sub((period / 10).max(caps.ttl_granularity))
+                .min(MAX_TTL);
             if derived.is_zero() {
                 return Err(InvalidInput::PeriodTooShort {
                     period,

@@ -15,7 +15,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use lease_core::{
     Error, InvalidInput, LeaseBackend, LeaseClient, LeaseGuard, LeaseName, LeaseOptions,
-    LossReason, ReleaseOutcome, RunOutcome, ScheduledJob, TryAcquire,
+    LossReason, MAX_TTL, ReleaseOutcome, RunOutcome, ScheduledJob, TryAcquire,
 };
 use tokio::time::Instant;
 
@@ -217,6 +217,12 @@ pub async fn lost_acquire_reply_frees_the_name(backend: Arc<dyn LeaseBackend>) {
         })
     ));
     free_within(&*backend, &n, Duration::from_secs(1)).await;
+    // A release that fails (the store unreachable for a moment) is sent once more after
+    // the call timeout.
+    let g = held_guard(&c, &n, &options).await;
+    faulty.set_once(Op::Release, Fault::Fail);
+    assert!(matches!(g.release().await, Err(Error::Unavailable { .. })));
+    free_within(&*backend, &n, call_timeout + Duration::from_secs(1)).await;
 }
 
 /// The safety deadline counts from when a call was sent, not from when its reply came:
@@ -660,6 +666,9 @@ pub async fn scheduled_job_validates_keep_for(backend: Arc<dyn LeaseBackend>) {
         return;
     }
     made.expect("keep-for below the period");
+    let long = ScheduledJob::new(c.clone(), "job", MAX_TTL * 5, with_keep(Duration::ZERO))
+        .expect("a long period");
+    assert!(long.keep_for() <= MAX_TTL, "derived {:?}", long.keep_for());
     for keep in [period, period * 2] {
         let refused = ScheduledJob::new(c.clone(), "job", period, with_keep(keep));
         assert!(
