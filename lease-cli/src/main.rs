@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use lease::{Error, HolderLabel, LeaseBackend, LeaseClient, LeaseName, LeaseOptions};
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
+use nix::unistd::getpgrp;
 use tokio::process::Command;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -64,10 +64,10 @@ enum Cmd {
     /// Acquire NAME, run CMD while renewing, release when it exits.
     ///
     /// The command gets LEASE_NAME, LEASE_FENCING_TOKEN and LEASE_HOLDER in its
-    /// environment. It runs in a process group of its own, with everything it starts:
-    /// SIGINT and SIGTERM are forwarded to the whole group; if the lease is lost, the group
-    /// gets SIGTERM, then SIGKILL after --grace, and `lease` exits with 76; if `lease`
-    /// itself is killed (even with SIGKILL), the group is killed with it (Linux). What the
+    /// environment. Everything it starts stays in the process tree below `lease` (Linux),
+    /// which is signalled as a whole: SIGINT and SIGTERM are forwarded to it; if the lease
+    /// is lost, it gets SIGTERM, then SIGKILL after --grace, and `lease` exits with 76; if
+    /// `lease` itself is killed (even with SIGKILL), the tree is killed with it. What the
     /// command leaves running when it exits is terminated before the lease is released.
     Exec(ExecArgs),
     /// Show holder, fencing token and remaining TTL of leases.
@@ -114,9 +114,11 @@ struct ExecArgs {
     /// Keep the lease this long after acquisition even if CMD ends sooner (lockAtLeastFor).
     #[arg(long, default_value = "0s", value_parser = parse_duration)]
     keep_for: Duration,
-    /// After a lost lease, time between SIGTERM and SIGKILL to the command.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
-    grace: Duration,
+    /// After a lost lease, time between SIGTERM and SIGKILL to the command (default: the
+    /// safety margin, TTL/10, so the command is gone before the store can give the lease
+    /// to another host).
+    #[arg(long, value_parser = parse_duration)]
+    grace: Option<Duration>,
     /// Holder label stored with the lease (default hostname:pid).
     #[arg(long)]
     label: Option<String>,
@@ -330,6 +332,7 @@ async fn exec(url: &str, args: ExecArgs) -> Result<u8, Fail> {
         .keep_for(args.keep_for)
         .build()
         .map_err(Error::from)?;
+    let grace = args.grace.unwrap_or(opts.safety_margin());
     let label = match &args.label {
         Some(l) => HolderLabel::new(l.clone()).map_err(Error::from)?,
         None => HolderLabel::default_for_process(),
@@ -356,26 +359,47 @@ async fn exec(url: &str, args: ExecArgs) -> Result<u8, Fail> {
         Err(e) => return Err(e.into()),
     };
     tracing::info!(lease = %name, fencing = guard.fencing().get(), holder = %label, "acquired; starting the command");
-    // The supervisor (this binary) leads a new process group and starts the command in
-    // it; it is spawned from the main thread, which lives as long as this process (the
-    // parent-death signal follows the thread that spawned).
-    let me = std::env::current_exe()
+    // Orphans below us are re-parented to us, so the whole tree stays in reach (see
+    // supervise.rs).
+    if let Err(e) = supervise::become_subreaper() {
+        let _ = guard.release().await;
+        return Err(Fail {
+            code: EXIT_SPAWN,
+            message: format!("cannot keep the command's processes in check: {e}"),
+        });
+    }
+    // The supervisor (this binary) starts the command. It is spawned from the main
+    // thread, which lives as long as this process (the parent-death signal follows the
+    // thread that spawned).
+    let exe = std::env::current_exe()
         .ok()
         .filter(|p| p.exists())
         .unwrap_or_else(|| "/proc/self/exe".into());
-    let mut child = match Command::new(me)
+    let (mut sigint, mut sigterm) = match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(a), Ok(b)) => (a, b),
+        _ => {
+            let _ = guard.release().await;
+            return Err(Fail {
+                code: EXIT_SPAWN,
+                message: "cannot install signal handlers".into(),
+            });
+        }
+    };
+    let mut child = match Command::new(exe)
         .arg(supervise::SUBCOMMAND)
         .arg("--parent")
         .arg(std::process::id().to_string())
         .arg("--grace")
-        .arg(humantime::format_duration(args.grace).to_string())
+        .arg(humantime::format_duration(grace).to_string())
         .arg("--")
         .arg(program)
         .args(program_args)
         .env("LEASE_NAME", name.to_string_lossy())
         .env("LEASE_FENCING_TOKEN", guard.fencing().to_string())
         .env("LEASE_HOLDER", label.as_str())
-        .process_group(0)
         .spawn()
     {
         Ok(c) => c,
@@ -387,41 +411,45 @@ async fn exec(url: &str, args: ExecArgs) -> Result<u8, Fail> {
             });
         }
     };
-    let group = child
-        .id()
-        .and_then(|p| i32::try_from(p).ok())
-        .map(Pid::from_raw);
-    let (mut sigint, mut sigterm) = match (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) {
-        (Ok(a), Ok(b)) => (a, b),
-        _ => {
-            signal_group(group, Signal::SIGKILL);
-            return Err(Fail {
-                code: EXIT_STORE,
-                message: "cannot install signal handlers".into(),
-            });
-        }
-    };
-    let forward = |sig: Signal| signal_group(group, sig);
+    let me = supervise::own_pid();
     let status = loop {
         tokio::select! {
             status = child.wait() => break Some(status),
-            _ = sigint.recv() => forward(Signal::SIGINT),
-            _ = sigterm.recv() => forward(Signal::SIGTERM),
+            _ = sigint.recv() => {
+                // From the terminal, the processes of our group have it already.
+                let skip = supervise::in_terminal_foreground().then(|| getpgrp().as_raw());
+                supervise::signal_tree(me, Signal::SIGINT, skip);
+            }
+            _ = sigterm.recv() => {
+                supervise::signal_tree(me, Signal::SIGTERM, None);
+            }
             reason = guard.lost() => {
                 eprintln!("lease: lost {name} while the command ran ({reason}); terminating it");
-                forward(Signal::SIGTERM);
-                if tokio::time::timeout(args.grace, child.wait()).await.is_err() {
-                    eprintln!("lease: the command did not exit within {}; killing it", humantime::format_duration(args.grace));
-                    forward(Signal::SIGKILL);
+                supervise::signal_tree(me, Signal::SIGTERM, None);
+                if tokio::time::timeout(grace, child.wait()).await.is_err() {
+                    eprintln!("lease: the command did not exit within {}; killing it", humantime::format_duration(grace));
+                    supervise::terminate_tree(me, Duration::ZERO).await;
                     let _ = child.wait().await;
                 }
+                supervise::terminate_tree(me, Duration::ZERO).await;
                 break None;
             }
         }
     };
+    if let Some(Ok(st)) = &status {
+        // The supervisor terminates what the command leaves behind before it exits; if it
+        // did not exit normally itself, that is left to do here.
+        use std::os::unix::process::ExitStatusExt;
+        let grace = if st.signal().is_some() {
+            eprintln!(
+                "lease: the command's supervisor was killed ({st}); terminating what is left"
+            );
+            grace
+        } else {
+            Duration::ZERO
+        };
+        supervise::terminate_tree(me, grace).await;
+    }
     let Some(status) = status else {
         // Lost: nothing of ours is left to release (the store said so, or it is not
         // answering and frees the lease at its TTL). Exit at once.
@@ -437,14 +465,6 @@ async fn exec(url: &str, args: ExecArgs) -> Result<u8, Fail> {
         message: format!("waiting for the command: {e}"),
     })?;
     Ok(supervise::exit_code_of(status))
-}
-
-/// Sends `sig` to the command's process group (the supervisor, the command and all it
-/// started).
-fn signal_group(group: Option<Pid>, sig: Signal) {
-    if let Some(group) = group {
-        let _ = killpg(group, sig);
-    }
 }
 
 fn round_ms(d: Duration) -> Duration {

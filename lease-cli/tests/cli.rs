@@ -174,6 +174,13 @@ fn alive(pid: u32) -> bool {
     }
 }
 
+/// The process group of `pid`.
+fn process_group(pid: u32) -> i32 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let rest = &stat[stat.rfind(')').unwrap() + 1..];
+    rest.split_whitespace().nth(2).unwrap().parse().unwrap()
+}
+
 /// Waits until none of `pids` is alive, for at most `within`; returns how long it took.
 async fn all_gone(pids: &[u32], within: Duration) -> Duration {
     let start = Instant::now();
@@ -190,11 +197,16 @@ async fn all_gone(pids: &[u32], within: Duration) -> Duration {
     }
 }
 
-/// A command that starts two grandchildren and writes "sh-pid child-pid child-pid" to
-/// `pids` once they run, then waits for them.
+/// A command that starts four processes besides itself and writes their pids and its
+/// own to `pids` once they run, then waits: a plain background child, one that leaves
+/// the session and process group (`setsid`), and GNU `timeout` (which moves to a process
+/// group of its own) with the shell it runs under it.
 fn family(pids: &std::path::Path) -> String {
     format!(
-        "sleep 300 & a=$!; sleep 301 & b=$!; echo \"$$ $a $b\" > {p}.tmp; mv {p}.tmp {p}; wait",
+        "sleep 300 & a=$!; setsid sleep 301 & b=$!; \
+         timeout 300 sh -c 'echo $$ > {p}.t; exec sleep 302' & c=$!; \
+         while [ ! -s {p}.t ]; do sleep 0.01; done; \
+         echo \"$$ $a $b $c $(cat {p}.t)\" > {p}.tmp; mv {p}.tmp {p}; wait",
         p = pids.display()
     )
 }
@@ -214,10 +226,10 @@ async fn read_pids(pids: &std::path::Path) -> Vec<u32> {
         .collect()
 }
 
-/// The command and everything it started live and die with `lease exec`: killed with
-/// SIGKILL, `lease` takes them with it within a second; SIGTERM to `lease` reaches the
-/// grandchildren; what the command leaves running when it exits is terminated before the
-/// lease is released.
+/// The command and everything it started live and die with `lease exec`, also processes
+/// that left its process group or session: killed with SIGKILL, `lease` takes them with
+/// it within a second; SIGTERM to `lease` reaches all of them; what the command leaves
+/// running when it exits is terminated before the lease is released.
 async fn the_command_and_its_children_never_outlive_lease(url: &str) {
     let dir = tempdir();
     // SIGKILL.
@@ -226,8 +238,15 @@ async fn the_command_and_its_children_never_outlive_lease(url: &str) {
         .spawn()
         .unwrap();
     let family_pids = read_pids(&pids).await;
-    assert_eq!(family_pids.len(), 3);
+    assert_eq!(family_pids.len(), 5);
     assert!(family_pids.iter().all(|p| alive(*p)));
+    // The command stays in lease's process group (the terminal's job), so Ctrl-Z stops
+    // both and the terminal's Ctrl-C reaches both.
+    assert_eq!(
+        process_group(family_pids[0]),
+        process_group(a.id().unwrap()),
+        "the command left lease's process group"
+    );
     kill(a.id().unwrap(), nix::sys::signal::Signal::SIGKILL);
     let killed_at = Instant::now();
     let _ = a.wait().await;
@@ -260,7 +279,7 @@ async fn the_command_and_its_children_never_outlive_lease(url: &str) {
     all_gone(&family_pids, Duration::from_millis(200)).await;
     // Left behind when the command exits: terminated before `lease` exits.
     let left = dir.join("left");
-    let script = format!("sleep 300 & echo $! > {}; exit 4", left.display());
+    let script = format!("setsid sleep 300 & echo $! > {}; exit 4", left.display());
     let (code, _, err) = output(exec_sh(url, &["--ttl", "3s", "family"], &script)).await;
     assert_eq!(code, 4, "{err}");
     let left_pid: u32 = wait_for_file(&left, Duration::from_secs(1))
@@ -432,11 +451,11 @@ async fn force_release_terminates_the_command_with_the_lost_code(url: &str) {
         "--",
         "sh",
         "-c",
-        &format!("echo $$ > {}; exec sleep 60", pidfile.display()),
+        &family(&pidfile),
     ]);
     a.stderr(Stdio::piped());
     let a = a.spawn().unwrap();
-    wait_for_file(&pidfile, Duration::from_secs(10)).await;
+    let family_pids = read_pids(&pidfile).await;
     let mut status = lease(url);
     status.args(["status", "victim", "--json"]);
     let (code, out, _) = output(status).await;
@@ -474,6 +493,8 @@ async fn force_release_terminates_the_command_with_the_lost_code(url: &str) {
         "{:?}",
         started.elapsed()
     );
+    // The whole tree got the lost lease's SIGTERM: nothing of the command runs on.
+    all_gone(&family_pids, Duration::from_millis(200)).await;
 }
 
 async fn store_stopped_terminates_the_command_with_the_lost_code(

@@ -445,9 +445,10 @@ async fn main() {
     writeln!(
         md,
         "Notes: etcd leases are whole seconds and etcd 3.4 expires them up to 0.5 s late, so \
-         on etcd every timing is coarser; in the keep-for row the 1.8 s keep-for of a 2 s \
-         period rounds up to a 2 s etcd lease that is still held at the next tick, so the job \
-         runs every other period (choose keep-for at most the period minus 1.5 s on etcd). \
+         on etcd every timing is coarser; in the keep-for row the etcd case uses a 4 s \
+         period and keeps 1.5 s of room below it (keep-for 2.1 s), because etcd rounds the \
+         kept lease up to whole seconds and may expire it 0.5 s late; with less room the \
+         lease is still held at the next tick and the job runs every other period. \
          Redis without persistence restarts its fencing sequence after a restart, which is \
          what its capabilities claim (`Fencing::Volatile`); with `appendonly yes` and \
          `appendfsync always` it is `Durable` (tested in the fault matrix)."
