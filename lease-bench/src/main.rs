@@ -21,11 +21,11 @@ mod scale;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_conformance::server::{EtcdServer, PostgresServer, RedisServer};
 use lease_core::LeaseBackend;
 use lease_etcd::EtcdBackend;
 use lease_postgres::{AdvisoryLockBackend, PostgresBackend};
 use lease_redis::RedisBackend;
+use lease_test_servers::{EtcdServer, PostgresServer, RedisServer};
 
 use crate::cycles::{Case, Plan};
 use crate::report::StoreResult;
@@ -277,7 +277,7 @@ async fn redis_store(mode: Mode) -> StoreResult {
                 .query_async(&mut admin)
                 .await
                 .expect("INFO commandstats");
-            lease_conformance::server::redis::script_calls(&info)
+            lease_test_servers::redis::script_calls(&info)
         })
     });
     let s = sizes(mode, 400, 40, 101);

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use lease_conformance::server::RedisServer;
+use lease_test_servers::RedisServer;
 use tokio::process::{Child, Command};
 
 const LEASE: &str = env!("CARGO_BIN_EXE_lease");
@@ -545,7 +545,7 @@ async fn store_stopped_terminates_the_command_with_the_lost_code(
 /// `-v` on.
 #[tokio::test]
 async fn store_client_warnings_only_with_verbose() {
-    let db = lease_conformance::server::PostgresServer::shared()
+    let db = lease_test_servers::PostgresServer::shared()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let url = db.url();
@@ -700,12 +700,12 @@ store_tests!(redis_store, redis(), async {
 store_tests!(
     postgres_store,
     async {
-        lease_conformance::server::PostgresServer::shared()
+        lease_test_servers::PostgresServer::shared()
             .await
             .unwrap_or_else(|e| panic!("{e}"))
     },
     async {
-        lease_conformance::server::PostgresServer::start_fast()
+        lease_test_servers::PostgresServer::start_fast()
             .await
             .unwrap_or_else(|e| panic!("{e}"))
     }
@@ -713,12 +713,12 @@ store_tests!(
 store_tests!(
     etcd_store,
     async {
-        lease_conformance::server::EtcdServer::start()
+        lease_test_servers::EtcdServer::start()
             .await
             .unwrap_or_else(|e| panic!("{e}"))
     },
     async {
-        lease_conformance::server::EtcdServer::start_local()
+        lease_test_servers::EtcdServer::start_local()
             .await
             .unwrap_or_else(|e| panic!("{e}"))
     }

@@ -20,12 +20,7 @@ use std::sync::Arc;
 use lease_core::LeaseBackend;
 
 mod faulty;
-pub mod fenced;
-pub mod matrix;
-pub mod netns;
 pub mod outage;
-pub mod scenarios;
-pub mod server;
 pub mod suite;
 mod timed;
 

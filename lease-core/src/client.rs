@@ -11,8 +11,9 @@ use tracing::Instrument;
 
 use crate::backend::LeaseBackend;
 use crate::error::{Error, Result};
-use crate::guard::{GuardShared, LeaseGuard, LossReason};
+use crate::guard::{LeaseGuard, Store};
 use crate::heartbeat::{self, HeartbeatHandle, Registration};
+use crate::shared::{GuardShared, LossReason};
 use crate::types::{
     AcquireOutcome, Capabilities, FencingToken, HeldBy, HolderLabel, LeaseInfo, LeaseName,
     LeaseOptions, Owner, OwnerToken, ReleaseOutcome,
@@ -65,9 +66,9 @@ pub enum RunOutcome<T> {
 }
 
 #[derive(Debug)]
-pub(crate) struct ClientInner {
-    pub(crate) backend: Arc<dyn LeaseBackend>,
-    pub(crate) caps: Capabilities,
+struct ClientInner {
+    backend: Arc<dyn LeaseBackend>,
+    caps: Capabilities,
     label: HolderLabel,
     /// The running heartbeat; replaced by a new one if it dies.
     heartbeat: Mutex<Option<Arc<HeartbeatHandle>>>,
@@ -76,6 +77,14 @@ pub(crate) struct ClientInner {
 }
 
 impl ClientInner {
+    /// The backend with its name, as guards and background releases use it.
+    fn store(&self) -> Store {
+        Store {
+            backend: self.backend.clone(),
+            name: self.caps.backend,
+        }
+    }
+
     /// The client's heartbeat, started on the current runtime if there is none or the
     /// last one has stopped (its runtime was shut down, or it panicked). Fails only where
     /// no runtime is running, before anything is sent to the store.
@@ -139,7 +148,7 @@ impl Drop for AcquireCleanup {
         );
         rt.spawn(
             release_abandoned(
-                self.inner.clone(),
+                self.inner.store(),
                 self.name.clone(),
                 self.token,
                 self.call_timeout,
@@ -154,13 +163,12 @@ impl Drop for AcquireCleanup {
 /// nothing it is sent once more after the call timeout, by when the acquire has been
 /// applied or will not be.
 async fn release_abandoned(
-    inner: Arc<ClientInner>,
+    store: Store,
     name: LeaseName,
     token: OwnerToken,
     call_timeout: Duration,
 ) {
-    let release =
-        || crate::guard::release_on_store(&inner, &name, &token, Duration::ZERO, call_timeout);
+    let release = || store.release(&name, &token, Duration::ZERO, call_timeout);
     if let Ok(ReleaseOutcome::Released) = release().await {
         tracing::info!("an abandoned acquire had taken the lease; released it");
         return;
@@ -364,7 +372,7 @@ impl LeaseClient {
             if hb.register(reg) {
                 return Ok(LeaseGuard::new(
                     shared,
-                    inner.clone(),
+                    inner.store(),
                     hb,
                     id,
                     opts.keep_for(),

@@ -27,7 +27,7 @@ use tracing::Instrument;
 
 use crate::backend::LeaseBackend;
 use crate::error::Error;
-use crate::guard::{GuardShared, LossReason};
+use crate::shared::{GuardShared, LossReason};
 use crate::types::{LeaseName, OwnerToken, RenewItem, RenewOutcome};
 use crate::util::{backoff_delay, call};
 

@@ -7,6 +7,7 @@ mod guard;
 mod heartbeat;
 mod memory;
 mod schedule;
+mod shared;
 mod types;
 mod util;
 
@@ -14,9 +15,10 @@ pub use async_trait::async_trait;
 pub use backend::LeaseBackend;
 pub use client::{LeaseClient, LeaseContext, RunOutcome, TryAcquire};
 pub use error::{BoxError, Error, InvalidInput, Result};
-pub use guard::{LeaseGuard, LossReason};
+pub use guard::LeaseGuard;
 pub use memory::MemoryBackend;
 pub use schedule::{JobRun, JobStats, ScheduledJob};
+pub use shared::LossReason;
 pub use tokio_util::sync::CancellationToken;
 pub use types::{
     AcquireOutcome, Capabilities, Fencing, FencingToken, HeldBy, HolderLabel, LeaseInfo, LeaseName,

@@ -9,7 +9,7 @@ use tracing::Instrument;
 
 use crate::client::{LeaseClient, LeaseContext, RunOutcome, TryAcquire, run_with_guard};
 use crate::error::{Error, InvalidInput};
-use crate::guard::LossReason;
+use crate::shared::LossReason;
 use crate::types::{HeldBy, LeaseName, LeaseOptions, MAX_TTL};
 
 /// What one tick of a [`ScheduledJob`] did.

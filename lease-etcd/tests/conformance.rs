@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lease_conformance::Fixture;
-use lease_conformance::server::etcd::{EtcdCluster, EtcdServer};
 use lease_etcd::{EtcdBackend, EtcdConfig};
+use lease_test_servers::etcd::{EtcdCluster, EtcdServer};
 
 fn config() -> EtcdConfig {
     EtcdConfig {

@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use lease_conformance::server::etcd::{EtcdCluster, EtcdServer};
 use lease_conformance::{Fault, FaultyBackend, Op};
 use lease_core::{
     AcquireOutcome, Error, HolderLabel, LeaseBackend, LeaseClient, LeaseGuard, LeaseName,
     LeaseOptions, LossReason, Owner, ReleaseOutcome, RenewItem, RenewOutcome, TryAcquire,
 };
 use lease_etcd::{EtcdBackend, EtcdConfig};
+use lease_test_servers::etcd::{EtcdCluster, EtcdServer};
 use tokio::time::Instant;
 
 /// Logs to the test output with `RUST_LOG=lease_etcd=debug` and friends.

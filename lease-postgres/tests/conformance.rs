@@ -1,13 +1,13 @@
 //! The conformance suite against a real Postgres: the table mode, and the advisory-lock
 //! mode. Each check gets a fresh database on the test binary's shared server (see
-//! `lease_conformance::server::postgres`).
+//! `lease_test_servers::postgres`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code: failures are assertions
 
 use std::sync::Arc;
 
 use lease_conformance::Fixture;
-use lease_conformance::server::postgres::PostgresServer;
 use lease_postgres::{AdvisoryLockBackend, PostgresBackend, PostgresConfig};
+use lease_test_servers::postgres::PostgresServer;
 
 async fn table_mode() -> Fixture {
     let db = PostgresServer::shared()

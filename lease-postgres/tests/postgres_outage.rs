@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lease_conformance::outage::{acquire_fails_typed, lost_at_the_deadline};
-use lease_conformance::server::postgres::PostgresServer;
 use lease_core::{HolderLabel, LeaseBackend, LeaseClient, LeaseGuard, LeaseOptions, TryAcquire};
 use lease_postgres::PostgresBackend;
+use lease_test_servers::postgres::PostgresServer;
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(1);

@@ -8,13 +8,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use lease_conformance::server::postgres::PostgresServer;
 use lease_core::{
     AcquireOutcome, Error, FencingToken, HolderLabel, InvalidInput, LeaseBackend, LeaseName, Owner,
     ReleaseOutcome, RenewItem, RenewOutcome,
 };
 use lease_postgres::sqlx::{self, Connection, postgres::PgConnection};
 use lease_postgres::{AdvisoryLockBackend, PostgresBackend, PostgresConfig};
+use lease_test_servers::postgres::PostgresServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

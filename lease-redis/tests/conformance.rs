@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use lease_conformance::Fixture;
-use lease_conformance::server::RedisServer;
 use lease_redis::RedisBackend;
+use lease_test_servers::RedisServer;
 
 async fn redis() -> Fixture {
     let server = RedisServer::start().await.unwrap_or_else(|e| panic!("{e}"));

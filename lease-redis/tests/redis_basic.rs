@@ -5,12 +5,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use lease_conformance::server::RedisServer;
 use lease_core::{
     AcquireOutcome, Error, Fencing, FencingToken, HolderLabel, LeaseBackend, LeaseClient,
     LeaseName, LeaseOptions, Owner, ReleaseOutcome, RenewItem, RenewOutcome,
 };
 use lease_redis::{RedisBackend, RedisConfig, redis};
+use lease_test_servers::RedisServer;
 
 fn prefix() -> String {
     format!("test-{}", uuid::Uuid::new_v4().simple())
@@ -644,7 +644,7 @@ async fn persistent_fencing_survives_a_crash() {
 
 #[tokio::test]
 async fn unreachable_server_fails_fast() {
-    let port = lease_conformance::server::free_port().unwrap();
+    let port = lease_test_servers::free_port().unwrap();
     let config = RedisConfig {
         connect_timeout: Duration::from_millis(500),
         ..RedisConfig::default()
@@ -679,7 +679,7 @@ async fn script_calls(server: &RedisServer) -> u64 {
         .query_async(&mut conn)
         .await
         .unwrap();
-    lease_conformance::server::redis::script_calls(&info)
+    lease_test_servers::redis::script_calls(&info)
 }
 
 /// Concurrent acquires and releases on one multiplexed connection: of two callers racing

@@ -5,12 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lease_conformance::outage::{acquire_fails_typed, lost_at_the_deadline};
-use lease_conformance::server::RedisServer;
 use lease_core::{
     AcquireOutcome, Fencing, HolderLabel, LeaseBackend, LeaseClient, LeaseName, LeaseOptions,
     LossReason, Owner, TryAcquire,
 };
 use lease_redis::RedisBackend;
+use lease_test_servers::RedisServer;
 use tokio::time::Instant;
 
 fn owner() -> Owner {

@@ -6,7 +6,7 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lease_conformance::server::{EtcdServer, RedisServer};
+use lease_test_servers::{EtcdServer, RedisServer};
 
 const CHILD: &str = "LEASE_HARNESS_CLEANUP_CHILD";
 

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_conformance::scenarios::{self, DilemmaMode};
-use lease_conformance::server::RedisServer;
 use lease_core::{LeaseBackend, MemoryBackend};
+use lease_lab::scenarios::{self, DilemmaMode};
+use lease_test_servers::RedisServer;
 
 async fn redis() -> (RedisServer, Arc<dyn LeaseBackend>) {
     let server = RedisServer::start().await.unwrap_or_else(|e| panic!("{e}"));
@@ -97,8 +97,8 @@ async fn stuck_holder_lease_recovers_after_its_ttl() {
 
 mod postgres {
     use super::*;
-    use lease_conformance::server::PostgresServer;
     use lease_postgres::AdvisoryLockBackend;
+    use lease_test_servers::PostgresServer;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres_scenarios() {
@@ -151,7 +151,7 @@ mod postgres {
 
 mod etcd {
     use super::*;
-    use lease_conformance::server::EtcdServer;
+    use lease_test_servers::EtcdServer;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn etcd_scenarios() {

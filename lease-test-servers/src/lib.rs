@@ -26,6 +26,7 @@ use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 
 mod container;
+pub mod netns;
 mod process;
 pub mod redis;
 

@@ -16,7 +16,7 @@ use lease_core::{
 };
 use tokio::time::Instant;
 
-use crate::faulty::{Fault, FaultyBackend};
+use lease_conformance::{Fault, FaultyBackend};
 
 fn label(s: &str) -> HolderLabel {
     HolderLabel::new(s).expect("label")

@@ -1,10 +1,10 @@
-//! The short fault matrix on real servers; the cases live in `lease_conformance::matrix`.
+//! The short fault matrix on real servers; the cases live in `lease_lab::matrix`.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::path::PathBuf;
 
-use lease_conformance::matrix::{self, Matrix, RENEW, TTL};
-use lease_conformance::server::RedisServer;
+use lease_lab::matrix::{self, Matrix, RENEW, TTL};
+use lease_test_servers::RedisServer;
 
 fn m() -> Matrix {
     Matrix {
@@ -44,7 +44,7 @@ async fn redis_store_down_twice_the_ttl() {
 
 mod postgres {
     use super::*;
-    use lease_conformance::server::PostgresServer;
+    use lease_test_servers::PostgresServer;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres_holder_killed() {
@@ -116,7 +116,7 @@ async fn redis_restart_with_and_without_aof() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_restart_keeps_fencing() {
-    let server = lease_conformance::server::PostgresServer::start_local_process()
+    let server = lease_test_servers::PostgresServer::start_local_process()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     if !server.owns_process() {
@@ -137,7 +137,7 @@ async fn postgres_restart_keeps_fencing() {
 
 mod etcd {
     use super::*;
-    use lease_conformance::server::{EtcdCluster, EtcdServer};
+    use lease_test_servers::{EtcdCluster, EtcdServer};
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn etcd_holder_killed() {
@@ -192,7 +192,7 @@ mod etcd {
         let mut cluster = EtcdCluster::start(3)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        let url = lease_conformance::server::etcd::etcd_url(&cluster.endpoints());
+        let url = lease_test_servers::etcd::etcd_url(&cluster.endpoints());
         let leader = cluster
             .wait_leader(std::time::Duration::from_secs(10))
             .await
@@ -210,7 +210,7 @@ mod etcd {
 /// namespace); elsewhere each test says it was skipped and why.
 mod network_cut {
     use super::*;
-    use lease_conformance::server::{EtcdServer, PostgresServer};
+    use lease_test_servers::{EtcdServer, PostgresServer};
 
     async fn run(url: &str, store: &str) {
         let addr = matrix::store_addr(url).unwrap();

@@ -1,6 +1,6 @@
 //! A holder process for fault tests: acquires a lease through the library and, while it
 //! believes it holds it, does numbered writes carrying its fencing token to a fenced
-//! resource (see `lease_conformance::fenced`). Tests spawn several and kill, pause or
+//! resource (see `lease_lab::fenced`). Tests spawn several and kill, pause or
 //! cut them off.
 //!
 //! ```text

@@ -139,7 +139,7 @@ async fn ping() -> Result<(), String> {
 
 #[cfg(not(feature = "containers"))]
 async fn ping() -> Result<(), String> {
-    Err("lease-conformance was built without its `containers` feature".into())
+    Err("lease-test-servers was built without its `containers` feature".into())
 }
 
 #[cfg(feature = "containers")]
@@ -196,7 +196,7 @@ async fn start(spec: &Spec) -> Result<Running, String> {
 
 #[cfg(not(feature = "containers"))]
 async fn start(_spec: &Spec) -> Result<Running, String> {
-    Err("lease-conformance was built without its `containers` feature".into())
+    Err("lease-test-servers was built without its `containers` feature".into())
 }
 
 #[cfg(test)]

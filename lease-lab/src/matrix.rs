@@ -390,7 +390,7 @@ pub async fn network_cut(
     store: std::net::SocketAddr,
     url_via: impl Fn(std::net::SocketAddr) -> String,
 ) -> Result<CutResult, String> {
-    let mut ns = crate::netns::TestNetns::create()?;
+    let mut ns = lease_test_servers::netns::TestNetns::create()?;
     let port = ns.relay(store).await.map_err(|e| e.to_string())?;
     let ns_url = url_via(std::net::SocketAddr::new(ns.store_ip(), port));
     let resource = FencedResource::start_on(ns.resource_ip())

@@ -1,0 +1,199 @@
+//! The state of one held lease shared by its guard, the heartbeat and the guard's own
+//! deadline timer, and why a lease stops being held.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::types::{FencingToken, HolderLabel, LeaseName, OwnerToken};
+
+/// Why a guard stopped holding its lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LossReason {
+    /// No renewal succeeded before the local safety deadline (send time of the last
+    /// successful renewal + TTL - margin). The store may give the lease away soon.
+    DeadlinePassed,
+    /// The store answered that the lease is no longer ours (it lapsed, was released by
+    /// an operator, or the store lost it).
+    NotOwner,
+    /// The holder gave the lease up: the guard was released, dropped or disarmed, or the
+    /// run it guarded ended. Tasks holding the lost token stop because the work is over.
+    Released,
+    /// The client's heartbeat task stopped (its runtime was shut down, or it panicked), so
+    /// nothing renews the lease any more; the store frees it at its TTL.
+    HeartbeatStopped,
+}
+
+impl std::fmt::Display for LossReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LossReason::DeadlinePassed => {
+                f.write_str("no renewal succeeded before the safety deadline")
+            }
+            LossReason::NotOwner => f.write_str("the store says the lease is no longer ours"),
+            LossReason::Released => f.write_str("the holder released the lease"),
+            LossReason::HeartbeatStopped => {
+                f.write_str("the heartbeat that renews the lease has stopped")
+            }
+        }
+    }
+}
+
+/// State shared between a guard, the heartbeat task and the guard's own deadline timer.
+#[derive(Debug)]
+pub(crate) struct GuardShared {
+    name: LeaseName,
+    token: OwnerToken,
+    fencing: FencingToken,
+    holder: HolderLabel,
+    lost: CancellationToken,
+    reason: OnceLock<LossReason>,
+    released: AtomicBool,
+    /// Set by the heartbeat while a renewal of this lease is in flight.
+    in_flight: AtomicBool,
+    /// Whether a task watching the deadline for [`LeaseGuard::lost_token`] was started.
+    watched: AtomicBool,
+    epoch: Instant,
+    /// Local safety deadline in nanoseconds after `epoch`.
+    deadline_nanos: AtomicU64,
+}
+
+impl GuardShared {
+    pub(crate) fn new(
+        name: LeaseName,
+        token: OwnerToken,
+        fencing: FencingToken,
+        holder: HolderLabel,
+        epoch: Instant,
+    ) -> Self {
+        GuardShared {
+            name,
+            token,
+            fencing,
+            holder,
+            lost: CancellationToken::new(),
+            reason: OnceLock::new(),
+            released: AtomicBool::new(false),
+            in_flight: AtomicBool::new(false),
+            watched: AtomicBool::new(false),
+            epoch,
+            deadline_nanos: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn name(&self) -> &LeaseName {
+        &self.name
+    }
+
+    pub(crate) fn token(&self) -> &OwnerToken {
+        &self.token
+    }
+
+    pub(crate) fn holder(&self) -> &HolderLabel {
+        &self.holder
+    }
+
+    pub(crate) fn fencing(&self) -> FencingToken {
+        self.fencing
+    }
+
+    pub(crate) fn lost_token(&self) -> &CancellationToken {
+        &self.lost
+    }
+
+    pub(crate) fn set_deadline(&self, deadline: Instant) {
+        let nanos = deadline.saturating_duration_since(self.epoch).as_nanos();
+        self.deadline_nanos
+            .store(u64::try_from(nanos).unwrap_or(u64::MAX), Ordering::Release);
+    }
+
+    pub(crate) fn deadline(&self) -> Instant {
+        self.epoch + Duration::from_nanos(self.deadline_nanos.load(Ordering::Acquire))
+    }
+
+    /// Marks the lease released by its holder (before renewal is stopped; see
+    /// `start_due` in the heartbeat for the order of the two flags).
+    pub(crate) fn set_released(&self) {
+        self.released.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_in_flight(&self) -> bool {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn is_released(&self) -> bool {
+        self.released.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.is_cancelled()
+    }
+
+    pub(crate) fn set_in_flight(&self, on: bool) {
+        self.in_flight.store(on, Ordering::SeqCst);
+    }
+
+    pub(crate) fn loss_reason(&self) -> Option<LossReason> {
+        self.reason.get().copied()
+    }
+
+    /// Marks the lease lost for `reason`, unless it was lost for another reason already;
+    /// `true` if this call marked it.
+    pub(crate) fn mark_lost(&self, reason: LossReason) -> bool {
+        let first = self.reason.set(reason).is_ok();
+        self.lost.cancel();
+        first
+    }
+
+    /// Whether the lease still counts as held at `now`. Once the deadline has passed it
+    /// is marked lost, so the answer never turns back to `true` when a late renewal moves
+    /// the deadline.
+    pub(crate) fn held_at(&self, now: Instant) -> bool {
+        if self.is_lost() || self.is_released() {
+            return false;
+        }
+        if now >= self.deadline() {
+            self.mark_lost(LossReason::DeadlinePassed);
+            return false;
+        }
+        true
+    }
+
+    /// Completes when the lease is lost: when the heartbeat (or a release) says so, or by
+    /// this task's own timer at the safety deadline, whichever is first. So the signal
+    /// does not depend on the heartbeat running.
+    pub(crate) async fn wait_lost(&self) -> LossReason {
+        loop {
+            let deadline = self.deadline();
+            tokio::select! {
+                biased;
+                _ = self.lost.cancelled() => break,
+                _ = tokio::time::sleep_until(deadline) => {
+                    // A renewal may have moved the deadline while we slept.
+                    if !self.held_at(Instant::now()) {
+                        break;
+                    }
+                }
+            }
+        }
+        self.loss_reason().unwrap_or(LossReason::DeadlinePassed)
+    }
+
+    /// Starts, once, a task on the current runtime that cancels the lost token at the
+    /// deadline even if the heartbeat cannot; it ends when the lease is lost or released.
+    pub(crate) fn watch(self: &Arc<Self>) {
+        if self.watched.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let shared = self.clone();
+            rt.spawn(async move {
+                shared.wait_lost().await;
+            });
+        }
+    }
+}
