@@ -1,23 +1,39 @@
-//! The conformance suite for `lease` backends, a fault-injecting decorator, and test
-//! servers.
+//! The conformance suite for `lease` backends, and decorators that inject faults into a
+//! backend ([`FaultyBackend`]) or time its calls ([`TimedBackend`]): what the author of a
+//! backend for another store needs to prove it. It depends on `lease-core` and small
+//! crates only.
 //!
-//! A backend proves itself by running every check in [`suite`] against a real store:
+//! A backend proves itself by running every check in [`suite`] against a real store, from
+//! its crate's `tests/conformance.rs` (with `tokio` as a dev-dependency):
 //!
-//! ```ignore
-//! // tests/conformance.rs of a backend crate (needs `tokio` as a dev-dependency)
-//! async fn backend() -> lease_conformance::Fixture {
-//!     let server = lease_conformance::server::RedisServer::start().await.unwrap();
-//!     let backend = my_backend::connect(&server.url()).await.unwrap();
-//!     lease_conformance::Fixture::new(std::sync::Arc::new(backend)).keep(server)
-//! }
-//! lease_conformance::conformance_suite!(backend);
 //! ```
+//! use std::sync::Arc;
+//! use lease_conformance::Fixture;
+//!
+//! async fn backend() -> Fixture {
+//!     // Reach or start your store, connect, and keep the server handle alive:
+//!     // Fixture::new(Arc::new(MyBackend::connect(url).await?)).keep(server)
+//!     Fixture::new(Arc::new(lease_core::MemoryBackend::new()))
+//! }
+//!
+//! lease_conformance::conformance_suite!(backend);
+//! # fn main() {}
+//! ```
+//!
+//! `docs/writing-a-backend.md` in the repository is the whole guide: the trait's
+//! contract, a complete minimal backend, [`FaultyBackend`] against your own store, and
+//! what each check means when it fails.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a test suite: failures are assertions
 
 use std::any::Any;
 use std::sync::Arc;
 
 use lease_core::LeaseBackend;
+
+/// The guide `docs/writing-a-backend.md`, compiled as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/writing-a-backend.md")]
+pub struct WritingABackendGuide;
 
 mod faulty;
 pub mod outage;
