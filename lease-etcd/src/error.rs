@@ -13,6 +13,7 @@ pub(crate) const BACKEND: &str = "etcd";
 /// - connection failures, `Unavailable` (no leader, leader changed, request timed out on
 ///   the server, member stopping), cancelled or reset streams -> [`Error::Unavailable`];
 /// - `DeadlineExceeded` -> [`Error::Timeout`];
+/// - `ResourceExhausted` for load shedding ("too many requests") -> retryable;
 /// - authentication and permission failures, requests the server refuses as too large or
 ///   out of space, unknown RPCs -> [`Error::Rejected`];
 /// - undecodable replies -> [`Error::UnexpectedReply`];
@@ -28,6 +29,19 @@ pub(crate) fn convert(operation: &'static str, timeout: Duration, e: etcd_client
                 operation,
                 after: timeout,
             },
+            // "etcdserver: too many requests": the server is behind on applying, and says
+            // so to shed load. The store out of space, or a message over gRPC's limit, do
+            // not pass on their own.
+            Code::ResourceExhausted
+                if !status.message().contains("space exceeded")
+                    && !status.message().contains("larger than max") =>
+            {
+                Error::Backend {
+                    backend: BACKEND,
+                    retryable: true,
+                    source: Box::new(status),
+                }
+            }
             Code::Unauthenticated
             | Code::PermissionDenied
             | Code::InvalidArgument
@@ -221,6 +235,31 @@ mod tests {
             status(Code::InvalidArgument, "etcdserver: user name is empty"),
         );
         assert!(matches!(e, Error::Rejected { .. }));
+        // Load shedding passes; no space and oversized messages do not.
+        let e = convert(
+            "renew",
+            t,
+            status(Code::ResourceExhausted, "etcdserver: too many requests"),
+        );
+        assert!(e.is_retryable(), "{e}");
+        let e = convert(
+            "acquire",
+            t,
+            status(
+                Code::ResourceExhausted,
+                "etcdserver: mvcc: database space exceeded",
+            ),
+        );
+        assert!(matches!(e, Error::Rejected { .. }) && !e.is_retryable());
+        let e = convert(
+            "renew",
+            t,
+            status(
+                Code::ResourceExhausted,
+                "grpc: received message larger than max (5000000 vs. 4194304)",
+            ),
+        );
+        assert!(!e.is_retryable());
         assert!(is_lease_not_found(&status(
             Code::NotFound,
             "etcdserver: requested lease not found"

@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 mod container;
 pub mod netns;
 mod process;
+pub mod proxy;
 pub mod redis;
 
 pub use self::etcd::{EtcdCluster, EtcdServer};
