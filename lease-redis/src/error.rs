@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lease_core::{BoxError, Error, InvalidInput};
+use lease_core::{Error, InvalidInput};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 pub(crate) const BACKEND: &str = "redis";
@@ -11,10 +11,11 @@ pub(crate) const BACKEND: &str = "redis";
 ///
 /// - I/O errors (refused, reset, dropped, EOF) -> [`Error::Unavailable`];
 /// - I/O timeouts -> [`Error::Timeout`] with `timeout`;
-/// - authentication, missing permissions, `WRONGTYPE`, a read-only replica ->
-///   [`Error::Rejected`];
-/// - transient server states (`LOADING`, `BUSY`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`,
-///   `OOM`, a `NOSCRIPT` that survived the reload) -> [`Error::Backend`] retryable;
+/// - authentication, missing permissions, `WRONGTYPE`, `MISCONF` -> [`Error::Rejected`];
+/// - transient server states (`READONLY` from a primary demoted in a failover, `LOADING`,
+///   `BUSY`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `OOM`, a `NOSCRIPT` that survived
+///   the reload) -> [`Error::Backend`] retryable (for `READONLY`, `MASTERDOWN` and
+///   `LOADING` the backend has already tried once more on a new connection);
 /// - parse errors and unexpected reply types -> [`Error::UnexpectedReply`];
 /// - anything else -> [`Error::Backend`] not retryable.
 pub(crate) fn convert(operation: &'static str, timeout: Duration, e: RedisError) -> Error {
@@ -38,32 +39,14 @@ pub(crate) fn convert(operation: &'static str, timeout: Duration, e: RedisError)
             | ServerErrorKind::TryAgain
             | ServerErrorKind::ClusterDown
             | ServerErrorKind::MasterDown
+            | ServerErrorKind::ReadOnly
             | ServerErrorKind::NoScript,
         ) => backend(e, true),
-        ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::NoPerm) => rejected(e),
+        ErrorKind::Server(ServerErrorKind::NoPerm) => rejected(e),
         _ => match code.as_str() {
-            "WRONGTYPE" | "NOAUTH" | "WRONGPASS" | "NOPERM" | "READONLY" | "MISCONF" => rejected(e),
-            "BUSY" | "OOM" | "LOADING" | "MASTERDOWN" => backend(e, true),
+            "WRONGTYPE" | "NOAUTH" | "WRONGPASS" | "NOPERM" | "MISCONF" => rejected(e),
+            "BUSY" | "OOM" | "LOADING" | "MASTERDOWN" | "READONLY" => backend(e, true),
             _ => backend(e, false),
-        },
-    }
-}
-
-/// A write the server refused inside a script (reported by the script, not raised), by
-/// the error's code, as [`convert`] classifies a raised one: `READONLY`, `MISCONF`,
-/// `NOPERM` rejected; `OOM`, `BUSY`, `LOADING`, `MASTERDOWN` retryable; anything else not.
-pub(crate) fn refused_write(operation: &'static str, message: &str) -> Error {
-    let code = message.split_whitespace().next().unwrap_or_default();
-    let source: BoxError = format!("{operation}: {message}").into();
-    match code {
-        "READONLY" | "MISCONF" | "NOPERM" => Error::Rejected {
-            backend: BACKEND,
-            source,
-        },
-        _ => Error::Backend {
-            backend: BACKEND,
-            retryable: matches!(code, "OOM" | "BUSY" | "LOADING" | "MASTERDOWN"),
-            source,
         },
     }
 }

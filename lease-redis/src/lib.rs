@@ -6,11 +6,12 @@ mod keys;
 /// (`SCRIPT LOAD`) on servers that restrict scripting; the backend loads them itself
 /// after a `NOSCRIPT`. Each constant's docs give its `KEYS`, `ARGV` and reply.
 pub mod scripts;
+mod sentinel;
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -129,10 +130,14 @@ pub struct RedisBackend {
 }
 
 struct Inner {
-    cm: ConnectionManager,
-    /// For dedicated pub/sub connections (release notification); `None` when built from a
-    /// bare connection manager.
-    client: Option<Client>,
+    /// The connection in use; replaced (see [`RedisBackend::reconnect`]) when the server
+    /// behind it stops being a writable primary.
+    conn: RwLock<Arc<Conn>>,
+    /// Held while a replacement connection is opened, so that a burst of failed calls
+    /// opens one.
+    reconnecting: tokio::sync::Mutex<()>,
+    /// Where new connections come from.
+    source: Source,
     config: RedisConfig,
     caps: Capabilities,
     /// Server address without credentials, for Debug and logs.
@@ -140,6 +145,28 @@ struct Inner {
     /// Whether the connection is known to be up: the last call got a reply (see
     /// [`RedisBackend::send`]).
     up: AtomicBool,
+}
+
+/// One connection and the client it came from.
+struct Conn {
+    cm: ConnectionManager,
+    /// For dedicated pub/sub connections (release notification); `None` when built from a
+    /// bare connection manager.
+    client: Option<Client>,
+    /// Counts replacements, so that only the first of many failed calls replaces it.
+    generation: u64,
+}
+
+/// Where a [`RedisBackend`] gets a new connection when the server it talks to is no
+/// longer a writable primary.
+enum Source {
+    /// The URL's (or the caller's) address: after a failover behind a stable address
+    /// (a proxy, a DNS name, a cloud endpoint) it leads to the new primary.
+    Client(Client),
+    /// The primary Redis Sentinel names at the time of asking.
+    Sentinel(tokio::sync::Mutex<redis::sentinel::SentinelClient>),
+    /// A connection manager given by the caller: it cannot be replaced.
+    Fixed,
 }
 
 /// One acquire, as carried in a (possibly shared) script run.
@@ -199,7 +226,10 @@ impl RedisBackend {
     /// Connects to `url` with the default [`RedisConfig`].
     ///
     /// URLs: `redis://[user][:password@]host[:port][/db]`, `rediss://...` (with the `tls`
-    /// feature), `redis+unix:///path?db=N&pass=...`, and the `valkey` spellings.
+    /// feature), `redis+unix:///path?db=N&pass=...`, and the `valkey` spellings; and
+    /// `redis+sentinel://[user][:password@]host[:port][,host[:port]...]/service[/db]` for
+    /// the primary that Redis Sentinel names (sentinel port 26379 by default; the
+    /// credentials and the database are the Redis servers', the sentinels take none).
     ///
     /// Errors: [`InvalidInput::MalformedUrl`] (the message never shows the password),
     /// [`Error::Unavailable`] or [`Error::Timeout`] when the server cannot be reached within
@@ -217,13 +247,41 @@ impl RedisBackend {
     /// must clean up.
     pub async fn connect_with(url: &str, config: RedisConfig) -> Result<Self> {
         config.validate()?;
+        if sentinel::is_sentinel_url(url) {
+            let parsed = sentinel::SentinelUrl::parse(url)?;
+            return Self::connect_sentinel(parsed, config).await;
+        }
         let client = Client::open(url).map_err(|e| error::malformed_url(url, &e))?;
         Self::from_client(client, config).await
     }
 
+    /// Connects to the primary that the sentinels name for the service.
+    async fn connect_sentinel(url: sentinel::SentinelUrl, config: RedisConfig) -> Result<Self> {
+        let server = url.describe();
+        let mut sc = url.client()?;
+        let client = bounded(
+            "connect",
+            config.connect_timeout,
+            config.response_timeout,
+            sc.async_get_client(),
+        )
+        .await?;
+        let connect = ConnectionManager::new_with_config(client.clone(), config.manager_config());
+        let cm = bounded(
+            "connect",
+            config.connect_timeout,
+            config.response_timeout,
+            connect,
+        )
+        .await?;
+        let source = Source::Sentinel(tokio::sync::Mutex::new(sc));
+        Self::build(cm, Some(client), source, config, server).await
+    }
+
     /// Connects with an already configured `redis` client (custom TLS settings, RESP3,
     /// ...). The client is kept for the pub/sub connections of
-    /// [`LeaseBackend::wait_released`].
+    /// [`LeaseBackend::wait_released`], and for a new connection when the server stops
+    /// being a writable primary (`READONLY`, `MASTERDOWN`, `LOADING`).
     ///
     /// Cancel safety: cancel-safe: dropping it takes no lease and leaves nothing the caller
     /// must clean up.
@@ -244,7 +302,8 @@ impl RedisBackend {
             connect,
         )
         .await?;
-        Self::build(cm, Some(client), config, server).await
+        let source = Source::Client(client.clone());
+        Self::build(cm, Some(client), source, config, server).await
     }
 
     /// Wraps an existing connection manager. Its own timeouts apply to its connections;
@@ -252,7 +311,9 @@ impl RedisBackend {
     ///
     /// Without a [`Client`] there is no way to open a pub/sub connection, so the
     /// capabilities say `release_notification: false` (waiters poll with backoff); use
-    /// [`RedisBackend::from_client`] to get notifications.
+    /// [`RedisBackend::from_client`] to get notifications. Nor can the backend open a new
+    /// connection when the server is demoted to a replica: calls fail with a retryable
+    /// error until the connection manager itself reconnects.
     ///
     /// Cancel safety: cancel-safe: dropping it takes no lease and leaves nothing the caller
     /// must clean up.
@@ -261,12 +322,20 @@ impl RedisBackend {
         config: RedisConfig,
     ) -> Result<Self> {
         config.validate()?;
-        Self::build(cm, None, config, "(connection manager)".to_owned()).await
+        Self::build(
+            cm,
+            None,
+            Source::Fixed,
+            config,
+            "(connection manager)".to_owned(),
+        )
+        .await
     }
 
     async fn build(
         cm: ConnectionManager,
         client: Option<Client>,
+        source: Source,
         config: RedisConfig,
         server: String,
     ) -> Result<Self> {
@@ -293,8 +362,13 @@ impl RedisBackend {
         let up = client.is_some() || config.persistent_fencing.is_none();
         Ok(RedisBackend {
             inner: Arc::new(Inner {
-                cm,
-                client,
+                conn: RwLock::new(Arc::new(Conn {
+                    cm,
+                    client,
+                    generation: 0,
+                })),
+                reconnecting: tokio::sync::Mutex::new(()),
+                source,
                 config,
                 caps,
                 server,
@@ -308,8 +382,69 @@ impl RedisBackend {
         &self.inner.config
     }
 
+    /// The connection in use.
+    fn current(&self) -> Arc<Conn> {
+        self.inner
+            .conn
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     fn conn(&self) -> ConnectionManager {
-        self.inner.cm.clone()
+        self.current().cm.clone()
+    }
+
+    /// Opens a new connection in place of the one of `generation`, unless another call
+    /// already did: from the URL's address again (after a failover behind a stable
+    /// address it leads to the new primary), or from the primary Sentinel names now.
+    /// Returns the connection to use; the old one closes once its last call is done.
+    async fn reconnect(&self, generation: u64, why: &RedisError) -> Result<Arc<Conn>> {
+        let _one_at_a_time = self.inner.reconnecting.lock().await;
+        let current = self.current();
+        if current.generation != generation {
+            return Ok(current);
+        }
+        let cfg = &self.inner.config;
+        let client = match &self.inner.source {
+            Source::Fixed => return Ok(current),
+            Source::Client(client) => client.clone(),
+            Source::Sentinel(sc) => {
+                let mut sc = sc.lock().await;
+                bounded(
+                    "connect",
+                    cfg.connect_timeout,
+                    cfg.response_timeout,
+                    sc.async_get_client(),
+                )
+                .await?
+            }
+        };
+        let connect = ConnectionManager::new_with_config(client.clone(), cfg.manager_config());
+        let cm = bounded(
+            "connect",
+            cfg.connect_timeout,
+            cfg.response_timeout,
+            connect,
+        )
+        .await?;
+        let next = Arc::new(Conn {
+            cm,
+            client: Some(client),
+            generation: generation + 1,
+        });
+        *self.inner.conn.write().unwrap_or_else(|p| p.into_inner()) = next.clone();
+        tracing::info!(server = %self.inner.server, reason = %why, "redis: opened a new connection");
+        Ok(next)
+    }
+
+    /// Whether `e` calls for a new connection rather than a retry on this one: the server
+    /// is no longer a writable primary (`READONLY`: demoted to a replica; `MASTERDOWN`: a
+    /// replica cut off from its primary; `LOADING`: restarted), or, under Sentinel, it
+    /// cannot be reached (the primary may have moved).
+    fn needs_new_connection(&self, e: &RedisError) -> bool {
+        let demoted = matches!(e.code(), Some("READONLY" | "MASTERDOWN" | "LOADING"));
+        demoted || (matches!(self.inner.source, Source::Sentinel(_)) && connection_failed(e))
     }
 
     fn prefix(&self) -> &str {
@@ -358,7 +493,8 @@ impl RedisBackend {
             cfg.call_timeout()
         };
         let start = tokio::time::Instant::now();
-        let first = match tokio::time::timeout_at(start + budget, call(self.conn())).await {
+        let conn = self.current();
+        let first = match tokio::time::timeout_at(start + budget, call(conn.cm.clone())).await {
             Ok(Ok(v)) => {
                 if !up {
                     self.inner.up.store(true, Ordering::Relaxed);
@@ -374,15 +510,32 @@ impl RedisBackend {
             }
             Ok(Err(e)) => e,
         };
-        if !first.is_connection_dropped() {
+        let deadline = start + cfg.call_timeout();
+        let retry_on = if self.needs_new_connection(&first) {
+            // Nothing was applied (a demoted server refuses the write; an unreachable one
+            // never got it, or the retry recognises its own token): once more on a new
+            // connection, within the same time budget.
+            self.inner.up.store(false, Ordering::Relaxed);
+            tracing::debug!(operation, error = %first, "redis server is not a writable primary; connecting again");
+            match tokio::time::timeout_at(deadline, self.reconnect(conn.generation, &first)).await {
+                Ok(Ok(next)) => next,
+                Ok(Err(e)) => {
+                    tracing::debug!(operation, error = %e, "redis: no new connection");
+                    return Err(convert(operation, cfg.response_timeout, first));
+                }
+                Err(_) => return Err(convert(operation, cfg.response_timeout, first)),
+            }
+        } else if first.is_connection_dropped() {
+            self.inner.up.store(false, Ordering::Relaxed);
+            tracing::debug!(operation, error = %first, "redis connection dropped; retrying once");
+            conn
+        } else {
             if connection_failed(&first) {
                 self.inner.up.store(false, Ordering::Relaxed);
             }
             return Err(convert(operation, cfg.response_timeout, first));
-        }
-        self.inner.up.store(false, Ordering::Relaxed);
-        tracing::debug!(operation, error = %first, "redis connection dropped; retrying once");
-        match tokio::time::timeout_at(start + cfg.call_timeout(), call(self.conn())).await {
+        };
+        match tokio::time::timeout_at(deadline, call(retry_on.cm.clone())).await {
             Ok(Ok(v)) => {
                 self.inner.up.store(true, Ordering::Relaxed);
                 Ok((v, true))
@@ -668,13 +821,10 @@ impl LeaseBackend for RedisBackend {
             }
             (3, [error]) => {
                 let error = text(error).unwrap_or_default();
-                Err(match error.strip_prefix("HSETNX: ") {
-                    Some(refusal) => error::refused_write(OP, refusal),
-                    None => unexpected(
-                        OP,
-                        format!("the acquire script failed, nothing taken: {error}"),
-                    ),
-                })
+                Err(unexpected(
+                    OP,
+                    format!("the acquire script failed, nothing taken: {error}"),
+                ))
             }
             (0, [holder, pttl]) | (2, [holder, pttl, _]) => {
                 let holder =
@@ -823,7 +973,7 @@ impl LeaseBackend for RedisBackend {
     /// sends no message) or `max_wait`, whichever comes first.
     async fn wait_released(&self, name: &LeaseName, max_wait: Duration) -> Result<()> {
         const OP: &str = "wait_released";
-        let Some(client) = &self.inner.client else {
+        let Some(client) = self.current().client.clone() else {
             return Err(Error::Unsupported {
                 backend: BACKEND,
                 what: "release notification without a redis::Client",

@@ -50,8 +50,9 @@ use redis::Script;
 /// Returns the fencing token (an integer) when acquired for the TTL asked for; else
 /// `{0, holder, pttl}` when held by someone else, `{2, holder, pttl, fencing}` when held
 /// by this very token (only a retry after a dropped connection can see that: owner
-/// tokens are fresh for every acquisition), and `{3, error}` when a step on the server
-/// failed (nothing taken).
+/// tokens are fresh for every acquisition), and `{3, error}` when the fencing counter or
+/// the expiry could not be set (nothing taken). A write the server refuses at the start
+/// (`OOM`, `READONLY`, `MISCONF`) is returned as the server's error reply, code and all.
 ///
 /// Three commands when the lease is free: `HSETNX` of the owner's field, `PEXPIRE ... NX`,
 /// `INCR` of the counter. Every lease key this crate writes carries a TTL, so `PEXPIRE
@@ -65,8 +66,9 @@ use redis::Script;
 pub const ACQUIRE: &str = r"
 local added = redis.pcall('HSETNX', KEYS[1], ARGV[1], ARGV[2])
 if type(added) == 'table' and added['err'] and not string.find(added['err'], '^WRONGTYPE') then
-  -- A refused write (OOM, READONLY, MISCONF ...): say so, do not report it as held.
-  return {3, 'HSETNX: ' .. added['err']}
+  -- A refused write (OOM, READONLY, MISCONF ...): the server's own error, so that the
+  -- client sees its code; never reported as held.
+  return added
 end
 if added == 1 then
   local set = redis.pcall('PEXPIRE', KEYS[1], ARGV[3], 'NX')
@@ -100,8 +102,12 @@ return {0, '', pttl}
 ///
 /// Returns one integer per key: 1 renewed, 0 lost. A key of the wrong type counts as lost
 /// instead of failing the whole batch. A lease renewed for the first time has its
-/// `~ttl` anchor replaced by the absolute `locked_at` before its expiry moves (`TIME` at
-/// most once per batch).
+/// `~ttl` anchor replaced by the absolute `locked_at` (computed before its expiry moves;
+/// `TIME` at most once per batch).
+///
+/// Renewal needs no new memory: at `maxmemory` with `noeviction` the server refuses a
+/// command that may grow memory (`HSET`) only when it is a script's first write, and
+/// every lease's `PEXPIRE` comes before its `HSET`.
 pub const RENEW: &str = r"
 local out = {}
 local now
@@ -117,9 +123,13 @@ for i, key in ipairs(KEYS) do
       local pttl = redis.call('PTTL', key)
       local locked = now
       if pttl > 0 then locked = now + pttl - tonumber(ttl) end
+      -- The expiry moves first: PEXPIRE needs no memory, and a server at maxmemory
+      -- refuses a write that may (HSET) only as a script's first write.
+      redis.call('PEXPIRE', key, ARGV[1])
       redis.call('HSET', key, ARGV[i + 1], string.format('%.0f', locked) .. '\n' .. label)
+    else
+      redis.call('PEXPIRE', key, ARGV[1])
     end
-    redis.call('PEXPIRE', key, ARGV[1])
     out[i] = 1
   else
     out[i] = 0
@@ -154,9 +164,10 @@ else
 end
 local keep_until = locked + (tonumber(ARGV[2]) or 0)
 if keep_until > now and label then
+  -- PEXPIRE first: at maxmemory the HSET is then not the script's first write.
+  redis.call('PEXPIRE', KEYS[1], keep_until - now)
   redis.call('HSET', KEYS[1], 'released', string.format('%.0f', locked) .. '\n' .. label)
   redis.call('HDEL', KEYS[1], ARGV[1], ARGV[1] .. ':w')
-  redis.call('PEXPIRE', KEYS[1], keep_until - now)
   return 1
 end
 if redis.call('HDEL', KEYS[1], ARGV[1], ARGV[1] .. ':w') == 2 then

@@ -33,7 +33,7 @@ pub mod redis;
 
 pub use self::etcd::{EtcdCluster, EtcdServer};
 pub use self::postgres::PostgresServer;
-pub use self::redis::RedisServer;
+pub use self::redis::{RedisSentinels, RedisServer};
 
 /// Where a test server came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -21,7 +21,7 @@ use std::sync::Arc;
 /// | scheme | store | feature |
 /// |---|---|---|
 /// | `memory://` | in this process (for trying things out) | always |
-/// | `redis://`, `rediss://` | Redis | `redis` |
+/// | `redis://`, `rediss://`, `redis+sentinel://` | Redis | `redis` |
 /// | `postgres://`, `postgresql://` | PostgreSQL | `postgres` |
 /// | `etcd://` | etcd | `etcd` |
 ///
@@ -47,11 +47,11 @@ pub async fn connect(url: &str) -> Result<Arc<dyn LeaseBackend>> {
     };
     match scheme.to_ascii_lowercase().as_str() {
         "memory" => Ok(Arc::new(MemoryBackend::new())),
-        "redis" | "rediss" => connect_redis(url).await,
+        "redis" | "rediss" | "redis+sentinel" => connect_redis(url).await,
         "postgres" | "postgresql" => connect_postgres(url).await,
         "etcd" => connect_etcd(url).await,
         other => Err(InvalidInput::MalformedUrl(format!(
-            "unknown scheme {other:?}: expected memory, redis, rediss, postgres, postgresql or etcd"
+            "unknown scheme {other:?}: expected memory, redis, rediss, redis+sentinel, postgres, postgresql or etcd"
         ))
         .into()),
     }
