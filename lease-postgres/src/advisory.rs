@@ -13,7 +13,24 @@ use sqlx::Connection;
 use sqlx::postgres::{PgConnection, PgPool};
 
 use crate::error::{ADVISORY_BACKEND, convert};
-use crate::{MAX_RENEW_BATCH, connect_options, pool_options};
+use crate::{MAX_RENEW_BATCH, connect_options, pool_options, session_settings, split_pooler};
+
+/// The refusal of a connection through a pooler: advisory locks belong to a server
+/// session, and a transaction pooler shares one session among many clients (each would
+/// be told it holds the same lock) and hands one client's statements to several.
+fn behind_a_pooler(why: &str) -> Error {
+    Error::Rejected {
+        backend: ADVISORY_BACKEND,
+        source: format!(
+            "{why}: the advisory-lock mode needs a server session of its own per lock and \
+             cannot work through a connection pooler such as PgBouncer (two holders of one \
+             lock through a shared session); connect to PostgreSQL directly, or use the \
+             table mode (PostgresBackend), which works behind a transaction pooler with \
+             pooler=transaction"
+        )
+        .into(),
+    }
+}
 
 /// The advisory-lock key of a name (an SQL `bytea` expression), computed by the server:
 /// the first 64 bits of `md5(name)` as a signed `bigint`.
@@ -172,18 +189,24 @@ impl AdvisoryLockBackend {
             )
             .into());
         }
-        let options = connect_options(url, call_timeout)?;
+        let (url, pooler) = split_pooler(url)?;
+        if pooler {
+            return Err(behind_a_pooler("the URL says pooler=transaction"));
+        }
+        let options = connect_options(&url, call_timeout, false)?;
         let pool = pool_options(max_connections, call_timeout).connect_lazy_with(options);
-        let backend = Self::from_pool(pool, call_timeout);
-        backend
-            .bounded("connect", async {
-                sqlx::query("SELECT 1")
-                    .execute(&backend.inner.pool)
-                    .await
-                    .map(|_| ())
-            })
-            .await?;
-        Ok(backend)
+        // The first contact. A pooler that refuses the startup parameters fails here (see
+        // `error::convert`); one that ignores them is caught by the setting it dropped.
+        let settings = session_settings(ADVISORY_BACKEND, &pool, call_timeout).await?;
+        let expected = crate::millis_ceil(call_timeout);
+        if settings.statement_timeout_ms != Some(expected) {
+            return Err(behind_a_pooler(&format!(
+                "the server runs with statement_timeout = {:?} ms although {expected} ms was \
+                 sent at connect, so a connection pooler dropped the startup parameters",
+                settings.statement_timeout_ms
+            )));
+        }
+        Ok(Self::from_pool(pool, call_timeout))
     }
 
     /// Uses an existing pool; every call is bounded by `call_timeout` on the client.

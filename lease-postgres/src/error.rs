@@ -28,6 +28,21 @@ pub(crate) fn convert(
                 source: Box::new(error),
             }
         }
+        E::Database(ref db) if db.message().starts_with("unsupported startup parameter") => {
+            let hint = if backend == ADVISORY_BACKEND {
+                "a connection pooler such as PgBouncer refused the startup parameters; the \
+                 advisory-lock mode needs a server session of its own per lock and cannot \
+                 work through a pooler: connect to PostgreSQL directly"
+            } else {
+                "a connection pooler such as PgBouncer refused the startup parameters: add \
+                 pooler=transaction to the URL (or set PostgresConfig::transaction_pooler) \
+                 when it pools by transaction, or connect to PostgreSQL directly"
+            };
+            Error::Rejected {
+                backend,
+                source: format!("{}: {hint}", db.message()).into(),
+            }
+        }
         E::Database(ref db) => {
             let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
             from_sqlstate(backend, operation, timeout, &code, error)

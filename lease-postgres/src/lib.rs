@@ -2,6 +2,7 @@
 
 mod advisory;
 mod error;
+mod inline;
 mod notify;
 mod sql;
 
@@ -16,11 +17,12 @@ use lease_core::{
     LeaseInfo, LeaseName, MAX_TTL, Owner, OwnerToken, ReleaseOutcome, RenewItem, RenewOutcome,
     Result,
 };
-use sqlx::AssertSqlSafe;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgExecutor, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgExecutor, PgPool, PgPoolOptions, PgRow};
+use sqlx::{AssertSqlSafe, Row};
 
 pub use crate::advisory::AdvisoryLockBackend;
 use crate::error::{BACKEND, convert, redact_url, scrub};
+use crate::inline::Param;
 use crate::notify::{Event, Listening, Releases};
 use crate::sql::{SCHEMA_LOCK_KEY, Statements, TableName};
 
@@ -60,6 +62,20 @@ pub struct PostgresConfig {
     pub call_timeout: Duration,
     /// Size of the pool built by [`PostgresBackend::connect_with`] (default 10).
     pub max_connections: u32,
+    /// Whether a transaction pooler (PgBouncer with `pool_mode = transaction`, and
+    /// poolers like it) sits between this backend and PostgreSQL (default `false`; the
+    /// URL parameter `pooler=transaction` sets it too). Then the backend keeps no session
+    /// state: no startup parameters (no server-side `statement_timeout`: the client-side
+    /// bound still applies), no prepared statements (each statement goes as one
+    /// self-contained simple query with its parameters written in as encoded literals),
+    /// and no `LISTEN` (release notification is off: waiters poll with backoff).
+    pub transaction_pooler: bool,
+    /// Whether fencing tokens survive a crash of the server. `None` (default): ask the
+    /// server at connect: durable only with `fsync = on` and `synchronous_commit` not
+    /// `off` in the backend's sessions. `Some(_)` skips the question and trusts the
+    /// operator (for example `Some(false)` when a failover may promote an asynchronous
+    /// standby, which can lose acknowledged commits).
+    pub persistent_fencing: Option<bool>,
 }
 
 impl Default for PostgresConfig {
@@ -69,6 +85,8 @@ impl Default for PostgresConfig {
             create_schema: true,
             call_timeout: Duration::from_secs(5),
             max_connections: 10,
+            transaction_pooler: false,
+            persistent_fencing: None,
         }
     }
 }
@@ -101,11 +119,58 @@ pub fn schema_sql(table: &str) -> std::result::Result<String, InvalidInput> {
     Ok(sql::schema_sql(&TableName::parse(table)?))
 }
 
-/// Parses a `postgres://` / `postgresql://` URL into connect options with
-/// `statement_timeout` set to `call_timeout`. Errors never contain the password.
+/// Takes this crate's own URL parameter `pooler` out of `url`: `pooler=transaction`
+/// (a transaction pooler sits in between), `pooler=session` or `pooler=none` (it does
+/// not). Returns the URL without it and whether it said `transaction`.
+pub(crate) fn split_pooler(url: &str) -> std::result::Result<(String, bool), InvalidInput> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), false));
+    };
+    let (query, fragment) = match query.split_once('#') {
+        Some((q, f)) => (q, Some(f)),
+        None => (query, None),
+    };
+    let mut pooler = false;
+    let mut kept = Vec::new();
+    for pair in query.split('&') {
+        match pair.split_once('=') {
+            Some(("pooler", value)) => {
+                pooler = match value {
+                    "transaction" => true,
+                    "session" | "none" => false,
+                    other => {
+                        return Err(InvalidInput::MalformedUrl(format!(
+                            "{}: pooler={other:?}: expected transaction, session or none",
+                            redact_url(url)
+                        )));
+                    }
+                }
+            }
+            _ if !pair.is_empty() => kept.push(pair),
+            _ => {}
+        }
+    }
+    let mut out = base.to_owned();
+    if !kept.is_empty() {
+        out.push('?');
+        out.push_str(&kept.join("&"));
+    }
+    if let Some(f) = fragment {
+        out.push('#');
+        out.push_str(f);
+    }
+    Ok((out, pooler))
+}
+
+/// Parses a `postgres://` / `postgresql://` URL (without this crate's `pooler`
+/// parameter, see [`split_pooler`]) into connect options: with `statement_timeout` set
+/// to `call_timeout` in the startup parameters, or, behind a transaction pooler, with no
+/// startup parameters a pooler refuses and no statement cache. Errors never contain the
+/// password.
 pub(crate) fn connect_options(
     url: &str,
     call_timeout: Duration,
+    transaction_pooler: bool,
 ) -> std::result::Result<PgConnectOptions, InvalidInput> {
     let scheme_ok = url.starts_with("postgres://") || url.starts_with("postgresql://");
     if !scheme_ok {
@@ -121,7 +186,89 @@ pub(crate) fn connect_options(
             scrub(&e.to_string(), url)
         ))
     })?;
+    if transaction_pooler {
+        return Ok(options.extra_float_digits(None).statement_cache_capacity(0));
+    }
     Ok(options.options([("statement_timeout", millis_ceil(call_timeout).to_string())]))
+}
+
+/// [`PostgresBackend::create_schema`] on `pool`, bounded by `call_timeout`.
+async fn create_schema_in(pool: &PgPool, table: &TableName, call_timeout: Duration) -> Result<()> {
+    let ddl = sql::schema_sql(table);
+    let run = async {
+        let mut tx = pool.begin().await?;
+        // Unnamed (not kept as a prepared statement in the session): behind a
+        // transaction pooler the session serves other clients afterwards.
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(SCHEMA_LOCK_KEY)
+            .persistent(false)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut *tx).await?;
+        tx.commit().await
+    };
+    match tokio::time::timeout(call_timeout + call_timeout / 4, run).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Err(convert(BACKEND, "create schema", call_timeout, e)),
+        Err(_) => {
+            return Err(Error::Timeout {
+                operation: "create schema",
+                after: call_timeout,
+            });
+        }
+    }
+    tracing::debug!(table = table.plain(), "lease table ready");
+    Ok(())
+}
+
+/// What a session of this backend runs with, read at connect.
+pub(crate) struct SessionSettings {
+    /// `fsync = on` and `synchronous_commit` not `off`.
+    pub(crate) durable: bool,
+    /// `statement_timeout` in milliseconds.
+    pub(crate) statement_timeout_ms: Option<i64>,
+    pub(crate) fsync: String,
+    pub(crate) synchronous_commit: String,
+}
+
+/// Reads the settings that decide durability, and `statement_timeout`, in one simple
+/// query (no prepared statement: it also works behind a transaction pooler).
+pub(crate) async fn session_settings(
+    backend: &'static str,
+    pool: &PgPool,
+    call_timeout: Duration,
+) -> Result<SessionSettings> {
+    const PROBE: &str = "SELECT current_setting('fsync'), current_setting('synchronous_commit'), \
+         (SELECT setting FROM pg_settings WHERE name = 'statement_timeout')";
+    let row = match tokio::time::timeout(
+        call_timeout + call_timeout / 4,
+        sqlx::raw_sql(PROBE).fetch_one(pool),
+    )
+    .await
+    {
+        Ok(Ok(row)) => row,
+        Ok(Err(e)) => return Err(convert(backend, "connect", call_timeout, e)),
+        Err(_) => {
+            return Err(Error::Timeout {
+                operation: "connect",
+                after: call_timeout,
+            });
+        }
+    };
+    let text = |i: usize| -> Result<String> {
+        row.try_get::<String, _>(i).map_err(|e| {
+            Error::unexpected(backend, format!("connect: setting {i} of the probe: {e}"))
+        })
+    };
+    let fsync = text(0)?;
+    let synchronous_commit = text(1)?;
+    let statement_timeout_ms = text(2)?.parse::<i64>().ok();
+    Ok(SessionSettings {
+        durable: fsync == "on" && synchronous_commit != "off",
+        statement_timeout_ms,
+        fsync,
+        synchronous_commit,
+    })
 }
 
 /// The pool settings of the pools this crate builds: every acquisition (including
@@ -167,6 +314,9 @@ struct Inner {
     call_timeout: Duration,
     sql: Statements,
     releases: Releases,
+    /// Behind a transaction pooler: statements as simple queries, no `LISTEN`.
+    pooler: bool,
+    caps: Capabilities,
 }
 
 impl fmt::Debug for PostgresBackend {
@@ -176,6 +326,8 @@ impl fmt::Debug for PostgresBackend {
             .field("table", &self.inner.table.plain())
             .field("call_timeout", &self.inner.call_timeout)
             .field("pool_size", &self.inner.pool.size())
+            .field("transaction_pooler", &self.inner.pooler)
+            .field("fencing", &self.inner.caps.fencing)
             .finish_non_exhaustive()
     }
 }
@@ -208,44 +360,78 @@ impl PostgresBackend {
     ///
     /// Cancel safety: cancel-safe: dropped, the table creation is rolled back or has
     /// committed (it is idempotent; call again); no lease is taken.
-    pub async fn connect_with(url: &str, config: PostgresConfig) -> Result<Self> {
+    pub async fn connect_with(url: &str, mut config: PostgresConfig) -> Result<Self> {
         config.validate()?;
-        let options = connect_options(url, config.call_timeout)?;
+        let (url, pooler) = split_pooler(url)?;
+        config.transaction_pooler |= pooler;
+        let options = connect_options(&url, config.call_timeout, config.transaction_pooler)?;
         let pool =
             pool_options(config.max_connections, config.call_timeout).connect_lazy_with(options);
-        let created = config.create_schema;
-        let backend = Self::from_pool(pool, config).await?;
-        // Fail fast on a wrong address or credentials (schema creation already did).
-        if !created {
-            backend.ping().await?;
-        }
-        Ok(backend)
+        Self::from_pool(pool, config).await
     }
 
     /// Uses an existing pool. The pool's own settings apply (this crate's pools set
     /// `statement_timeout` and an acquire timeout; yours should bound both too); every
-    /// call is additionally bounded by `config.call_timeout` on the client.
+    /// call is additionally bounded by `config.call_timeout` on the client. Behind a
+    /// transaction pooler, set [`PostgresConfig::transaction_pooler`] and give the pool
+    /// no statement cache (`statement_cache_capacity(0)`) and no startup `options`.
     ///
-    /// Creates the table if `config.create_schema` is set.
+    /// Creates the table if `config.create_schema` is set, then reads the server's
+    /// durability settings (unless [`PostgresConfig::persistent_fencing`] says).
     ///
     /// Cancel safety: cancel-safe: dropped, the table creation is rolled back or has
     /// committed (it is idempotent; call again); no lease is taken.
     pub async fn from_pool(pool: PgPool, config: PostgresConfig) -> Result<Self> {
         let table = config.validate()?;
+        if config.create_schema {
+            create_schema_in(&pool, &table, config.call_timeout).await?;
+        }
+        // Also the first contact when the schema is not created here: a wrong address
+        // or credentials fail now.
+        let settings = session_settings(BACKEND, &pool, config.call_timeout).await?;
+        let expected = millis_ceil(config.call_timeout);
+        if !config.transaction_pooler && settings.statement_timeout_ms != Some(expected) {
+            tracing::warn!(
+                statement_timeout_ms = settings.statement_timeout_ms,
+                expected,
+                "the server did not apply the statement_timeout sent at connect: a \
+                 connection pooler in between? (behind a transaction pooler, add \
+                 pooler=transaction to the URL)"
+            );
+        }
+        let durable = config.persistent_fencing.unwrap_or(settings.durable);
+        tracing::debug!(
+            fsync = %settings.fsync,
+            synchronous_commit = %settings.synchronous_commit,
+            durable,
+            "postgres durability"
+        );
+        let mut caps = Capabilities::default();
+        caps.backend = BACKEND;
+        caps.fencing = if durable {
+            Fencing::Durable
+        } else {
+            Fencing::Volatile
+        };
+        caps.expires = true;
+        caps.min_ttl = Duration::from_millis(1);
+        caps.ttl_granularity = Duration::from_millis(1);
+        caps.holder_info = true;
+        caps.keep_for = true;
+        caps.release_notification = !config.transaction_pooler;
+        caps.max_renew_batch = MAX_RENEW_BATCH;
         let releases = Releases::new(&pool, table.payload_prefix());
-        let backend = PostgresBackend {
+        Ok(PostgresBackend {
             inner: Arc::new(Inner {
                 sql: Statements::new(&table),
                 pool,
                 table,
                 call_timeout: config.call_timeout,
                 releases,
+                pooler: config.transaction_pooler,
+                caps,
             }),
-        };
-        if config.create_schema {
-            backend.create_schema().await?;
-        }
-        Ok(backend)
+        })
     }
 
     /// The pool (for your own queries against the same database).
@@ -273,28 +459,7 @@ impl PostgresBackend {
     /// Cancel safety: cancel-safe: dropped, the table creation is rolled back or has
     /// committed (it is idempotent; call again); no lease is taken.
     pub async fn create_schema(&self) -> Result<()> {
-        let ddl = sql::schema_sql(&self.inner.table);
-        let pool = &self.inner.pool;
-        self.bounded("create schema", async {
-            let mut tx = pool.begin().await?;
-            sqlx::query("SELECT pg_advisory_xact_lock($1)")
-                .bind(SCHEMA_LOCK_KEY)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut *tx).await?;
-            tx.commit().await
-        })
-        .await?;
-        tracing::debug!(table = self.table(), "lease table ready");
-        Ok(())
-    }
-
-    async fn ping(&self) -> Result<()> {
-        let pool = &self.inner.pool;
-        self.bounded("connect", async {
-            sqlx::query("SELECT 1").execute(pool).await.map(|_| ())
-        })
-        .await
+        create_schema_in(&self.inner.pool, &self.inner.table, self.inner.call_timeout).await
     }
 
     /// Runs `fut` bounded by the call timeout, converting errors.
@@ -311,6 +476,38 @@ impl PostgresBackend {
             Ok(Err(e)) => Err(convert(BACKEND, operation, after, e)),
             Err(_) => Err(Error::Timeout { operation, after }),
         }
+    }
+
+    /// Runs `sql` with `params` written in (see [`inline`]) as one simple query: the
+    /// statement form behind a transaction pooler.
+    async fn inline_rows(
+        &self,
+        operation: &'static str,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<Vec<PgRow>> {
+        let text = inline::inline(sql, params);
+        let pool = &self.inner.pool;
+        self.bounded(operation, async move {
+            sqlx::raw_sql(AssertSqlSafe(text)).fetch_all(pool).await
+        })
+        .await
+    }
+
+    /// Runs `sql` as [`Self::inline_rows`] does, for its row count.
+    async fn inline_execute(
+        &self,
+        operation: &'static str,
+        sql: &str,
+        params: &[Param<'_>],
+    ) -> Result<u64> {
+        let text = inline::inline(sql, params);
+        let pool = &self.inner.pool;
+        self.bounded(operation, async move {
+            sqlx::raw_sql(AssertSqlSafe(text)).execute(pool).await
+        })
+        .await
+        .map(|r| r.rows_affected())
     }
 
     /// The acquire statement on a given connection (for tests that run it inside an
@@ -348,29 +545,40 @@ impl PostgresBackend {
                     .fetch_one(executor),
             )
             .await?;
-        match row {
-            (true, fencing, _, _) => {
-                let fencing = u64::try_from(fencing).map_err(|_| {
-                    Error::unexpected(BACKEND, format!("negative fencing token {fencing}"))
-                })?;
-                tracing::debug!(lease = %name, fencing, "acquired");
-                Ok(AcquireOutcome::Acquired {
-                    fencing: FencingToken(fencing),
-                    ttl: Duration::from_millis(ttl_ms.unsigned_abs()),
-                })
-            }
-            (false, _, holder, remaining_us) => {
-                tracing::debug!(lease = %name, holder = holder.as_deref(), "held");
-                Ok(AcquireOutcome::Held(HeldBy {
-                    holder,
-                    // Not positive: it lapsed between the decision and the reply.
-                    remaining: u64::try_from(remaining_us)
-                        .ok()
-                        .filter(|us| *us > 0)
-                        .map(Duration::from_micros),
-                }))
-            }
-        }
+        acquire_outcome(name, ttl_ms, row)
+    }
+
+    /// Acquire as one simple query (behind a transaction pooler).
+    async fn acquire_inline(
+        &self,
+        name: &LeaseName,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome> {
+        const OP: &str = "acquire";
+        let ttl_ms = checked_ms("ttl", ttl)?;
+        let rows = self
+            .inline_rows(
+                OP,
+                &self.inner.sql.acquire,
+                &[
+                    Param::Bytea(name.as_bytes()),
+                    Param::Uuid(owner.token.as_uuid()),
+                    Param::Text(owner.label.as_str()),
+                    Param::Int(ttl_ms),
+                ],
+            )
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| Error::unexpected(BACKEND, "acquire: no row"))?;
+        let decoded: AcquireRow = (
+            column(row, 0, OP)?,
+            column(row, 1, OP)?,
+            column(row, 2, OP)?,
+            column(row, 3, OP)?,
+        );
+        acquire_outcome(name, ttl_ms, decoded)
     }
 
     /// Whether `name` is held right now (unexpired on the server's clock).
@@ -389,6 +597,42 @@ impl PostgresBackend {
     async fn is_live(&self, name: &LeaseName) -> Result<Option<Duration>> {
         Ok(self.inspect(name).await?.and_then(|i| i.remaining))
     }
+}
+
+/// The outcome of an acquire from its row.
+fn acquire_outcome(name: &LeaseName, ttl_ms: i64, row: AcquireRow) -> Result<AcquireOutcome> {
+    match row {
+        (true, fencing, _, _) => {
+            let fencing = u64::try_from(fencing).map_err(|_| {
+                Error::unexpected(BACKEND, format!("negative fencing token {fencing}"))
+            })?;
+            tracing::debug!(lease = %name, fencing, "acquired");
+            Ok(AcquireOutcome::Acquired {
+                fencing: FencingToken(fencing),
+                ttl: Duration::from_millis(ttl_ms.unsigned_abs()),
+            })
+        }
+        (false, _, holder, remaining_us) => {
+            tracing::debug!(lease = %name, holder = holder.as_deref(), "held");
+            Ok(AcquireOutcome::Held(HeldBy {
+                holder,
+                // Not positive: it lapsed between the decision and the reply.
+                remaining: u64::try_from(remaining_us)
+                    .ok()
+                    .filter(|us| *us > 0)
+                    .map(Duration::from_micros),
+            }))
+        }
+    }
+}
+
+/// Column `i` of a row of a simple query, decoded as `T`.
+fn column<'r, T>(row: &'r PgRow, i: usize, operation: &'static str) -> Result<T>
+where
+    T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    row.try_get::<T, _>(i)
+        .map_err(|e| Error::unexpected(BACKEND, format!("{operation}: column {i}: {e}")))
 }
 
 /// `d` in whole milliseconds, rounded up (the granularity of this backend).
@@ -414,17 +658,7 @@ fn checked_ms(what: &'static str, d: Duration) -> std::result::Result<i64, Inval
 #[async_trait::async_trait]
 impl LeaseBackend for PostgresBackend {
     fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::default();
-        caps.backend = BACKEND;
-        caps.fencing = Fencing::Durable;
-        caps.expires = true;
-        caps.min_ttl = Duration::from_millis(1);
-        caps.ttl_granularity = Duration::from_millis(1);
-        caps.holder_info = true;
-        caps.keep_for = true;
-        caps.release_notification = true;
-        caps.max_renew_batch = MAX_RENEW_BATCH;
-        caps
+        self.inner.caps.clone()
     }
 
     async fn acquire(
@@ -433,6 +667,9 @@ impl LeaseBackend for PostgresBackend {
         owner: &Owner,
         ttl: Duration,
     ) -> Result<AcquireOutcome> {
+        if self.inner.pooler {
+            return self.acquire_inline(name, owner, ttl).await;
+        }
         self.acquire_with(&self.inner.pool, name, owner, ttl).await
     }
 
@@ -464,8 +701,23 @@ impl LeaseBackend for PostgresBackend {
                 })
             })
             .collect();
-        let renewed: Vec<i64> = self
-            .bounded(
+        let renewed: Vec<i64> = if self.inner.pooler {
+            let rows = self
+                .inline_rows(
+                    "renew",
+                    &self.inner.sql.renew,
+                    &[
+                        Param::ByteaArray(&names),
+                        Param::UuidArray(&tokens),
+                        Param::Int(ttl_ms),
+                    ],
+                )
+                .await?;
+            rows.iter()
+                .map(|r| column(r, 0, "renew"))
+                .collect::<Result<_>>()?
+        } else {
+            self.bounded(
                 "renew",
                 sqlx::query_scalar(AssertSqlSafe(self.inner.sql.renew.clone()))
                     .bind(&names)
@@ -473,7 +725,8 @@ impl LeaseBackend for PostgresBackend {
                     .bind(ttl_ms)
                     .fetch_all(&self.inner.pool),
             )
-            .await?;
+            .await?
+        };
         let mut ok = vec![false; names.len()];
         for ordinal in renewed {
             let slot = usize::try_from(ordinal - 1)
@@ -519,8 +772,19 @@ impl LeaseBackend for PostgresBackend {
         let keep_ms = checked_ms("keep_for", keep_for)?;
         // One row when this owner held the lease (executed, not fetched: the row's
         // contents are not needed, only whether there is one).
-        let done = self
-            .bounded(
+        let done = if self.inner.pooler {
+            self.inline_execute(
+                "release",
+                &self.inner.sql.release,
+                &[
+                    Param::Bytea(name.as_bytes()),
+                    Param::Uuid(token.as_uuid()),
+                    Param::Int(keep_ms),
+                ],
+            )
+            .await?
+        } else {
+            self.bounded(
                 "release",
                 sqlx::query(AssertSqlSafe(self.inner.sql.release.clone()))
                     .bind(name.as_bytes())
@@ -528,8 +792,10 @@ impl LeaseBackend for PostgresBackend {
                     .bind(keep_ms)
                     .execute(&self.inner.pool),
             )
-            .await?;
-        Ok(match done.rows_affected() {
+            .await?
+            .rows_affected()
+        };
+        Ok(match done {
             0 => {
                 tracing::debug!(lease = %name, "release by a non-owner: nothing changed");
                 ReleaseOutcome::NotOwner
@@ -542,14 +808,28 @@ impl LeaseBackend for PostgresBackend {
     }
 
     async fn inspect(&self, name: &LeaseName) -> Result<Option<LeaseInfo>> {
-        let row: Option<(Option<String>, i64, i64)> = self
-            .bounded(
+        let row: Option<(Option<String>, i64, i64)> = if self.inner.pooler {
+            const OP: &str = "inspect";
+            let rows = self
+                .inline_rows(
+                    OP,
+                    &self.inner.sql.inspect,
+                    &[Param::Bytea(name.as_bytes())],
+                )
+                .await?;
+            match rows.first() {
+                None => None,
+                Some(r) => Some((column(r, 0, OP)?, column(r, 1, OP)?, column(r, 2, OP)?)),
+            }
+        } else {
+            self.bounded(
                 "inspect",
                 sqlx::query_as(AssertSqlSafe(self.inner.sql.inspect.clone()))
                     .bind(name.as_bytes())
                     .fetch_optional(&self.inner.pool),
             )
-            .await?;
+            .await?
+        };
         row.map(|(holder, fencing, remaining_us)| {
             let fencing = u64::try_from(fencing).map_err(|_| {
                 Error::unexpected(BACKEND, format!("negative fencing token {fencing}"))
@@ -564,20 +844,38 @@ impl LeaseBackend for PostgresBackend {
     }
 
     async fn force_release(&self, name: &LeaseName) -> Result<bool> {
-        let row: Option<Option<bool>> = self
-            .bounded(
-                "force release",
-                sqlx::query_scalar(AssertSqlSafe(self.inner.sql.force_release.clone()))
-                    .bind(name.as_bytes())
-                    .fetch_optional(&self.inner.pool),
-            )
-            .await?;
-        let freed = row.is_some();
+        let freed = if self.inner.pooler {
+            !self
+                .inline_rows(
+                    "force release",
+                    &self.inner.sql.force_release,
+                    &[Param::Bytea(name.as_bytes())],
+                )
+                .await?
+                .is_empty()
+        } else {
+            let row: Option<Option<bool>> = self
+                .bounded(
+                    "force release",
+                    sqlx::query_scalar(AssertSqlSafe(self.inner.sql.force_release.clone()))
+                        .bind(name.as_bytes())
+                        .fetch_optional(&self.inner.pool),
+                )
+                .await?;
+            row.is_some()
+        };
         tracing::info!(lease = %name, freed, "force release");
         Ok(freed)
     }
 
     async fn wait_released(&self, name: &LeaseName, max_wait: Duration) -> Result<()> {
+        if self.inner.pooler {
+            // LISTEN needs a session of its own, which a transaction pooler does not give.
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                what: "release notification behind a transaction pooler",
+            });
+        }
         let releases = &self.inner.releases;
         let (mut events, fresh) = match releases.listening() {
             Listening::Ready { events, fresh } => (events, fresh),
@@ -636,5 +934,27 @@ impl Drop for WaiterGuard {
                 }
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn takes_the_pooler_parameter_out_of_the_url() {
+        let (url, pooler) =
+            split_pooler("postgres://u:pw@h/db?sslmode=disable&pooler=transaction").unwrap();
+        assert_eq!(url, "postgres://u:pw@h/db?sslmode=disable");
+        assert!(pooler);
+        let (url, pooler) = split_pooler("postgres://h/db?pooler=session").unwrap();
+        assert_eq!(url, "postgres://h/db");
+        assert!(!pooler);
+        let (url, pooler) = split_pooler("postgres://h/db").unwrap();
+        assert_eq!(url, "postgres://h/db");
+        assert!(!pooler);
+        let e = split_pooler("postgres://u:secret@h/db?pooler=yes").unwrap_err();
+        assert!(!e.to_string().contains("secret"), "{e}");
+        assert!(e.to_string().contains("transaction"), "{e}");
     }
 }

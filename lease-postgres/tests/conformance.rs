@@ -45,3 +45,52 @@ mod advisory {
 
     lease_conformance::conformance_suite!(advisory_mode);
 }
+
+/// The table mode behind a real PgBouncer in transaction pooling mode
+/// (`pooler=transaction`): the whole suite; checks that need release notification
+/// (off behind a transaction pooler) skip themselves.
+mod through_pgbouncer {
+    use super::*;
+    use lease_core::LeaseBackend;
+    use lease_test_servers::{PgBouncer, PoolMode};
+
+    static BOUNCER: tokio::sync::OnceCell<Option<PgBouncer>> = tokio::sync::OnceCell::const_new();
+
+    async fn pooled_table_mode() -> Fixture {
+        let db = PostgresServer::shared()
+            .await
+            .expect("postgres test server");
+        let Some(port) = db.port() else {
+            // A server from LEASE_TEST_POSTGRES_URL: no local server to put PgBouncer in
+            // front of; run against it directly.
+            return table_mode().await;
+        };
+        let bouncer = BOUNCER
+            .get_or_init(|| async move {
+                Some(
+                    PgBouncer::start(port, PoolMode::Transaction, 8, false)
+                        .await
+                        .unwrap_or_else(|e| panic!("{e}")),
+                )
+            })
+            .await
+            .as_ref()
+            .expect("pgbouncer");
+        let url = format!(
+            "{}&pooler=transaction",
+            bouncer.url(db.name().expect("a database of its own"))
+        );
+        let config = PostgresConfig {
+            table: format!("lease_{}", uuid::Uuid::new_v4().simple()),
+            max_connections: 16,
+            ..PostgresConfig::default()
+        };
+        let backend = PostgresBackend::connect_with(&url, config)
+            .await
+            .expect("connect through pgbouncer");
+        assert!(!backend.capabilities().release_notification);
+        Fixture::new(Arc::new(backend)).keep(db)
+    }
+
+    lease_conformance::conformance_suite!(pooled_table_mode);
+}

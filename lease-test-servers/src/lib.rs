@@ -27,11 +27,13 @@ use std::path::{Path, PathBuf};
 
 mod container;
 pub mod netns;
+pub mod pgbouncer;
 mod process;
 pub mod proxy;
 pub mod redis;
 
 pub use self::etcd::{EtcdCluster, EtcdServer};
+pub use self::pgbouncer::{PgBouncer, PoolMode};
 pub use self::postgres::PostgresServer;
 pub use self::redis::{RedisSentinels, RedisServer};
 

@@ -633,7 +633,7 @@ fn server_args(data_dir: &Path, socket_dir: &Path, port: u16, fast: bool) -> Vec
 }
 
 /// The uid and gid of the `postgres` user, read from /etc/passwd.
-fn postgres_user() -> Option<(u32, u32)> {
+pub(crate) fn postgres_user() -> Option<(u32, u32)> {
     let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
     passwd.lines().find_map(|line| {
         let fields: Vec<&str> = line.split(':').collect();
@@ -645,7 +645,7 @@ fn postgres_user() -> Option<(u32, u32)> {
     })
 }
 
-fn running_as_root() -> bool {
+pub(crate) fn running_as_root() -> bool {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }
