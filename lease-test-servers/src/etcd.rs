@@ -224,6 +224,12 @@ impl EtcdServer {
     /// Always a throwaway local node, even when `LEASE_TEST_ETCD_ENDPOINTS` is set (for
     /// tests that stop, kill or pause the server).
     pub async fn start_local() -> Result<EtcdServer, HarnessError> {
+        Self::start_local_with(&[]).await
+    }
+
+    /// Like [`EtcdServer::start_local`], with extra command-line flags for the server
+    /// (for example `--quota-backend-bytes=...` or `--max-request-bytes=...`).
+    pub async fn start_local_with(extra_args: &[&str]) -> Result<EtcdServer, HarnessError> {
         let binary = etcd_binary()?;
         let dir = data_root("lease-etcd-")?;
         let watcher = DirWatcher::spawn(dir.path())?;
@@ -248,6 +254,8 @@ impl EtcdServer {
                 &token,
                 SINGLE_TIMING,
             );
+            let mut args = args;
+            args.extend(extra_args.iter().map(std::ffi::OsString::from));
             let mut process = ChildProcess::spawn(binary.clone(), args, log)?;
             match wait_until(&mut process, client_port, true).await {
                 Ok(()) => {
