@@ -25,6 +25,7 @@ use std::fmt;
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 
+pub mod clock;
 mod container;
 pub mod netns;
 pub mod pgbouncer;

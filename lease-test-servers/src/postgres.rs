@@ -107,6 +107,8 @@ struct Local {
     data_dir: PathBuf,
     log_path: PathBuf,
     run_as: Option<(u32, u32)>,
+    /// Extra environment of the server process (a stepped clock).
+    env: Vec<(OsString, OsString)>,
     // Declared in drop order: server, then watcher, then directory.
     server: Option<Child>,
     _watcher: Watcher,
@@ -218,6 +220,17 @@ impl PostgresServer {
         Self::start_local(true).await
     }
 
+    /// A throwaway local cluster (fast, as [`PostgresServer::start_fast`]) whose wall
+    /// clock is `clock`: for tests of what a step of the store host's clock does.
+    pub async fn start_with_clock(
+        clock: &super::clock::SteppedClock,
+    ) -> Result<PostgresServer, HarnessError> {
+        let env = clock.env();
+        tokio::task::spawn_blocking(move || start_blocking(true, env))
+            .await
+            .map_err(|e| HarnessError::Start(format!("starting postgres: {e}")))?
+    }
+
     /// A fresh database on the test binary's shared server.
     ///
     /// The shared server is started once per process (a fast cluster as with
@@ -241,7 +254,7 @@ impl PostgresServer {
             static SHARED: OnceLock<Result<PostgresServer, String>> = OnceLock::new();
             let server = SHARED
                 .get_or_init(|| {
-                    start_blocking(true)
+                    start_blocking(true, Vec::new())
                         .inspect(|server| {
                             super::announce(format_args!(
                                 "lease test server: shared postgres at {} for this test binary",
@@ -273,7 +286,7 @@ impl PostgresServer {
     }
 
     async fn start_local(fast: bool) -> Result<PostgresServer, HarnessError> {
-        tokio::task::spawn_blocking(move || start_blocking(fast))
+        tokio::task::spawn_blocking(move || start_blocking(fast, Vec::new()))
             .await
             .map_err(|e| HarnessError::Start(format!("starting postgres: {e}")))?
     }
@@ -534,6 +547,7 @@ impl Local {
             .stdout(log("stdout")?)
             .stderr(log("stderr")?);
         as_user(&mut command, self.run_as);
+        command.envs(self.env.iter().map(|(k, v)| (k, v)));
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
         let child = command
             .spawn()
@@ -682,7 +696,10 @@ fn as_user(command: &mut Command, run_as: Option<(u32, u32)>) {
 }
 
 /// initdb + postgres on a free port; blocking.
-fn start_blocking(fast: bool) -> Result<PostgresServer, HarnessError> {
+fn start_blocking(
+    fast: bool,
+    env: Vec<(OsString, OsString)>,
+) -> Result<PostgresServer, HarnessError> {
     let initdb = find_binary("initdb", BIN_DIRS).ok_or_else(|| {
         HarnessError::Unavailable(format!(
             "no initdb on PATH or in {BIN_DIRS:?}: {INSTALL_HINT}"
@@ -763,6 +780,7 @@ fn start_blocking(fast: bool) -> Result<PostgresServer, HarnessError> {
         data_dir,
         log_path,
         run_as,
+        env,
         server: None,
         _watcher: watcher,
         dir,

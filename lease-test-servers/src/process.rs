@@ -18,6 +18,8 @@ pub(crate) struct ChildProcess {
     binary: PathBuf,
     args: Vec<OsString>,
     log_path: PathBuf,
+    /// Extra environment variables of the process.
+    env: Vec<(OsString, OsString)>,
     child: Option<Child>,
 }
 
@@ -28,10 +30,21 @@ impl ChildProcess {
         args: Vec<OsString>,
         log_path: PathBuf,
     ) -> Result<Self, HarnessError> {
+        Self::spawn_with_env(binary, args, log_path, Vec::new())
+    }
+
+    /// [`ChildProcess::spawn`] with extra environment variables (kept for `respawn`).
+    pub(crate) fn spawn_with_env(
+        binary: PathBuf,
+        args: Vec<OsString>,
+        log_path: PathBuf,
+        env: Vec<(OsString, OsString)>,
+    ) -> Result<Self, HarnessError> {
         let mut p = ChildProcess {
             binary,
             args,
             log_path,
+            env,
             child: None,
         };
         p.respawn()?;
@@ -60,6 +73,7 @@ impl ChildProcess {
         let stderr = open_log()?;
         let child = Command::new(&self.binary)
             .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr)

@@ -127,7 +127,22 @@ impl RedisServer {
         Self::start_local(true).await
     }
 
+    /// A throwaway local `redis-server` (no persistence) whose wall clock is `clock`: for
+    /// tests of what a step of the store host's clock does.
+    pub async fn start_with_clock(
+        clock: &super::clock::SteppedClock,
+    ) -> Result<RedisServer, HarnessError> {
+        Self::start_local_env(false, clock.env()).await
+    }
+
     async fn start_local(persistent: bool) -> Result<RedisServer, HarnessError> {
+        Self::start_local_env(persistent, Vec::new()).await
+    }
+
+    async fn start_local_env(
+        persistent: bool,
+        env: Vec<(OsString, OsString)>,
+    ) -> Result<RedisServer, HarnessError> {
         let binary = find_binary("redis-server", &["/usr/bin", "/usr/sbin", "/usr/local/bin"])
             .ok_or_else(|| {
                 HarnessError::Unavailable(format!(
@@ -146,7 +161,8 @@ impl RedisServer {
             let port = free_port()?;
             let _ = std::fs::remove_file(&log_path);
             let args = server_args(port, dir.path(), persistent);
-            let mut process = ChildProcess::spawn(binary.clone(), args, log_path.clone())?;
+            let mut process =
+                ChildProcess::spawn_with_env(binary.clone(), args, log_path.clone(), env.clone())?;
             match wait_ready(&mut process, port).await {
                 Ok(()) => {
                     super::announce(format_args!(
