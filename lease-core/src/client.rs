@@ -161,14 +161,16 @@ impl Drop for AcquireCleanup {
 /// Releases what an abandoned acquire may have taken. The release can overtake the
 /// acquire on its way to the store (another connection, another stream), so if it finds
 /// nothing it is sent once more after the call timeout, by when the acquire has been
-/// applied or will not be.
+/// applied or will not be. Each of the two is retried at once on a retryable error (see
+/// `Store::release_in_background`): a pooled connection the store had closed must not
+/// leave the lease to its TTL.
 async fn release_abandoned(
     store: Store,
     name: LeaseName,
     token: OwnerToken,
     call_timeout: Duration,
 ) {
-    let release = || store.release(&name, &token, Duration::ZERO, call_timeout);
+    let release = || store.release_in_background(&name, &token, Duration::ZERO, call_timeout);
     if let Ok(ReleaseOutcome::Released) = release().await {
         tracing::info!("an abandoned acquire had taken the lease; released it");
         return;

@@ -122,8 +122,9 @@ impl LeaseGuard {
     /// cancelled first, with [`LossReason::Released`] unless the lease was lost already.
     ///
     /// Returns [`ReleaseOutcome::NotOwner`] if the lease had already lapsed or been taken.
-    /// If the store call fails, the error is returned and the release is sent once more in
-    /// the background after the call timeout.
+    /// If the store call fails, the error is returned and the release is sent again in the
+    /// background: at once (up to three attempts while the error is retryable), and once
+    /// more after the call timeout if those fail too.
     ///
     /// Cancel safety: cancel-safe. If the future is dropped before the store answered,
     /// the guard's drop releases in the background as if the guard had been dropped.
@@ -156,8 +157,8 @@ impl LeaseGuard {
                 Err(e) => {
                     tracing::warn!(
                         error = %e,
-                        "release failed; trying once more in the background after the call \
-                         timeout, else the lease lapses at its TTL"
+                        "release failed; trying again in the background, at once and after \
+                         the call timeout, else the lease lapses at its TTL"
                     );
                     self.retry_release_later();
                 }
@@ -168,9 +169,10 @@ impl LeaseGuard {
         .await
     }
 
-    /// After a failed release (the store down, or its reply lost after it applied the
-    /// release), one more release in the background after the call timeout, where a
-    /// runtime exists.
+    /// After a failed release (the store down, a pooled connection the store had closed,
+    /// or its reply lost after it applied the release): the release again in the
+    /// background at once (see [`Store::release_in_background`]), and if that fails too,
+    /// once more after the call timeout, where a runtime exists.
     fn retry_release_later(&self) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
@@ -180,11 +182,22 @@ impl LeaseGuard {
         let span = tracing::Span::current();
         rt.spawn(
             async move {
-                tokio::time::sleep(call_timeout).await;
-                match store
-                    .release(shared.name(), shared.token(), keep_for, call_timeout)
-                    .await
-                {
+                let release = || {
+                    store.release_in_background(
+                        shared.name(),
+                        shared.token(),
+                        keep_for,
+                        call_timeout,
+                    )
+                };
+                let outcome = match release().await {
+                    Ok(outcome) => Ok(outcome),
+                    Err(_) => {
+                        tokio::time::sleep(call_timeout).await;
+                        release().await
+                    }
+                };
+                match outcome {
                     Ok(outcome) => tracing::info!(?outcome, "release retried"),
                     Err(e) => tracing::warn!(
                         error = %e,
@@ -260,7 +273,38 @@ impl Store {
         )
         .await
     }
+
+    /// [`Store::release`] for releases nobody waits for (in the background): a failure a
+    /// retry may cure (a pooled connection the store had closed, a moment of
+    /// unavailability) is retried at once, up to [`BACKGROUND_RELEASE_ATTEMPTS`] attempts
+    /// in all, 20 ms and then 40 ms apart. A release is safe to repeat: a second one finds
+    /// the lease no longer this owner's and changes nothing.
+    pub(crate) async fn release_in_background(
+        &self,
+        name: &LeaseName,
+        token: &OwnerToken,
+        keep_for: Duration,
+        call_timeout: Duration,
+    ) -> Result<ReleaseOutcome> {
+        let mut pause = Duration::from_millis(20);
+        let mut attempt = 1;
+        loop {
+            match self.release(name, token, keep_for, call_timeout).await {
+                Err(e) if e.is_retryable() && attempt < BACKGROUND_RELEASE_ATTEMPTS => {
+                    tracing::debug!(error = %e, attempt, "background release failed; again");
+                    tokio::time::sleep(pause).await;
+                    pause *= 2;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
 }
+
+/// How many times a release in the background is tried when it fails with a retryable
+/// error (see [`Store::release_in_background`]).
+pub(crate) const BACKGROUND_RELEASE_ATTEMPTS: u32 = 3;
 
 impl Drop for LeaseGuard {
     fn drop(&mut self) {
@@ -294,7 +338,7 @@ impl Drop for LeaseGuard {
                 wait_for_renewal(rx, call_timeout).await;
             }
             match store
-                .release(shared.name(), shared.token(), keep_for, call_timeout)
+                .release_in_background(shared.name(), shared.token(), keep_for, call_timeout)
                 .await
             {
                 Ok(outcome) => tracing::debug!(

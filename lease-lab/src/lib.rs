@@ -6,5 +6,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a lab: failures are assertions
 
 pub mod fenced;
+pub mod lost_reply;
 pub mod matrix;
 pub mod scenarios;

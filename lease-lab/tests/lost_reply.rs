@@ -1,153 +1,17 @@
-//! A reply lost after the store applied the call, on real servers: every backend talks to
-//! its store through a `FaultProxy` that forwards a request and then drops the reply and
-//! cuts the connection. Each acquire, renewal and release then ends one of two ways: the
-//! lease is ours with a guard (the store says so), or nothing is held once the cleanup has
-//! run (call timeout + 1 s). A name is never blocked beyond that, let alone its TTL.
+//! A reply lost after the store applied the call, on real servers (see
+//! `lease_lab::lost_reply`): each acquire, renewal and release ends with the lease ours
+//! with a guard, or with nothing held once the cleanup has run.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-use std::time::Duration;
+use lease_lab::lost_reply::{ROUNDS, lost_replies};
 
-use lease::{LeaseBackend, LeaseClient, LeaseName, LeaseOptions, ReleaseOutcome, TryAcquire};
-use lease_lab::matrix::{store_addr, with_store_addr};
-use lease_test_servers::proxy::{FaultProxy, ProxyFault};
-use tokio::time::Instant;
-
-/// Rounds per primitive: each loses one reply.
-const ROUNDS: usize = 5;
-
-fn name(prefix: &str, i: usize) -> LeaseName {
-    LeaseName::new(format!(
-        "lost-reply-{}/{prefix}-{i}",
-        uuid::Uuid::new_v4().simple()
-    ))
-    .unwrap()
-}
-
-/// Waits until the store (asked directly, not through the proxy) reports `n` free.
-async fn free_within(direct: &dyn LeaseBackend, n: &LeaseName, within: Duration) -> Duration {
-    let start = Instant::now();
-    loop {
-        if direct.inspect(n).await.unwrap().is_none() {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < within,
-            "{n} still held {within:?} after a call whose reply was lost"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Arms the proxy to lose the next reply and waits until it has (or `within` passed).
-async fn until_lost(proxy: &FaultProxy, before: u64, within: Duration) -> bool {
-    let start = Instant::now();
-    while proxy.replies_lost() == before {
-        if start.elapsed() >= within {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    true
-}
-
-async fn lost_replies(store: &str, url: &str) {
-    let target = store_addr(url).expect("store address");
-    let proxy = FaultProxy::start(target).await.unwrap();
-    let via_proxy = with_store_addr(url, proxy.addr());
-    let backend = lease::connect(&via_proxy).await.unwrap();
-    let direct = lease::connect(url).await.unwrap();
-    let caps = backend.capabilities();
-    let call_timeout = Duration::from_secs(1);
-    let cleanup = call_timeout * 2 + Duration::from_secs(1);
-    // A TTL far longer than the test: whatever it finds free, expiry did not free.
-    let long = LeaseOptions::builder(caps.effective_ttl(Duration::from_secs(60)))
-        .call_timeout(call_timeout)
-        .build()
-        .unwrap();
-    let client = LeaseClient::new(backend.clone());
-    let mut outcomes = (0, 0); // (acquired despite the loss, failed and cleaned up)
-    let mut lost_in_acquire = 0;
-
-    // Acquire.
-    for i in 0..ROUNDS {
-        let n = name("acquire", i);
-        let before = proxy.replies_lost();
-        proxy.set(ProxyFault::LoseNextReply);
-        match client.try_acquire(&n, &long).await {
-            Ok(TryAcquire::Acquired(g)) => {
-                outcomes.0 += 1;
-                let info = direct.inspect(&n).await.unwrap().expect("ours, so held");
-                assert_eq!(info.fencing, Some(g.fencing()));
-                assert_eq!(g.release().await.unwrap(), ReleaseOutcome::Released);
-            }
-            Ok(TryAcquire::Held(by)) => panic!("{store}: {n} held by {by}"),
-            Err(e) => {
-                outcomes.1 += 1;
-                assert!(e.is_retryable(), "{store}: {e}");
-                free_within(&*direct, &n, cleanup).await;
-            }
-        }
-        proxy.set(ProxyFault::Pass);
-        lost_in_acquire += proxy.replies_lost() - before;
-    }
+async fn run(store: &str, url: &str) {
+    let seen = lost_replies(store, url).await;
     assert!(
-        lost_in_acquire > 0,
-        "{store}: no acquire reply was lost: the check tested nothing"
+        seen.acquired_anyway + seen.failed_and_cleaned == ROUNDS,
+        "{store}: {seen:?}"
     );
-
-    // Renewal: the guard either stays held (the store keeps the lease for us) or hears
-    // "lost"; it never believes it holds a lease the store does not give it.
-    let short = LeaseOptions::builder(caps.effective_ttl(Duration::from_secs(3)))
-        .call_timeout(call_timeout)
-        .build()
-        .unwrap();
-    for i in 0..ROUNDS {
-        let n = name("renew", i);
-        let g = match client.try_acquire(&n, &short).await.unwrap() {
-            TryAcquire::Acquired(g) => g,
-            TryAcquire::Held(by) => panic!("{store}: held by {by}"),
-        };
-        let before = proxy.replies_lost();
-        proxy.set(ProxyFault::LoseNextReply);
-        let lost = until_lost(&proxy, before, short.renew_every() * 3).await;
-        proxy.set(ProxyFault::Pass);
-        assert!(lost, "{store}: no renewal reply was lost in round {i}");
-        // Two renewal periods later: what the guard believes, the store confirms.
-        tokio::time::sleep(short.renew_every() * 2).await;
-        let on_store = direct.inspect(&n).await.unwrap();
-        if g.is_held() {
-            assert_eq!(
-                on_store.and_then(|i| i.fencing),
-                Some(g.fencing()),
-                "{store}: the guard believes it holds {n}, the store disagrees"
-            );
-        }
-        let _ = g.release().await;
-        free_within(&*direct, &n, cleanup).await;
-    }
-
-    // Release: the call may fail, the name is free once the release's retry has run.
-    for i in 0..ROUNDS {
-        let n = name("release", i);
-        let g = match client.try_acquire(&n, &long).await.unwrap() {
-            TryAcquire::Acquired(g) => g,
-            TryAcquire::Held(by) => panic!("{store}: held by {by}"),
-        };
-        proxy.set(ProxyFault::LoseNextReply);
-        let released = g.release().await;
-        proxy.set(ProxyFault::Pass);
-        if let Err(e) = &released {
-            assert!(e.is_retryable(), "{store}: {e}");
-        }
-        free_within(&*direct, &n, cleanup).await;
-    }
-    eprintln!(
-        "{store}: {} replies lost through the proxy ({lost_in_acquire} in {ROUNDS} acquires: \
-         {} ended with a guard, {} failed and left nothing held)",
-        proxy.replies_lost(),
-        outcomes.0,
-        outcomes.1
-    );
+    eprintln!("{store}: {seen:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -155,7 +19,7 @@ async fn redis_lost_replies() {
     let server = lease_test_servers::RedisServer::start()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    lost_replies("redis", &server.url()).await;
+    run("redis", &server.url()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -163,7 +27,7 @@ async fn postgres_lost_replies() {
     let db = lease_test_servers::PostgresServer::shared()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    lost_replies("postgres", &db.url()).await;
+    run("postgres", &db.url()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -171,5 +35,5 @@ async fn etcd_lost_replies() {
     let server = lease_test_servers::EtcdServer::start()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    lost_replies("etcd", &server.url()).await;
+    run("etcd", &server.url()).await;
 }

@@ -206,6 +206,15 @@ pub async fn lost_acquire_reply_frees_the_name(backend: Arc<dyn LeaseBackend>) {
         other => panic!("expected a timeout, got {other:?}"),
     }
     free_within(&*backend, &n, call_timeout + Duration::from_secs(1)).await;
+    // The same, and the cleanup's first release fails too (a pooled connection the store
+    // had closed): it is sent again at once, not only after the call timeout.
+    faulty.set_once(Op::Acquire, Fault::LoseReply);
+    faulty.set_once(Op::Release, Fault::Fail);
+    let started = Instant::now();
+    assert!(c.try_acquire(&n, &options).await.is_err());
+    let timed_out = started.elapsed();
+    free_within(&*backend, &n, call_timeout / 2).await;
+    assert!(timed_out >= call_timeout, "{timed_out:?}");
     // Lost release reply: the call times out, the store has applied it anyway.
     let g = held_guard(&c, &n, &options).await;
     faulty.set_once(Op::Release, Fault::LoseReply);

@@ -238,6 +238,29 @@ async fn store_column(kind: &'static str, m: &Matrix) -> Column {
         )
         .await,
     ));
+    let (u1, name) = (url.clone(), kind);
+    col.cells.push((
+        "reply-lost",
+        cell(
+            async move { lease_lab::lost_reply::lost_replies(name, &u1).await },
+            |r| {
+                format!(
+                    "{} replies lost; acquire: {} ended with a guard, {} failed and left \
+                     nothing held; renewal: {} kept (store agrees), {} reported lost; \
+                     release: {} errors, name free; longest held without a guard after the \
+                     call returned: {}",
+                    r.lost,
+                    r.acquired_anyway,
+                    r.failed_and_cleaned,
+                    r.renewals_kept,
+                    r.renewals_lost,
+                    r.releases_failed,
+                    secs(r.longest_blocked)
+                )
+            },
+        )
+        .await,
+    ));
     let (m1, u1) = (m.clone(), url.clone());
     col.cells.push((
         "cut",
@@ -286,6 +309,10 @@ const ROWS: &[(&str, &str)] = &[
         "Network cut between one holder and the store (network namespace)",
     ),
     ("down", "Store down for 2x TTL"),
+    (
+        "reply-lost",
+        "Reply lost after the store applied the call (TCP proxy; 5 acquires, 5 renewals, 5 releases)",
+    ),
     ("restart", "Store restarted: fencing tokens before → after"),
 ];
 

@@ -1,0 +1,179 @@
+//! A reply lost after the store applied the call, on real servers: the backend talks to
+//! its store through a [`FaultProxy`] that forwards a request and then drops the reply and
+//! cuts the connection. Each acquire, renewal and release must then end one of two ways:
+//! the lease is ours with a guard (the store says so), or nothing is held once the cleanup
+//! has run (call timeout + 1 s). A name is never blocked beyond that, let alone its TTL.
+
+use std::time::Duration;
+
+use lease::{LeaseBackend, LeaseClient, LeaseName, LeaseOptions, ReleaseOutcome, TryAcquire};
+use lease_test_servers::proxy::{FaultProxy, ProxyFault};
+use tokio::time::Instant;
+
+use crate::matrix::{store_addr, with_store_addr};
+
+/// What [`lost_replies`] saw.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LostReplies {
+    /// Replies the proxy dropped in all.
+    pub lost: u64,
+    /// Acquires whose reply was lost that still ended with a guard (the backend's retry
+    /// recognised its own token).
+    pub acquired_anyway: usize,
+    /// Acquires whose reply was lost that failed with a retryable error, and whose lease
+    /// was gone once the cleanup ran.
+    pub failed_and_cleaned: usize,
+    /// Renewals with a lost reply after which the guard still held the lease (the store
+    /// agreeing), and after which it reported the lease lost.
+    pub renewals_kept: usize,
+    /// See `renewals_kept`.
+    pub renewals_lost: usize,
+    /// Releases with a lost reply that returned an error (retryable); the name was free
+    /// after the cleanup all the same.
+    pub releases_failed: usize,
+    /// The longest a name stayed held after a call whose reply was lost had returned.
+    pub longest_blocked: Duration,
+}
+
+/// Rounds per primitive: each loses one reply.
+pub const ROUNDS: usize = 5;
+
+fn name(prefix: &str, i: usize) -> LeaseName {
+    LeaseName::new(format!(
+        "lost-reply-{}/{prefix}-{i}",
+        uuid::Uuid::new_v4().simple()
+    ))
+    .unwrap()
+}
+
+/// Waits until the store (asked directly, not through the proxy) reports `n` free.
+async fn free_within(direct: &dyn LeaseBackend, n: &LeaseName, within: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        if direct.inspect(n).await.unwrap().is_none() {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "{n} still held {within:?} after a call whose reply was lost"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Arms the proxy to lose the next reply and waits until it has (or `within` passed).
+async fn until_lost(proxy: &FaultProxy, before: u64, within: Duration) -> bool {
+    let start = Instant::now();
+    while proxy.replies_lost() == before {
+        if start.elapsed() >= within {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    true
+}
+
+/// Loses the reply of `ROUNDS` acquires, renewals and releases each against the store at
+/// `url` (one of `lease::connect`'s URLs). Panics on a violation: a lease held without a
+/// guard beyond the cleanup, a guard that believes what the store denies, an error that
+/// says no retry may help.
+pub async fn lost_replies(store: &str, url: &str) -> LostReplies {
+    let target = store_addr(url).expect("store address");
+    let proxy = FaultProxy::start(target).await.unwrap();
+    let via_proxy = with_store_addr(url, proxy.addr());
+    let backend = lease::connect(&via_proxy).await.unwrap();
+    let direct = lease::connect(url).await.unwrap();
+    let caps = backend.capabilities();
+    let call_timeout = Duration::from_secs(1);
+    let cleanup = call_timeout * 2 + Duration::from_secs(1);
+    // A TTL far longer than the test: whatever it finds free, expiry did not free.
+    let long = LeaseOptions::builder(caps.effective_ttl(Duration::from_secs(60)))
+        .call_timeout(call_timeout)
+        .build()
+        .unwrap();
+    let client = LeaseClient::new(backend.clone());
+    let mut seen = LostReplies::default();
+    let mut lost_in_acquire = 0;
+
+    // Acquire.
+    for i in 0..ROUNDS {
+        let n = name("acquire", i);
+        let before = proxy.replies_lost();
+        proxy.set(ProxyFault::LoseNextReply);
+        match client.try_acquire(&n, &long).await {
+            Ok(TryAcquire::Acquired(g)) => {
+                seen.acquired_anyway += 1;
+                let info = direct.inspect(&n).await.unwrap().expect("ours, so held");
+                assert_eq!(info.fencing, Some(g.fencing()));
+                assert_eq!(g.release().await.unwrap(), ReleaseOutcome::Released);
+            }
+            Ok(TryAcquire::Held(by)) => panic!("{store}: {n} held by {by}"),
+            Err(e) => {
+                seen.failed_and_cleaned += 1;
+                assert!(e.is_retryable(), "{store}: {e}");
+                let blocked = free_within(&*direct, &n, cleanup).await;
+                seen.longest_blocked = seen.longest_blocked.max(blocked);
+            }
+        }
+        proxy.set(ProxyFault::Pass);
+        lost_in_acquire += proxy.replies_lost() - before;
+    }
+    assert!(
+        lost_in_acquire > 0,
+        "{store}: no acquire reply was lost: the check tested nothing"
+    );
+
+    // Renewal: the guard either stays held (the store keeps the lease for us) or hears
+    // "lost"; it never believes it holds a lease the store does not give it.
+    let short = LeaseOptions::builder(caps.effective_ttl(Duration::from_secs(3)))
+        .call_timeout(call_timeout)
+        .build()
+        .unwrap();
+    for i in 0..ROUNDS {
+        let n = name("renew", i);
+        let g = match client.try_acquire(&n, &short).await.unwrap() {
+            TryAcquire::Acquired(g) => g,
+            TryAcquire::Held(by) => panic!("{store}: held by {by}"),
+        };
+        let before = proxy.replies_lost();
+        proxy.set(ProxyFault::LoseNextReply);
+        let lost = until_lost(&proxy, before, short.renew_every() * 3).await;
+        proxy.set(ProxyFault::Pass);
+        assert!(lost, "{store}: no renewal reply was lost in round {i}");
+        // Two renewal periods later: what the guard believes, the store confirms.
+        tokio::time::sleep(short.renew_every() * 2).await;
+        let on_store = direct.inspect(&n).await.unwrap();
+        if g.is_held() {
+            seen.renewals_kept += 1;
+            assert_eq!(
+                on_store.and_then(|i| i.fencing),
+                Some(g.fencing()),
+                "{store}: the guard believes it holds {n}, the store disagrees"
+            );
+        } else {
+            seen.renewals_lost += 1;
+        }
+        let _ = g.release().await;
+        free_within(&*direct, &n, cleanup).await;
+    }
+
+    // Release: the call may fail, the name is free once the release's retry has run.
+    for i in 0..ROUNDS {
+        let n = name("release", i);
+        let g = match client.try_acquire(&n, &long).await.unwrap() {
+            TryAcquire::Acquired(g) => g,
+            TryAcquire::Held(by) => panic!("{store}: held by {by}"),
+        };
+        proxy.set(ProxyFault::LoseNextReply);
+        let released = g.release().await;
+        proxy.set(ProxyFault::Pass);
+        if let Err(e) = &released {
+            seen.releases_failed += 1;
+            assert!(e.is_retryable(), "{store}: {e}");
+        }
+        let blocked = free_within(&*direct, &n, cleanup).await;
+        seen.longest_blocked = seen.longest_blocked.max(blocked);
+    }
+    seen.lost = proxy.replies_lost();
+    seen
+}
