@@ -8,7 +8,9 @@ cd "$(dirname "$0")/.."
 # libprotobuf-dev carries the well-known .proto files (google/protobuf/descriptor.proto)
 # that etcd-client's build imports; protobuf-compiler only recommends it. faketime runs
 # the `lease` binary with its wall clock an hour off (lease-cli's clock-skew tests).
-packages=(redis-server redis-tools postgresql etcd-server etcd-client protobuf-compiler libprotobuf-dev faketime)
+# redis-sentinel and pgbouncer: the Sentinel failover and transaction-pooling tests. gcc
+# compiles the stepped-clock shim of the harness (tests of a step of the store's clock).
+packages=(redis-server redis-tools redis-sentinel postgresql pgbouncer etcd-server etcd-client protobuf-compiler libprotobuf-dev faketime gcc libc6-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -23,7 +25,7 @@ fi
 # No store may be started by the package manager for the tests: they start their own
 # servers on free loopback ports. Stop any that an install started.
 if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
-  ${sudo:-} systemctl stop redis-server etcd postgresql >/dev/null 2>&1 || true
+  ${sudo:-} systemctl stop redis-server redis-sentinel etcd postgresql pgbouncer >/dev/null 2>&1 || true
 fi
 
 cargo test --workspace --exclude lease-bench
