@@ -478,23 +478,67 @@ impl PostgresBackend {
         }
     }
 
+    /// [`Self::bounded`] for a call that is safe to send again (renew, release, inspect,
+    /// force release): when it fails because its pooled connection was closed (the
+    /// server restarted or failed over, an administrator or a pooler ended the session,
+    /// a firewall dropped it), it is sent again on another connection, within the same
+    /// deadline, as many times as the pool may hold closed connections plus one. The pool
+    /// does not test connections before handing them out (that would cost a round trip
+    /// per call), so after a restart each of its connections would otherwise fail one call.
+    async fn bounded_retry<T, F, Fut>(&self, operation: &'static str, call: F) -> Result<T>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = std::result::Result<T, sqlx::Error>>,
+    {
+        let after = self.inner.call_timeout;
+        let deadline = tokio::time::Instant::now() + after + after / 4;
+        let attempts = self
+            .inner
+            .pool
+            .options()
+            .get_max_connections()
+            .saturating_add(1);
+        let mut attempt = 1;
+        loop {
+            match tokio::time::timeout_at(deadline, call()).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) if attempt < attempts && connection_closed(&e) => {
+                    tracing::debug!(operation, error = %e, attempt, "postgres connection closed; sending again");
+                    attempt += 1;
+                }
+                Ok(Err(e)) => return Err(convert(BACKEND, operation, after, e)),
+                Err(_) => return Err(Error::Timeout { operation, after }),
+            }
+        }
+    }
+
     /// Runs `sql` with `params` written in (see [`inline`]) as one simple query: the
-    /// statement form behind a transaction pooler.
+    /// statement form behind a transaction pooler. `idempotent`: sent again on a closed
+    /// connection (see [`Self::bounded_retry`]).
     async fn inline_rows(
         &self,
         operation: &'static str,
         sql: &str,
         params: &[Param<'_>],
+        idempotent: bool,
     ) -> Result<Vec<PgRow>> {
         let text = inline::inline(sql, params);
         let pool = &self.inner.pool;
-        self.bounded(operation, async move {
-            sqlx::raw_sql(AssertSqlSafe(text)).fetch_all(pool).await
-        })
-        .await
+        if idempotent {
+            let text = &text;
+            self.bounded_retry(operation, || {
+                sqlx::raw_sql(AssertSqlSafe(text.clone())).fetch_all(pool)
+            })
+            .await
+        } else {
+            self.bounded(operation, async move {
+                sqlx::raw_sql(AssertSqlSafe(text)).fetch_all(pool).await
+            })
+            .await
+        }
     }
 
-    /// Runs `sql` as [`Self::inline_rows`] does, for its row count.
+    /// Runs `sql` as [`Self::inline_rows`] does, for its row count; always idempotent.
     async fn inline_execute(
         &self,
         operation: &'static str,
@@ -503,8 +547,9 @@ impl PostgresBackend {
     ) -> Result<u64> {
         let text = inline::inline(sql, params);
         let pool = &self.inner.pool;
-        self.bounded(operation, async move {
-            sqlx::raw_sql(AssertSqlSafe(text)).execute(pool).await
+        let text = &text;
+        self.bounded_retry(operation, || {
+            sqlx::raw_sql(AssertSqlSafe(text.clone())).execute(pool)
         })
         .await
         .map(|r| r.rows_affected())
@@ -567,6 +612,7 @@ impl PostgresBackend {
                     Param::Text(owner.label.as_str()),
                     Param::Int(ttl_ms),
                 ],
+                false,
             )
             .await?;
         let row = rows
@@ -623,6 +669,23 @@ fn acquire_outcome(name: &LeaseName, ttl_ms: i64, row: AcquireRow) -> Result<Acq
                     .map(Duration::from_micros),
             }))
         }
+    }
+}
+
+/// Whether `e` says the call's connection was closed (so the call never ran on it, or
+/// its outcome is unknown and the call is safe to repeat): an I/O error, or the server
+/// ending the session (`57P01` admin shutdown, `57P02` crash shutdown, `57P03` cannot
+/// connect now, class `08` connection exceptions other than a refused startup packet).
+fn connection_closed(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) => true,
+        sqlx::Error::Database(db) => {
+            let code = db.code();
+            let code = code.as_deref().unwrap_or("");
+            matches!(code, "57P01" | "57P02" | "57P03")
+                || (code.starts_with("08") && code != "08P01")
+        }
+        _ => false,
     }
 }
 
@@ -711,20 +774,21 @@ impl LeaseBackend for PostgresBackend {
                         Param::UuidArray(&tokens),
                         Param::Int(ttl_ms),
                     ],
+                    true,
                 )
                 .await?;
             rows.iter()
                 .map(|r| column(r, 0, "renew"))
                 .collect::<Result<_>>()?
         } else {
-            self.bounded(
-                "renew",
+            let (names, tokens) = (&names, &tokens);
+            self.bounded_retry("renew", || {
                 sqlx::query_scalar(AssertSqlSafe(self.inner.sql.renew.clone()))
-                    .bind(&names)
-                    .bind(&tokens)
+                    .bind(names)
+                    .bind(tokens)
                     .bind(ttl_ms)
-                    .fetch_all(&self.inner.pool),
-            )
+                    .fetch_all(&self.inner.pool)
+            })
             .await?
         };
         let mut ok = vec![false; names.len()];
@@ -784,14 +848,13 @@ impl LeaseBackend for PostgresBackend {
             )
             .await?
         } else {
-            self.bounded(
-                "release",
+            self.bounded_retry("release", || {
                 sqlx::query(AssertSqlSafe(self.inner.sql.release.clone()))
                     .bind(name.as_bytes())
                     .bind(token.as_uuid())
                     .bind(keep_ms)
-                    .execute(&self.inner.pool),
-            )
+                    .execute(&self.inner.pool)
+            })
             .await?
             .rows_affected()
         };
@@ -815,6 +878,7 @@ impl LeaseBackend for PostgresBackend {
                     OP,
                     &self.inner.sql.inspect,
                     &[Param::Bytea(name.as_bytes())],
+                    true,
                 )
                 .await?;
             match rows.first() {
@@ -822,12 +886,11 @@ impl LeaseBackend for PostgresBackend {
                 Some(r) => Some((column(r, 0, OP)?, column(r, 1, OP)?, column(r, 2, OP)?)),
             }
         } else {
-            self.bounded(
-                "inspect",
+            self.bounded_retry("inspect", || {
                 sqlx::query_as(AssertSqlSafe(self.inner.sql.inspect.clone()))
                     .bind(name.as_bytes())
-                    .fetch_optional(&self.inner.pool),
-            )
+                    .fetch_optional(&self.inner.pool)
+            })
             .await?
         };
         row.map(|(holder, fencing, remaining_us)| {
@@ -850,17 +913,17 @@ impl LeaseBackend for PostgresBackend {
                     "force release",
                     &self.inner.sql.force_release,
                     &[Param::Bytea(name.as_bytes())],
+                    true,
                 )
                 .await?
                 .is_empty()
         } else {
             let row: Option<Option<bool>> = self
-                .bounded(
-                    "force release",
+                .bounded_retry("force release", || {
                     sqlx::query_scalar(AssertSqlSafe(self.inner.sql.force_release.clone()))
                         .bind(name.as_bytes())
-                        .fetch_optional(&self.inner.pool),
-                )
+                        .fetch_optional(&self.inner.pool)
+                })
                 .await?;
             row.is_some()
         };

@@ -154,23 +154,45 @@ async fn real_error_replies_map_to_typed_errors() {
     drop(ro_fresh);
 
     // 57P01: the server ends the backend's sessions (an administrator, a failover tool).
+    // An acquire on such a pooled connection fails (it is not sent again: it may have
+    // taken the lease, which the client's cleanup then releases by owner token).
     let n = name();
     ro.acquire(&n, &owner(), ttl).await.unwrap();
-    db.sql(&format!(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
-         WHERE datname = '{dbname}' AND pid <> pg_backend_pid()"
-    ))
-    .unwrap();
+    let terminate = || {
+        db.sql(&format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE datname = '{dbname}' AND pid <> pg_backend_pid()"
+        ))
+        .unwrap();
+    };
+    terminate();
     tokio::time::sleep(Duration::from_millis(100)).await;
     check(
         &mut table,
-        "57P01 admin_shutdown (session terminated)",
-        "",
-        ro.inspect(&n).await,
+        "57P01 admin_shutdown (session terminated), acquire",
+        "terminating connection",
+        ro.acquire(&name(), &owner(), ttl).await,
         Kind::Unavailable,
     );
-    // The pool then opens new sessions.
+    // Calls that are safe to repeat are sent again on another connection: with every
+    // pooled session terminated, inspect and renew still answer at the first call.
+    ro.inspect(&n).await.unwrap();
+    terminate();
+    tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(ro.inspect(&n).await.unwrap().is_some());
+    terminate();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let renewed = ro
+        .renew(
+            &[lease_core::RenewItem {
+                name: n.clone(),
+                token: owner().token,
+            }],
+            ttl,
+        )
+        .await
+        .unwrap();
+    assert_eq!(renewed, vec![lease_core::RenewOutcome::Lost]);
 
     // 57014: statement_timeout (the row locked by another open transaction).
     let quick = PostgresBackend::connect_with(
