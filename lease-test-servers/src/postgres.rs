@@ -508,17 +508,40 @@ impl Local {
             let pid = Pid::from_raw(pid);
             // Freeze the postmaster first: it forks nothing more, and its children stay
             // its children (findable) until they are killed too.
+            // SIGSTOP takes effect asynchronously: until the postmaster is stopped it may
+            // still fork a backend (a client reconnecting), which a list taken earlier
+            // would miss and which would keep the shared memory attached.
             let _ = nix::sys::signal::kill(pid, Signal::SIGSTOP);
+            let stopped_by = Instant::now() + Duration::from_secs(1);
+            while process_state(pid) != Some('T') && Instant::now() < stopped_by {
+                std::thread::sleep(Duration::from_millis(1));
+            }
             let children = children_of(pid);
             let _ = killpg(pid, Signal::SIGKILL);
-            for c in children {
-                let _ = nix::sys::signal::kill(c, Signal::SIGKILL);
+            for c in &children {
+                let _ = nix::sys::signal::kill(*c, Signal::SIGKILL);
             }
+            let _ = child.kill();
+            child
+                .wait()
+                .map_err(|e| HarnessError::io("reaping postgres", e))?;
+            // SIGKILL is delivered asynchronously too: a server started again before every
+            // old process is gone finds their shared memory still attached and refuses to
+            // start. A process that exited detached it, even while it is a zombie.
+            let gone_by = Instant::now() + Duration::from_secs(5);
+            for c in children {
+                while !matches!(process_state(c), None | Some('Z' | 'X'))
+                    && Instant::now() < gone_by
+                {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        } else {
+            let _ = child.kill();
+            child
+                .wait()
+                .map_err(|e| HarnessError::io("reaping postgres", e))?;
         }
-        let _ = child.kill();
-        child
-            .wait()
-            .map_err(|e| HarnessError::io("reaping postgres", e))?;
         // Stale after a kill; without it the watcher cannot mistake a reused pid for ours.
         let _ = std::fs::remove_file(self.data_dir.join("postmaster.pid"));
         Ok(())
@@ -662,6 +685,14 @@ pub(crate) fn postgres_user() -> Option<(u32, u32)> {
 pub(crate) fn running_as_root() -> bool {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+/// The state letter of a process (`R`, `S`, `T`, `Z`, ...) from `/proc/<pid>/stat`, or
+/// `None` if there is no such process.
+fn process_state(pid: Pid) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().next()?.chars().next()
 }
 
 /// The processes whose parent is `parent` (from `/proc/<pid>/stat`).
