@@ -4,6 +4,8 @@
 //! the lease is ours with a guard (the store says so), or nothing is held once the cleanup
 //! has run (call timeout + 1 s). A name is never blocked beyond that, let alone its TTL.
 
+use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use lease::{LeaseBackend, LeaseClient, LeaseName, LeaseOptions, ReleaseOutcome, TryAcquire};
@@ -78,11 +80,24 @@ async fn until_lost(proxy: &FaultProxy, before: u64, within: Duration) -> bool {
 /// guard beyond the cleanup, a guard that believes what the store denies, an error that
 /// says no retry may help.
 pub async fn lost_replies(store: &str, url: &str) -> LostReplies {
+    lost_replies_with(store, url, |u| async move {
+        lease::connect(&u).await.expect("connect")
+    })
+    .await
+}
+
+/// [`lost_replies`] with backends made by `connect` from a URL (for backends
+/// `lease::connect` does not build, such as the PostgreSQL advisory-lock mode).
+pub async fn lost_replies_with<F, Fut>(store: &str, url: &str, connect: F) -> LostReplies
+where
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = Arc<dyn LeaseBackend>>,
+{
     let target = store_addr(url).expect("store address");
     let proxy = FaultProxy::start(target).await.unwrap();
     let via_proxy = with_store_addr(url, proxy.addr());
-    let backend = lease::connect(&via_proxy).await.unwrap();
-    let direct = lease::connect(url).await.unwrap();
+    let backend = connect(via_proxy).await;
+    let direct = connect(url.to_owned()).await;
     let caps = backend.capabilities();
     let call_timeout = Duration::from_secs(1);
     let cleanup = call_timeout * 2 + Duration::from_secs(1);

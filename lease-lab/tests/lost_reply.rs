@@ -37,3 +37,29 @@ async fn etcd_lost_replies() {
         .unwrap_or_else(|e| panic!("{e}"));
     run("etcd", &server.url()).await;
 }
+
+/// The advisory-lock mode: a lock lives as long as its session, and a lost reply cuts the
+/// connection, so whatever the lost call took is gone with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_advisory_lost_replies() {
+    let db = lease_test_servers::PostgresServer::shared()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let seen =
+        lease_lab::lost_reply::lost_replies_with("postgres-advisory", &db.url(), |u| async move {
+            let b = lease_postgres::AdvisoryLockBackend::connect_with(
+                &u,
+                std::time::Duration::from_secs(1),
+                4,
+            )
+            .await
+            .expect("connect");
+            std::sync::Arc::new(b) as std::sync::Arc<dyn lease::LeaseBackend>
+        })
+        .await;
+    assert!(
+        seen.acquired_anyway + seen.failed_and_cleaned == ROUNDS,
+        "postgres-advisory: {seen:?}"
+    );
+    eprintln!("postgres-advisory: {seen:?}");
+}
