@@ -266,14 +266,7 @@ impl RedisBackend {
             sc.async_get_client(),
         )
         .await?;
-        let connect = ConnectionManager::new_with_config(client.clone(), config.manager_config());
-        let cm = bounded(
-            "connect",
-            config.connect_timeout,
-            config.response_timeout,
-            connect,
-        )
-        .await?;
+        let cm = open_manager(&client, &config).await?;
         let source = Source::Sentinel(tokio::sync::Mutex::new(sc));
         Self::build(cm, Some(client), source, config, server).await
     }
@@ -294,14 +287,7 @@ impl RedisBackend {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
         let server = client.get_connection_info().addr().to_string();
-        let connect = ConnectionManager::new_with_config(client.clone(), config.manager_config());
-        let cm = bounded(
-            "connect",
-            config.connect_timeout,
-            config.response_timeout,
-            connect,
-        )
-        .await?;
+        let cm = open_manager(&client, &config).await?;
         let source = Source::Client(client.clone());
         Self::build(cm, Some(client), source, config, server).await
     }
@@ -420,14 +406,7 @@ impl RedisBackend {
                 .await?
             }
         };
-        let connect = ConnectionManager::new_with_config(client.clone(), cfg.manager_config());
-        let cm = bounded(
-            "connect",
-            cfg.connect_timeout,
-            cfg.response_timeout,
-            connect,
-        )
-        .await?;
+        let cm = open_manager(&client, cfg).await?;
         let next = Arc::new(Conn {
             cm,
             client: Some(client),
@@ -638,6 +617,18 @@ impl Drop for InFlight<'_> {
 /// server).
 fn connection_failed(e: &RedisError) -> bool {
     e.is_timeout() || e.is_connection_refusal() || e.is_connection_dropped() || e.is_io_error()
+}
+
+/// A connection manager on `client`, its first connection made within the connect timeout.
+async fn open_manager(client: &Client, config: &RedisConfig) -> Result<ConnectionManager> {
+    let connect = ConnectionManager::new_with_config(client.clone(), config.manager_config());
+    bounded(
+        "connect",
+        config.connect_timeout,
+        config.response_timeout,
+        connect,
+    )
+    .await
 }
 
 /// Bounds `fut` by `after` ([`Error::Timeout`] when it elapses) and converts its error;

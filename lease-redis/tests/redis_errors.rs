@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use lease_core::{Error, HolderLabel, LeaseBackend, LeaseName, Owner};
 use lease_redis::RedisBackend;
+mod common;
+use common::admin;
 use lease_test_servers::RedisServer;
 
 fn owner() -> Owner {
@@ -15,14 +17,6 @@ fn owner() -> Owner {
 
 fn name() -> LeaseName {
     LeaseName::new(format!("errors-{}", uuid::Uuid::new_v4().simple())).unwrap()
-}
-
-async fn admin(url: &str) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
 }
 
 async fn cmd(conn: &mut redis::aio::MultiplexedConnection, args: &[&str]) {

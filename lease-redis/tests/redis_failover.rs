@@ -11,6 +11,8 @@ use lease_core::{
     ReleaseOutcome, RenewItem, RenewOutcome, TryAcquire,
 };
 use lease_redis::RedisBackend;
+mod common;
+use common::admin;
 use lease_test_servers::RedisServer;
 use lease_test_servers::proxy::FaultProxy;
 use tokio::time::Instant;
@@ -21,14 +23,6 @@ fn owner(label: &str) -> Owner {
 
 fn name(prefix: &str, i: usize) -> LeaseName {
     LeaseName::new(format!("{prefix}-{}-{i}", uuid::Uuid::new_v4().simple())).unwrap()
-}
-
-async fn admin(url: &str) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(url)
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
 }
 
 async fn config_set(conn: &mut redis::aio::MultiplexedConnection, key: &str, value: &str) {
@@ -134,6 +128,29 @@ async fn memory_pressure_keeps_held_leases() {
     }
 }
 
+/// Acquires `n` through a failover: every failure on the way must be retryable, and the
+/// acquire must succeed within `within`. Returns the fencing token.
+async fn acquire_within(backend: &dyn LeaseBackend, n: &LeaseName, within: Duration) -> u64 {
+    let start = Instant::now();
+    loop {
+        match backend
+            .acquire(n, &owner("after"), Duration::from_secs(30))
+            .await
+        {
+            Ok(AcquireOutcome::Acquired { fencing, .. }) => return fencing.get(),
+            Ok(AcquireOutcome::Held(by)) => panic!("held by {by}"),
+            Err(e) => {
+                assert!(e.is_retryable(), "not retryable in a failover: {e}");
+                assert!(
+                    start.elapsed() < within,
+                    "acquires still fail {within:?} after the failover: {e}"
+                );
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Makes `replica` a replica of `primary` and waits until it is in sync.
 async fn replicate(primary: &RedisServer, replica: &RedisServer) {
     let mut r = admin(&replica.url()).await;
@@ -227,25 +244,7 @@ async fn a_demoted_primary_is_left() {
     wait_role(&a.url(), "slave").await;
 
     // The connection to A is still open and healthy: every write on it gets READONLY.
-    let fresh = name("failover-new", 0);
-    let start = Instant::now();
-    let taken = loop {
-        match backend
-            .acquire(&fresh, &owner("after"), Duration::from_secs(30))
-            .await
-        {
-            Ok(AcquireOutcome::Acquired { fencing, .. }) => break fencing.get(),
-            Ok(AcquireOutcome::Held(by)) => panic!("held by {by}"),
-            Err(e) => {
-                assert!(e.is_retryable(), "not retryable after a failover: {e}");
-                assert!(
-                    start.elapsed() < Duration::from_secs(5),
-                    "acquires still fail 5 s after the failover: {e}"
-                );
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let taken = acquire_within(&*backend, &name("failover-new", 0), Duration::from_secs(5)).await;
     assert!(taken >= 1);
     // The guard lives on through renewals on B.
     tokio::time::sleep(opts.ttl() * 2).await;
@@ -357,25 +356,7 @@ async fn sentinel_failover_moves_to_the_new_primary() {
     let failed_over = killed.elapsed();
 
     // Acquires work again, through the sentinels' new answer.
-    let fresh = name("sentinel-new", 0);
-    let start = Instant::now();
-    let after = loop {
-        match backend
-            .acquire(&fresh, &owner("after"), Duration::from_secs(30))
-            .await
-        {
-            Ok(AcquireOutcome::Acquired { fencing, .. }) => break fencing.get(),
-            Ok(AcquireOutcome::Held(by)) => panic!("held by {by}"),
-            Err(e) => {
-                assert!(e.is_retryable(), "not retryable in a failover: {e}");
-                assert!(
-                    start.elapsed() < Duration::from_secs(10),
-                    "acquires still fail 10 s after the failover: {e}"
-                );
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let after = acquire_within(&*backend, &name("sentinel-new", 0), Duration::from_secs(10)).await;
     let working = killed.elapsed();
     assert!(after >= 1);
 
