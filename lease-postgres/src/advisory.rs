@@ -12,8 +12,10 @@ use lease_core::{
 use sqlx::Connection;
 use sqlx::postgres::{PgConnection, PgPool};
 
-use crate::error::{ADVISORY_BACKEND, convert};
-use crate::{MAX_RENEW_BATCH, connect_options, pool_options, session_settings, split_pooler};
+use crate::error::ADVISORY_BACKEND;
+use crate::{
+    MAX_RENEW_BATCH, bounded_call, connect_options, pool_options, session_settings, split_pooler,
+};
 
 /// The refusal of a connection through a pooler: advisory locks belong to a server
 /// session, and a transaction pooler shares one session among many clients (each would
@@ -239,14 +241,7 @@ impl AdvisoryLockBackend {
         operation: &'static str,
         fut: impl Future<Output = std::result::Result<T, sqlx::Error>>,
     ) -> Result<T> {
-        let after = self.inner.call_timeout;
-        // A little beyond the pool's acquire timeout and the server's statement_timeout
-        // (both `after`), so that their more telling errors win the race.
-        match tokio::time::timeout(after + after / 4, fut).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(convert(ADVISORY_BACKEND, operation, after, e)),
-            Err(_) => Err(Error::Timeout { operation, after }),
-        }
+        bounded_call(ADVISORY_BACKEND, operation, self.inner.call_timeout, fut).await
     }
 }
 

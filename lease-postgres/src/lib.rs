@@ -192,6 +192,28 @@ pub(crate) fn connect_options(
     Ok(options.options([("statement_timeout", millis_ceil(call_timeout).to_string())]))
 }
 
+/// The client-side bound of a call with call timeout `after`: a little beyond the pool's
+/// acquire timeout and the server's `statement_timeout` (both `after`), so that their
+/// more telling errors win the race.
+fn client_bound(after: Duration) -> Duration {
+    after + after / 4
+}
+
+/// Runs `fut` within [`client_bound`]`(after)`, converting its error for `backend`;
+/// [`Error::Timeout`] when the bound runs out.
+pub(crate) async fn bounded_call<T>(
+    backend: &'static str,
+    operation: &'static str,
+    after: Duration,
+    fut: impl Future<Output = std::result::Result<T, sqlx::Error>>,
+) -> Result<T> {
+    match tokio::time::timeout(client_bound(after), fut).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(convert(backend, operation, after, e)),
+        Err(_) => Err(Error::Timeout { operation, after }),
+    }
+}
+
 /// [`PostgresBackend::create_schema`] on `pool`, bounded by `call_timeout`.
 async fn create_schema_in(pool: &PgPool, table: &TableName, call_timeout: Duration) -> Result<()> {
     let ddl = sql::schema_sql(table);
@@ -207,16 +229,7 @@ async fn create_schema_in(pool: &PgPool, table: &TableName, call_timeout: Durati
         sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut *tx).await?;
         tx.commit().await
     };
-    match tokio::time::timeout(call_timeout + call_timeout / 4, run).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Err(convert(BACKEND, "create schema", call_timeout, e)),
-        Err(_) => {
-            return Err(Error::Timeout {
-                operation: "create schema",
-                after: call_timeout,
-            });
-        }
-    }
+    bounded_call(BACKEND, "create schema", call_timeout, run).await?;
     tracing::debug!(table = table.plain(), "lease table ready");
     Ok(())
 }
@@ -240,21 +253,13 @@ pub(crate) async fn session_settings(
 ) -> Result<SessionSettings> {
     const PROBE: &str = "SELECT current_setting('fsync'), current_setting('synchronous_commit'), \
          (SELECT setting FROM pg_settings WHERE name = 'statement_timeout')";
-    let row = match tokio::time::timeout(
-        call_timeout + call_timeout / 4,
+    let row = bounded_call(
+        backend,
+        "connect",
+        call_timeout,
         sqlx::raw_sql(PROBE).fetch_one(pool),
     )
-    .await
-    {
-        Ok(Ok(row)) => row,
-        Ok(Err(e)) => return Err(convert(backend, "connect", call_timeout, e)),
-        Err(_) => {
-            return Err(Error::Timeout {
-                operation: "connect",
-                after: call_timeout,
-            });
-        }
-    };
+    .await?;
     let text = |i: usize| -> Result<String> {
         row.try_get::<String, _>(i).map_err(|e| {
             Error::unexpected(backend, format!("connect: setting {i} of the probe: {e}"))
@@ -468,14 +473,7 @@ impl PostgresBackend {
         operation: &'static str,
         fut: impl Future<Output = std::result::Result<T, sqlx::Error>>,
     ) -> Result<T> {
-        let after = self.inner.call_timeout;
-        // A little beyond the pool's acquire timeout and the server's statement_timeout
-        // (both `after`), so that their more telling errors win the race.
-        match tokio::time::timeout(after + after / 4, fut).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(convert(BACKEND, operation, after, e)),
-            Err(_) => Err(Error::Timeout { operation, after }),
-        }
+        bounded_call(BACKEND, operation, self.inner.call_timeout, fut).await
     }
 
     /// [`Self::bounded`] for a call that is safe to send again (renew, release, inspect,
@@ -491,7 +489,7 @@ impl PostgresBackend {
         Fut: Future<Output = std::result::Result<T, sqlx::Error>>,
     {
         let after = self.inner.call_timeout;
-        let deadline = tokio::time::Instant::now() + after + after / 4;
+        let deadline = tokio::time::Instant::now() + client_bound(after);
         let attempts = self
             .inner
             .pool
