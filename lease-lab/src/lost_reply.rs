@@ -5,6 +5,7 @@
 //! has run (call timeout + 1 s). A name is never blocked beyond that, let alone its TTL.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -80,19 +81,20 @@ async fn until_lost(proxy: &FaultProxy, before: u64, within: Duration) -> bool {
 /// guard beyond the cleanup, a guard that believes what the store denies, an error that
 /// says no retry may help.
 pub async fn lost_replies(store: &str, url: &str) -> LostReplies {
-    lost_replies_with(store, url, |u| async move {
-        lease::connect(&u).await.expect("connect")
+    lost_replies_with(store, url, &|u| {
+        Box::pin(async move { lease::connect(&u).await.expect("connect") })
     })
     .await
 }
 
+/// How [`lost_replies_with`] makes a backend for a URL. (A boxed future: the nested
+/// future types of a generic one overflow the compiler's query depth in a fresh build.)
+pub type Connect<'a> =
+    &'a (dyn Fn(String) -> Pin<Box<dyn Future<Output = Arc<dyn LeaseBackend>> + Send>> + Sync);
+
 /// [`lost_replies`] with backends made by `connect` from a URL (for backends
 /// `lease::connect` does not build, such as the PostgreSQL advisory-lock mode).
-pub async fn lost_replies_with<F, Fut>(store: &str, url: &str, connect: F) -> LostReplies
-where
-    F: Fn(String) -> Fut,
-    Fut: Future<Output = Arc<dyn LeaseBackend>>,
-{
+pub async fn lost_replies_with(store: &str, url: &str, connect: Connect<'_>) -> LostReplies {
     let target = store_addr(url).expect("store address");
     let proxy = FaultProxy::start(target).await.unwrap();
     let via_proxy = with_store_addr(url, proxy.addr());

@@ -45,8 +45,8 @@ async fn postgres_advisory_lost_replies() {
     let db = lease_test_servers::PostgresServer::shared()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let seen =
-        lease_lab::lost_reply::lost_replies_with("postgres-advisory", &db.url(), |u| async move {
+    let seen = lease_lab::lost_reply::lost_replies_with("postgres-advisory", &db.url(), &|u| {
+        Box::pin(async move {
             let b = lease_postgres::AdvisoryLockBackend::connect_with(
                 &u,
                 std::time::Duration::from_secs(1),
@@ -56,7 +56,8 @@ async fn postgres_advisory_lost_replies() {
             .expect("connect");
             std::sync::Arc::new(b) as std::sync::Arc<dyn lease::LeaseBackend>
         })
-        .await;
+    })
+    .await;
     assert!(
         seen.acquired_anyway + seen.failed_and_cleaned == ROUNDS,
         "postgres-advisory: {seen:?}"
