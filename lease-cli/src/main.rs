@@ -24,6 +24,11 @@ const EXIT_LOST: u8 = 76;
 const EXIT_USAGE: u8 = 64;
 /// Exit code: the store failed (unreachable, timed out, refused, unexpected reply).
 const EXIT_STORE: u8 = 69;
+/// Exit code: the store refused the credentials (wrong user or password, none given).
+const EXIT_AUTH: u8 = 77;
+/// Exit code: TLS could not be set up (a certificate or key file, the server's
+/// certificate failing verification, a client certificate required).
+const EXIT_TLS: u8 = 78;
 /// Exit code: the command could not be started (not found or not executable).
 const EXIT_SPAWN: u8 = 127;
 
@@ -35,6 +40,9 @@ Exit codes:
   64                       usage error: arguments, durations, malformed or unknown URL,
                            store not compiled in
   69                       store error: unreachable, timed out, refused
+  77                       the store refused the credentials (user, password)
+  78                       TLS failed: a certificate or key file, the server's certificate
+                           (unknown CA, wrong host name), a client certificate required
   127                      the command could not be started
 
 Examples:
@@ -43,15 +51,28 @@ Examples:
   # wait up to 10 minutes for a deploy step held by another host:
   lease exec --wait 10m deploy-db-migrations -- ./migrate.sh
   lease status nightly-report --json
-  lease release --force nightly-report";
+  lease release --force nightly-report
+  # over TLS, with a client certificate (mutual TLS):
+  lease --backend etcds://etcd-1:2379/app --tls-ca ca.pem --tls-cert me.pem --tls-key me.key status job";
 
 /// Run commands under a distributed lease: on one host at a time, across machines.
 #[derive(Debug, Parser)]
 #[command(name = "lease", version, after_help = AFTER_HELP)]
 struct Cli {
-    /// Store URL: redis://, rediss://, postgres://, etcd://, or memory:// to try it out.
+    /// Store URL: redis://, rediss://, postgres://, etcd://, etcds://, or memory:// to try
+    /// it out. Credentials go in the URL (user:password@); PostgreSQL also reads
+    /// PGPASSWORD and ~/.pgpass.
     #[arg(long, env = "LEASE_BACKEND", global = true, hide_env_values = true)]
     backend: Option<String>,
+    /// CA bundle (PEM) to verify the store's certificate with (default: the system's).
+    #[arg(long, env = "LEASE_TLS_CA", global = true, value_name = "FILE")]
+    tls_ca: Option<std::path::PathBuf>,
+    /// Client certificate (PEM) for mutual TLS; needs --tls-key.
+    #[arg(long, env = "LEASE_TLS_CERT", global = true, value_name = "FILE")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// Private key (PEM) of the client certificate.
+    #[arg(long, env = "LEASE_TLS_KEY", global = true, value_name = "FILE")]
+    tls_key: Option<std::path::PathBuf>,
     /// More logs on stderr (-v info, -vv debug, -vvv trace).
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
@@ -158,6 +179,8 @@ impl From<Error> for Fail {
                 EXIT_USAGE
             }
             Error::StillHeld { .. } => EXIT_HELD,
+            Error::Auth { .. } => EXIT_AUTH,
+            Error::Tls { .. } => EXIT_TLS,
             _ => EXIT_STORE,
         };
         Fail {
@@ -245,15 +268,36 @@ fn log_filter(verbose: u8) -> String {
     filter
 }
 
+/// Where and how to connect: the store URL and the TLS files.
+struct Store {
+    url: String,
+    options: lease::ConnectOptions,
+}
+
+impl Store {
+    async fn connect(&self) -> Result<Arc<dyn LeaseBackend>, Fail> {
+        Ok(lease::connect_with(&self.url, &self.options).await?)
+    }
+}
+
 async fn run(cli: Cli) -> Result<u8, Fail> {
     let Some(url) = cli.backend else {
         return Err(Fail::usage(
             "no store given: use --backend URL or set LEASE_BACKEND",
         ));
     };
+    let tls = lease::TlsFiles {
+        ca: cli.tls_ca,
+        cert: cli.tls_cert,
+        key: cli.tls_key,
+    };
+    let store = Store {
+        url,
+        options: lease::ConnectOptions::default().with_tls(tls),
+    };
     match cli.command {
-        Cmd::Exec(args) => exec(&url, args).await,
-        Cmd::Status { names, json } => status(&url, &names, json).await,
+        Cmd::Exec(args) => exec(&store, args).await,
+        Cmd::Status { names, json } => status(&store, &names, json).await,
         Cmd::Supervise { .. } => Err(Fail::usage("__supervise is internal to lease exec")),
         Cmd::Release { force, name } => {
             if !force {
@@ -262,7 +306,7 @@ async fn run(cli: Cli) -> Result<u8, Fail> {
                 )));
             }
             let name = LeaseName::new(&name).map_err(Error::from)?;
-            let backend = lease::connect(&url).await?;
+            let backend = store.connect().await?;
             let freed = bounded(backend.force_release(&name)).await?;
             if freed {
                 println!("released {name}");
@@ -284,13 +328,13 @@ async fn bounded<T>(fut: impl std::future::Future<Output = lease::Result<T>>) ->
         }))
 }
 
-async fn status(url: &str, names: &[String], json: bool) -> Result<u8, Fail> {
+async fn status(store: &Store, names: &[String], json: bool) -> Result<u8, Fail> {
     let names: Vec<LeaseName> = names
         .iter()
         .map(LeaseName::new)
         .collect::<Result<_, _>>()
         .map_err(Error::from)?;
-    let backend = lease::connect(url).await?;
+    let backend = store.connect().await?;
     for name in &names {
         let info = bounded(backend.inspect(name)).await?;
         if json {
@@ -325,7 +369,7 @@ async fn status(url: &str, names: &[String], json: bool) -> Result<u8, Fail> {
     Ok(0)
 }
 
-async fn exec(url: &str, args: ExecArgs) -> Result<u8, Fail> {
+async fn exec(store: &Store, args: ExecArgs) -> Result<u8, Fail> {
     let name = LeaseName::new(&args.name).map_err(Error::from)?;
     let opts = LeaseOptions::builder(args.ttl)
         .wait(args.wait)
@@ -340,7 +384,7 @@ async fn exec(url: &str, args: ExecArgs) -> Result<u8, Fail> {
     let Some((program, program_args)) = args.command.split_first() else {
         return Err(Fail::usage("no command given after --"));
     };
-    let backend: Arc<dyn LeaseBackend> = lease::connect(url).await?;
+    let backend: Arc<dyn LeaseBackend> = store.connect().await?;
     let client = LeaseClient::with_label(backend, label.clone());
     let guard = match client.acquire(&name, &opts).await {
         Ok(g) => g,

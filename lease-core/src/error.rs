@@ -49,13 +49,37 @@ pub enum Error {
         detail: String,
     },
 
-    /// The store refused the request (permissions, authentication, read-only replica,
+    /// The store refused the request (permissions, read-only replica,
     /// schema missing ...). Retrying the same call does not help.
     #[error("{backend} store rejected the request: {source}")]
     Rejected {
         /// Short backend name.
         backend: &'static str,
         /// The client library's error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// A TLS connection could not be set up: a certificate or key file that is missing or
+    /// not what it should be, a server certificate that fails verification (unknown CA,
+    /// wrong host name, expired), a server that wants a client certificate, or a server
+    /// that does not speak TLS. A configuration error: retrying does not help.
+    #[error("{backend} TLS: {detail}")]
+    Tls {
+        /// Short backend name.
+        backend: &'static str,
+        /// What failed, naming the file or the check.
+        detail: String,
+    },
+
+    /// The store refused the credentials (wrong user or password, no password given where
+    /// one is required, no client certificate where the server authenticates by one).
+    /// Retrying the same call does not help.
+    #[error("{backend} store refused the credentials: {source}")]
+    Auth {
+        /// Short backend name.
+        backend: &'static str,
+        /// The store's answer (never the password).
         #[source]
         source: BoxError,
     },
@@ -141,6 +165,8 @@ impl Error {
             Error::InvalidInput(_)
             | Error::UnexpectedReply { .. }
             | Error::Rejected { .. }
+            | Error::Tls { .. }
+            | Error::Auth { .. }
             | Error::Unsupported { .. }
             | Error::Panicked { .. }
             | Error::NoRuntime
@@ -166,6 +192,22 @@ impl Error {
         Error::UnexpectedReply {
             backend,
             detail: detail.into(),
+        }
+    }
+
+    /// Shorthand for an [`Error::Tls`].
+    pub fn tls(backend: &'static str, detail: impl Into<String>) -> Self {
+        Error::Tls {
+            backend,
+            detail: detail.into(),
+        }
+    }
+
+    /// Shorthand for an [`Error::Auth`].
+    pub fn auth(backend: &'static str, source: impl Into<BoxError>) -> Self {
+        Error::Auth {
+            backend,
+            source: source.into(),
         }
     }
 

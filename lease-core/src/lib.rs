@@ -2,6 +2,7 @@
 
 mod backend;
 mod client;
+mod connection;
 mod error;
 mod guard;
 mod heartbeat;
@@ -14,6 +15,7 @@ mod util;
 pub use async_trait::async_trait;
 pub use backend::LeaseBackend;
 pub use client::{LeaseClient, LeaseContext, RunOutcome, TryAcquire};
+pub use connection::{TlsFiles, TlsPem, error_chain_text, find_cause, redact_url, tls_failure};
 pub use error::{BoxError, Error, InvalidInput, Result};
 pub use guard::LeaseGuard;
 pub use memory::MemoryBackend;

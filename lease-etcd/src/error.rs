@@ -14,12 +14,17 @@ pub(crate) const BACKEND: &str = "etcd";
 ///   the server, member stopping), cancelled or reset streams -> [`Error::Unavailable`];
 /// - `DeadlineExceeded` -> [`Error::Timeout`];
 /// - `ResourceExhausted` for load shedding ("too many requests") -> retryable;
-/// - authentication and permission failures, requests the server refuses as too large or
-///   out of space, unknown RPCs -> [`Error::Rejected`];
+/// - a failed TLS handshake -> [`Error::Tls`];
+/// - wrong credentials -> [`Error::Auth`];
+/// - permission failures, requests the server refuses as too large or out of space,
+///   unknown RPCs -> [`Error::Rejected`];
 /// - undecodable replies -> [`Error::UnexpectedReply`];
 /// - anything else -> [`Error::Backend`].
 pub(crate) fn convert(operation: &'static str, timeout: Duration, e: etcd_client::Error) -> Error {
     use etcd_client::Error as E;
+    if let Some(why) = lease_core::tls_failure(&e) {
+        return Error::tls(BACKEND, why);
+    }
     match e {
         E::GRpcStatus(status) => match status.code() {
             Code::Unavailable | Code::Cancelled | Code::Aborted => {
@@ -42,8 +47,13 @@ pub(crate) fn convert(operation: &'static str, timeout: Duration, e: etcd_client
                     source: Box::new(status),
                 }
             }
-            Code::Unauthenticated
-            | Code::PermissionDenied
+            // "etcdserver: authentication failed, invalid user ID or password", and a
+            // token the server no longer takes after the client authenticated again.
+            Code::Unauthenticated => Error::auth(BACKEND, status),
+            Code::InvalidArgument if status.message().contains("authentication failed") => {
+                Error::auth(BACKEND, status)
+            }
+            Code::PermissionDenied
             | Code::InvalidArgument
             | Code::FailedPrecondition
             | Code::OutOfRange

@@ -20,6 +20,7 @@ use futures::StreamExt;
 use lease_core::{
     AcquireOutcome, Capabilities, Error, Fencing, FencingToken, HeldBy, InvalidInput, LeaseBackend,
     LeaseInfo, LeaseName, Owner, OwnerToken, ReleaseOutcome, RenewItem, RenewOutcome, Result,
+    TlsFiles,
 };
 use tokio::time::Instant;
 
@@ -65,6 +66,11 @@ pub struct EtcdConfig {
     pub connect_timeout: Duration,
     /// Bound of every single request to etcd (default 5 s).
     pub request_timeout: Duration,
+    /// TLS (feature `tls`): `None` (default) connects in plain text to `http://`
+    /// endpoints; `Some(files)` connects over TLS to `https://` endpoints (what `etcds://`
+    /// URLs give), verifying the server with `files.ca` (default: the system's trust
+    /// store) and presenting `files.cert` and `files.key` when given (mutual TLS).
+    pub tls: Option<TlsFiles>,
 }
 
 impl Default for EtcdConfig {
@@ -75,6 +81,7 @@ impl Default for EtcdConfig {
             password: None,
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
+            tls: None,
         }
     }
 }
@@ -87,6 +94,7 @@ impl fmt::Debug for EtcdConfig {
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -132,7 +140,7 @@ impl EtcdConfig {
         Ok(())
     }
 
-    fn connect_options(&self) -> ConnectOptions {
+    fn connect_options(&self) -> Result<ConnectOptions> {
         // etcd's default --grpc-keepalive-min-time is 5 s: ping less often than that.
         let mut options = ConnectOptions::new()
             .with_connect_timeout(self.connect_timeout)
@@ -145,8 +153,35 @@ impl EtcdConfig {
                 .with_user(user.clone(), self.password.clone().unwrap_or_default())
                 .with_auto_token_refresh(true);
         }
-        options
+        if let Some(files) = &self.tls {
+            options = tls_options(options, files)?;
+        }
+        Ok(options)
     }
+}
+
+/// `options` with TLS set up from `files`.
+#[cfg(feature = "tls")]
+fn tls_options(options: ConnectOptions, files: &TlsFiles) -> Result<ConnectOptions> {
+    use etcd_client::{Certificate, Identity, TlsOptions};
+    let pem = files.load(BACKEND)?;
+    let mut tls = TlsOptions::new();
+    tls = match pem.ca {
+        Some(ca) => tls.ca_certificate(Certificate::from_pem(ca)),
+        None => tls.with_native_roots(),
+    };
+    if let Some((cert, key)) = pem.identity {
+        tls = tls.identity(Identity::from_pem(cert, key));
+    }
+    Ok(options.with_tls(tls))
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls_options(_: ConnectOptions, _: &TlsFiles) -> Result<ConnectOptions> {
+    Err(Error::tls(
+        BACKEND,
+        "etcds:// needs the `tls` feature (of the lease crate, or of lease-etcd)",
+    ))
 }
 
 /// A lease store on an etcd v3 cluster (etcd 3.4 or later).
@@ -271,7 +306,7 @@ impl EtcdBackend {
         let client = match bounded(
             "connect",
             bound,
-            Client::connect(endpoints, Some(config.connect_options())),
+            Client::connect(endpoints, Some(config.connect_options()?)),
         )
         .await?
         {
@@ -288,6 +323,16 @@ impl EtcdBackend {
             }
             Err(e) => return Err(convert("connect", bound, e)),
         };
+        if config.tls.is_some() && config.user.is_none() {
+            // Without a user nothing has been sent yet; with TLS, find out now whether
+            // the handshake works (a certificate problem is a configuration error that
+            // every call would otherwise report).
+            let mut probe = client.clone();
+            match bounded("connect", bound, probe.status()).await? {
+                Ok(_) => {}
+                Err(e) => return Err(convert("connect", bound, e)),
+            }
+        }
         Ok(Self::build(client, config, endpoints.to_vec()))
     }
 

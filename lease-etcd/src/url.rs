@@ -2,8 +2,10 @@
 //!
 //! ```text
 //! etcd://[user[:password]@]host[:port][,host[:port]...][/prefix]
+//! etcds://[user[:password]@]host[:port][,host[:port]...][/prefix][?tls_ca=FILE&tls_cert=FILE&tls_key=FILE]
 //! ```
 //!
+//! `etcds://` connects over TLS (`https://` endpoints).
 //! The port defaults to 2379; IPv6 hosts are written in brackets (`[::1]:2379`). User,
 //! password and prefix may be percent-encoded (`%40` for `@`). Error messages never
 //! contain the password.
@@ -15,26 +17,30 @@ use crate::EtcdConfig;
 /// Default client port of etcd.
 pub(crate) const DEFAULT_PORT: u16 = 2379;
 
-/// The endpoints (`http://host:port`) and settings a URL describes.
+/// The endpoints (`http://host:port`, or `https://` for `etcds://`) and settings a URL
+/// describes.
 pub(crate) fn parse(url: &str) -> Result<(Vec<String>, EtcdConfig), InvalidInput> {
     let malformed = |why: &str| InvalidInput::MalformedUrl(format!("{}: {why}", redact(url)));
-    let Some((scheme, rest)) = url.split_once("://") else {
+    let (stripped, tls_files) = lease_core::TlsFiles::take_from_url(url)?;
+    let Some((scheme, rest)) = stripped.split_once("://") else {
         return Err(malformed(
             "expected etcd://[user:password@]host:port[,host:port...][/prefix]",
         ));
     };
-    match scheme.to_ascii_lowercase().as_str() {
-        "etcd" => {}
-        "etcds" | "https" => {
-            return Err(malformed(
-                "TLS is not supported by lease-etcd yet; build an etcd_client::Client with TLS \
-                 and use EtcdBackend::from_client",
-            ));
-        }
-        _ => return Err(malformed("the scheme must be etcd://")),
-    }
+    let secure = match scheme.to_ascii_lowercase().as_str() {
+        "etcd" => false,
+        "etcds" => true,
+        _ => return Err(malformed("the scheme must be etcd:// or etcds://")),
+    };
     if rest.contains(['?', '#']) {
-        return Err(malformed("query strings and fragments are not supported"));
+        return Err(malformed(
+            "the only query parameters are tls_ca, tls_cert and tls_key (for etcds://)",
+        ));
+    }
+    if !secure && !tls_files.is_empty() {
+        return Err(malformed(
+            "TLS files are given, but the URL is not etcds://",
+        ));
     }
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i + 1..]),
@@ -63,7 +69,15 @@ pub(crate) fn parse(url: &str) -> Result<(Vec<String>, EtcdConfig), InvalidInput
     };
     let mut endpoints = Vec::new();
     for host in hosts.split(',') {
-        endpoints.push(endpoint(host).map_err(|e| malformed(&e))?);
+        let http = endpoint(host).map_err(|e| malformed(&e))?;
+        endpoints.push(if secure {
+            http.replacen("http://", "https://", 1)
+        } else {
+            http
+        });
+    }
+    if secure {
+        config.tls = Some(tls_files);
     }
     let path = path.trim_end_matches('/');
     if !path.is_empty() {
@@ -135,19 +149,7 @@ fn percent_decode(s: &str) -> Result<String, String> {
     String::from_utf8(out).map_err(|_| "percent-encoding is not UTF-8".to_owned())
 }
 
-/// `url` with any userinfo replaced by `***`.
-pub(crate) fn redact(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        // Not a URL we can take apart: show nothing that might be a secret.
-        return "(unparsable address)".to_owned();
-    };
-    let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{}***{}", &url[..scheme_end + 3], &rest[at..]),
-        None => url.to_owned(),
-    }
-}
+pub(crate) use lease_core::redact_url as redact;
 
 #[cfg(test)]
 mod tests {
@@ -180,7 +182,8 @@ mod tests {
             "etcd://u:secret@h:99999",
             "etcd://u:secret@",
             "etcd://u:secret@h:1,,h2",
-            "etcds://u:secret@h:1",
+            "etcds://u:secret@h:1?x=1",
+            "etcd://u:secret@h:1?tls_ca=a.pem",
             "etcd://u:secret@h:1?x=1",
             "redis://u:secret@h:1",
             "etcd://u:secret@h:1/%zz",
@@ -194,8 +197,20 @@ mod tests {
     }
 
     #[test]
+    fn etcds_gives_https_endpoints_and_files() {
+        let (eps, c) = parse("etcds://h1:1,h2/p?tls_ca=%2Fca.pem&tls_cert=c&tls_key=k").unwrap();
+        assert_eq!(eps, vec!["https://h1:1", "https://h2:2379"]);
+        assert_eq!(c.prefix, "p");
+        let tls = c.tls.unwrap();
+        assert_eq!(tls.ca.as_deref(), Some(std::path::Path::new("/ca.pem")));
+        assert_eq!(tls.key.as_deref(), Some(std::path::Path::new("k")));
+        let (_, c) = parse("etcds://h").unwrap();
+        assert_eq!(c.tls, Some(lease_core::TlsFiles::default()));
+    }
+
+    #[test]
     fn redaction() {
-        assert_eq!(redact("etcd://u:pw@h:1/p"), "etcd://***@h:1/p");
+        assert_eq!(redact("etcd://u:pw@h:1/p"), "etcd://u:***@h:1/p");
         assert_eq!(redact("etcd://h:1/p@x"), "etcd://h:1/p@x");
     }
 }

@@ -14,7 +14,8 @@ use sqlx::postgres::{PgConnection, PgPool};
 
 use crate::error::ADVISORY_BACKEND;
 use crate::{
-    MAX_RENEW_BATCH, bounded_call, connect_options, pool_options, session_settings, split_pooler,
+    MAX_RENEW_BATCH, bounded_call, connect_options, pool_options, session_settings,
+    split_own_params,
 };
 
 /// The refusal of a connection through a pooler: advisory locks belong to a server
@@ -191,11 +192,11 @@ impl AdvisoryLockBackend {
             )
             .into());
         }
-        let (url, pooler) = split_pooler(url)?;
-        if pooler {
+        let (url, own) = split_own_params(url)?;
+        if own.pooler {
             return Err(behind_a_pooler("the URL says pooler=transaction"));
         }
-        let options = connect_options(&url, call_timeout, false)?;
+        let options = connect_options(&url, call_timeout, false, &lease_core::TlsFiles::default())?;
         let pool = pool_options(max_connections, call_timeout).connect_lazy_with(options);
         // The first contact. A pooler that refuses the startup parameters fails here (see
         // `error::convert`); one that ignores them is caught by the setting it dropped.

@@ -22,12 +22,29 @@ pub(crate) fn convert(
 ) -> Error {
     use sqlx::Error as E;
     match error {
-        E::Io(_) | E::Tls(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed => {
-            Error::Unavailable {
-                backend,
-                source: Box::new(error),
-            }
+        E::Tls(ref e) => {
+            let text = lease_core::error_chain_text(e.as_ref());
+            let detail = if text.contains("without TLS support") {
+                "TLS (an sslmode other than disable or prefer, or TLS files) needs the `tls` \
+                 feature (of the lease crate, or of lease-postgres)"
+                    .to_owned()
+            } else if let Some(why) = lease_core::tls_failure(e.as_ref()) {
+                why
+            } else if text.contains("does not support TLS") {
+                format!("the server does not accept TLS connections (ssl = off?): {text}")
+            } else {
+                text
+            };
+            Error::Tls { backend, detail }
         }
+        E::Io(ref io) if lease_core::tls_failure(io).is_some() => Error::Tls {
+            backend,
+            detail: lease_core::tls_failure(io).unwrap_or_default(),
+        },
+        E::Io(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed => Error::Unavailable {
+            backend,
+            source: Box::new(error),
+        },
         E::Database(ref db) if db.message().starts_with("unsupported startup parameter") => {
             let hint = if backend == ADVISORY_BACKEND {
                 "a connection pooler such as PgBouncer refused the startup parameters; the \
@@ -99,10 +116,16 @@ fn from_sqlstate(
             retryable: true,
             source: Box::new(error),
         },
-        // Authentication, missing database or schema, read-only transaction, syntax error
-        // or undefined table/column, insufficient privilege, data exceptions: the same
-        // call will fail again.
-        ("28" | "42" | "3D" | "3F" | "22" | "23", _) | (_, "25006") => Error::Rejected {
+        // Invalid authorization: wrong password, no pg_hba.conf entry, a client
+        // certificate required or refused.
+        ("28", _) => Error::Auth {
+            backend,
+            source: Box::new(error),
+        },
+        // Missing database or schema, read-only transaction, syntax error or undefined
+        // table/column, insufficient privilege, data exceptions: the same call will fail
+        // again.
+        ("42" | "3D" | "3F" | "22" | "23", _) | (_, "25006") => Error::Rejected {
             backend,
             source: Box::new(error),
         },
@@ -114,28 +137,7 @@ fn from_sqlstate(
     }
 }
 
-/// Replaces the password of a connection URL (`scheme://user:password@host/...`) with
-/// `***`, for messages. Anything that does not look like a URL with userinfo is returned
-/// as it is.
-pub(crate) fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_owned();
-    };
-    let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    let Some(at) = authority.rfind('@') else {
-        return url.to_owned();
-    };
-    let userinfo = &authority[..at];
-    let user = userinfo.split(':').next().unwrap_or("");
-    let redacted = if userinfo.contains(':') {
-        format!("{user}:***")
-    } else {
-        user.to_owned()
-    };
-    format!("{}{}{}", &url[..scheme_end + 3], redacted, &rest[at..])
-}
+pub(crate) use lease_core::redact_url;
 
 /// The password of a connection URL as written (still percent-encoded), if any.
 pub(crate) fn url_password(url: &str) -> Option<&str> {
@@ -195,7 +197,7 @@ mod tests {
         );
         assert_eq!(redact_url("postgres://u@h/db"), "postgres://u@h/db");
         assert_eq!(redact_url("postgres://h/db"), "postgres://h/db");
-        assert_eq!(redact_url("not a url"), "not a url");
+        assert_eq!(redact_url("not a url"), "(not a URL)");
         assert_eq!(
             redact_url("postgresql://u:p@ss@h/db"),
             "postgresql://u:***@h/db"

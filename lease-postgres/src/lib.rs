@@ -15,7 +15,7 @@ use std::time::Duration;
 use lease_core::{
     AcquireOutcome, Capabilities, Error, Fencing, FencingToken, HeldBy, InvalidInput, LeaseBackend,
     LeaseInfo, LeaseName, MAX_TTL, Owner, OwnerToken, ReleaseOutcome, RenewItem, RenewOutcome,
-    Result,
+    Result, TlsFiles,
 };
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgExecutor, PgPool, PgPoolOptions, PgRow};
 use sqlx::{AssertSqlSafe, Row};
@@ -51,10 +51,15 @@ pub const DEFAULT_TABLE: &str = "lease_locks";
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PostgresConfig {
     /// The lock table (default `lease_locks`): `table` or `schema.table`, each part
-    /// matching `[a-z_][a-z0-9_]{0,62}` (always quoted in SQL).
+    /// matching `[a-z_][a-z0-9_]{0,62}` (always quoted in SQL). An unqualified name is in
+    /// schema `public`, whatever the role's `search_path` says, so that every role finds
+    /// the same table. The URL parameter `table=` sets it too.
     pub table: String,
     /// Whether to create the table (and schema) if missing, at construction (default
-    /// `true`). Without it, see [`schema_sql`] for the DDL to put in your migrations.
+    /// `true`; the URL parameter `create_table=false` turns it off). A table that exists
+    /// is never created again, so a role with only `SELECT, INSERT, UPDATE, DELETE` on it
+    /// works either way. Without it, see [`schema_sql`] for the DDL to put in your
+    /// migrations.
     pub create_schema: bool,
     /// Bound of every call (default 5 s): the pool's acquire timeout (which includes
     /// connecting), the connections' `statement_timeout` (for pools this crate builds)
@@ -76,6 +81,11 @@ pub struct PostgresConfig {
     /// operator (for example `Some(false)` when a failover may promote an asynchronous
     /// standby, which can lose acknowledged commits).
     pub persistent_fencing: Option<bool>,
+    /// TLS files (feature `tls`): a CA bundle (`sslrootcert`), a client certificate
+    /// (`sslcert`) and its key (`sslkey`). They add to the URL's own libpq parameters;
+    /// when any is given and the URL sets no `sslmode` (nor does `PGSSLMODE`), the mode is
+    /// `verify-full`.
+    pub tls: TlsFiles,
 }
 
 impl Default for PostgresConfig {
@@ -87,6 +97,7 @@ impl Default for PostgresConfig {
             max_connections: 10,
             transaction_pooler: false,
             persistent_fencing: None,
+            tls: TlsFiles::default(),
         }
     }
 }
@@ -112,39 +123,64 @@ impl PostgresConfig {
 ///
 /// ```
 /// let ddl = lease_postgres::schema_sql("lease_locks")?;
-/// assert!(ddl.contains("CREATE TABLE IF NOT EXISTS \"lease_locks\""));
+/// assert!(ddl.contains("CREATE TABLE IF NOT EXISTS \"public\".\"lease_locks\""));
 /// # Ok::<(), lease_core::InvalidInput>(())
 /// ```
 pub fn schema_sql(table: &str) -> std::result::Result<String, InvalidInput> {
     Ok(sql::schema_sql(&TableName::parse(table)?))
 }
 
-/// Takes this crate's own URL parameter `pooler` out of `url`: `pooler=transaction`
-/// (a transaction pooler sits in between), `pooler=session` or `pooler=none` (it does
-/// not). Returns the URL without it and whether it said `transaction`.
-pub(crate) fn split_pooler(url: &str) -> std::result::Result<(String, bool), InvalidInput> {
+/// This crate's own URL parameters, taken out of the URL before the driver sees it.
+#[derive(Debug, Default)]
+pub(crate) struct OwnParams {
+    /// `pooler=transaction` (a transaction pooler sits in between), `pooler=session` or
+    /// `pooler=none` (it does not).
+    pub(crate) pooler: bool,
+    /// `table=schema.name`: the lock table.
+    pub(crate) table: Option<String>,
+    /// `create_table=true|false`: whether to create the table when it is missing.
+    pub(crate) create_table: Option<bool>,
+}
+
+/// Takes this crate's own URL parameters (`pooler`, `table`, `create_table`) out of
+/// `url`. Returns the URL without them, and what they said.
+pub(crate) fn split_own_params(
+    url: &str,
+) -> std::result::Result<(String, OwnParams), InvalidInput> {
+    let mut own = OwnParams::default();
     let Some((base, query)) = url.split_once('?') else {
-        return Ok((url.to_owned(), false));
+        return Ok((url.to_owned(), own));
     };
     let (query, fragment) = match query.split_once('#') {
         Some((q, f)) => (q, Some(f)),
         None => (query, None),
     };
-    let mut pooler = false;
+    let bad = |what: String| InvalidInput::MalformedUrl(format!("{}: {what}", redact_url(url)));
     let mut kept = Vec::new();
     for pair in query.split('&') {
         match pair.split_once('=') {
             Some(("pooler", value)) => {
-                pooler = match value {
+                own.pooler = match value {
                     "transaction" => true,
                     "session" | "none" => false,
                     other => {
-                        return Err(InvalidInput::MalformedUrl(format!(
-                            "{}: pooler={other:?}: expected transaction, session or none",
-                            redact_url(url)
+                        return Err(bad(format!(
+                            "pooler={other:?}: expected transaction, session or none"
                         )));
                     }
                 }
+            }
+            Some(("table", value)) => own.table = Some(value.to_owned()),
+            Some(("create_table", value)) => {
+                own.create_table = Some(match value {
+                    "true" | "1" | "yes" => true,
+                    "false" | "0" | "no" => false,
+                    other => {
+                        return Err(bad(format!(
+                            "create_table={other:?}: expected true or false"
+                        )));
+                    }
+                })
             }
             _ if !pair.is_empty() => kept.push(pair),
             _ => {}
@@ -159,18 +195,31 @@ pub(crate) fn split_pooler(url: &str) -> std::result::Result<(String, bool), Inv
         out.push('#');
         out.push_str(f);
     }
-    Ok((out, pooler))
+    Ok((out, own))
 }
 
-/// Parses a `postgres://` / `postgresql://` URL (without this crate's `pooler`
-/// parameter, see [`split_pooler`]) into connect options: with `statement_timeout` set
-/// to `call_timeout` in the startup parameters, or, behind a transaction pooler, with no
-/// startup parameters a pooler refuses and no statement cache. Errors never contain the
+/// The value of query parameter `key` (any of `keys`) in `url`, as written.
+fn url_param<'a>(url: &'a str, keys: &[&str]) -> Option<&'a str> {
+    let query = url.split_once('?')?.1;
+    let query = query.split('#').next().unwrap_or(query);
+    query.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=')?;
+        keys.contains(&k).then_some(v)
+    })
+}
+
+/// Parses a `postgres://` / `postgresql://` URL (without this crate's own parameters,
+/// see [`split_own_params`]) into connect options: with `statement_timeout` set to
+/// `call_timeout` in the startup parameters, or, behind a transaction pooler, with no
+/// startup parameters a pooler refuses and no statement cache. `tls`'s files are added
+/// (as `sslrootcert`, `sslcert`, `sslkey`); when any TLS file is given and neither the
+/// URL nor `PGSSLMODE` sets `sslmode`, it is `verify-full`. Errors never contain the
 /// password.
 pub(crate) fn connect_options(
     url: &str,
     call_timeout: Duration,
     transaction_pooler: bool,
+    tls: &TlsFiles,
 ) -> std::result::Result<PgConnectOptions, InvalidInput> {
     let scheme_ok = url.starts_with("postgres://") || url.starts_with("postgresql://");
     if !scheme_ok {
@@ -179,13 +228,50 @@ pub(crate) fn connect_options(
             redact_url(url)
         )));
     }
-    let options = PgConnectOptions::from_str(url).map_err(|e| {
+    let mut options = PgConnectOptions::from_str(url).map_err(|e| {
         InvalidInput::MalformedUrl(format!(
             "{}: {}",
             redact_url(url),
             scrub(&e.to_string(), url)
         ))
     })?;
+    for (file, keys, what) in [
+        (
+            &tls.ca,
+            &["sslrootcert", "ssl-root-cert", "ssl-ca"][..],
+            "CA file",
+        ),
+        (
+            &tls.cert,
+            &["sslcert", "ssl-cert"][..],
+            "client certificate",
+        ),
+        (&tls.key, &["sslkey", "ssl-key"][..], "client key"),
+    ] {
+        let Some(path) = file else { continue };
+        if let Some(in_url) = url_param(url, keys)
+            && std::path::Path::new(in_url) != path.as_path()
+        {
+            return Err(InvalidInput::Other(format!(
+                "the TLS {what} is given twice: {in_url} (in the URL) and {}",
+                path.display()
+            )));
+        }
+    }
+    if let Some(ca) = &tls.ca {
+        options = options.ssl_root_cert(ca);
+    }
+    if let Some(cert) = &tls.cert {
+        options = options.ssl_client_cert(cert);
+    }
+    if let Some(key) = &tls.key {
+        options = options.ssl_client_key(key);
+    }
+    let mode_given = url_param(url, &["sslmode", "ssl-mode"]).is_some()
+        || std::env::var_os("PGSSLMODE").is_some();
+    if !tls.is_empty() && !mode_given {
+        options = options.ssl_mode(sqlx::postgres::PgSslMode::VerifyFull);
+    }
     if transaction_pooler {
         return Ok(options.extra_float_digits(None).statement_cache_capacity(0));
     }
@@ -216,6 +302,20 @@ pub(crate) async fn bounded_call<T>(
 
 /// [`PostgresBackend::create_schema`] on `pool`, bounded by `call_timeout`.
 async fn create_schema_in(pool: &PgPool, table: &TableName, call_timeout: Duration) -> Result<()> {
+    // PostgreSQL checks the CREATE privilege before it honours IF NOT EXISTS: a role that
+    // may only use the table would fail on the DDL. So look first (no privilege needed).
+    let exists = sql::table_exists_sql(table);
+    let found = bounded_call(
+        BACKEND,
+        "create schema",
+        call_timeout,
+        sqlx::raw_sql(AssertSqlSafe(exists.clone())).fetch_one(pool),
+    )
+    .await?;
+    if found.try_get::<bool, _>(0).unwrap_or(false) {
+        tracing::debug!(table = table.plain(), "lease table exists");
+        return Ok(());
+    }
     let ddl = sql::schema_sql(table);
     let run = async {
         let mut tx = pool.begin().await?;
@@ -367,9 +467,24 @@ impl PostgresBackend {
     /// committed (it is idempotent; call again); no lease is taken.
     pub async fn connect_with(url: &str, mut config: PostgresConfig) -> Result<Self> {
         config.validate()?;
-        let (url, pooler) = split_pooler(url)?;
-        config.transaction_pooler |= pooler;
-        let options = connect_options(&url, config.call_timeout, config.transaction_pooler)?;
+        let (url, own) = split_own_params(url)?;
+        config.transaction_pooler |= own.pooler;
+        if let Some(table) = own.table {
+            config.table = table;
+        }
+        if let Some(create) = own.create_table {
+            config.create_schema = create;
+        }
+        config.validate()?;
+        // The certificate and key files must be there and be PEM: say which one is not,
+        // before the driver tries them on every connection.
+        config.tls.load(BACKEND)?;
+        let options = connect_options(
+            &url,
+            config.call_timeout,
+            config.transaction_pooler,
+            &config.tls,
+        )?;
         let pool =
             pool_options(config.max_connections, config.call_timeout).connect_lazy_with(options);
         Self::from_pool(pool, config).await
@@ -451,7 +566,7 @@ impl PostgresBackend {
         (&self.inner.sql.acquire, &self.inner.sql.release)
     }
 
-    /// The lock table as configured (unquoted).
+    /// The lock table, schema-qualified and unquoted (`public.lease_locks` by default).
     pub fn table(&self) -> &str {
         self.inner.table.plain()
     }
@@ -1003,19 +1118,50 @@ mod tests {
     use super::*;
 
     #[test]
-    fn takes_the_pooler_parameter_out_of_the_url() {
-        let (url, pooler) =
-            split_pooler("postgres://u:pw@h/db?sslmode=disable&pooler=transaction").unwrap();
+    fn takes_the_own_parameters_out_of_the_url() {
+        let (url, own) = split_own_params(
+            "postgres://u:pw@h/db?sslmode=disable&pooler=transaction&table=ops.locks&create_table=false",
+        )
+        .unwrap();
         assert_eq!(url, "postgres://u:pw@h/db?sslmode=disable");
-        assert!(pooler);
-        let (url, pooler) = split_pooler("postgres://h/db?pooler=session").unwrap();
+        assert!(own.pooler);
+        assert_eq!(own.table.as_deref(), Some("ops.locks"));
+        assert_eq!(own.create_table, Some(false));
+        let (url, own) = split_own_params("postgres://h/db?pooler=session").unwrap();
         assert_eq!(url, "postgres://h/db");
-        assert!(!pooler);
-        let (url, pooler) = split_pooler("postgres://h/db").unwrap();
+        assert!(!own.pooler);
+        let (url, own) = split_own_params("postgres://h/db").unwrap();
         assert_eq!(url, "postgres://h/db");
-        assert!(!pooler);
-        let e = split_pooler("postgres://u:secret@h/db?pooler=yes").unwrap_err();
+        assert!(!own.pooler && own.table.is_none() && own.create_table.is_none());
+        let e = split_own_params("postgres://u:secret@h/db?pooler=yes").unwrap_err();
         assert!(!e.to_string().contains("secret"), "{e}");
         assert!(e.to_string().contains("transaction"), "{e}");
+        let e = split_own_params("postgres://u:secret@h/db?create_table=maybe").unwrap_err();
+        assert!(!e.to_string().contains("secret"), "{e}");
+    }
+
+    #[test]
+    fn tls_files_set_verify_full_unless_the_url_sets_a_mode() {
+        use sqlx::postgres::PgSslMode;
+        let tls = TlsFiles::default().with_ca("/ca.pem");
+        let full = connect_options("postgres://h/db", Duration::from_secs(1), false, &tls).unwrap();
+        assert!(matches!(full.get_ssl_mode(), PgSslMode::VerifyFull));
+        let ca = connect_options(
+            "postgres://h/db?sslmode=verify-ca",
+            Duration::from_secs(1),
+            false,
+            &tls,
+        )
+        .unwrap();
+        assert!(matches!(ca.get_ssl_mode(), PgSslMode::VerifyCa));
+        let twice = connect_options(
+            "postgres://u:secret@h/db?sslrootcert=/other.pem",
+            Duration::from_secs(1),
+            false,
+            &tls,
+        )
+        .unwrap_err();
+        assert!(twice.to_string().contains("given twice"), "{twice}");
+        assert!(!twice.to_string().contains("secret"), "{twice}");
     }
 }

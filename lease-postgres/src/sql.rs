@@ -23,10 +23,11 @@ pub(crate) const RELEASE_CHANNEL: &str = "lease_released";
 /// `[a-z_][a-z0-9_]{0,62}`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct TableName {
-    /// As given (unquoted), e.g. `locks.lease_locks`.
+    /// Schema-qualified and unquoted, e.g. `locks.lease_locks` (`public.lease_locks` for
+    /// `lease_locks`).
     plain: String,
-    /// Schema part, if qualified.
-    schema: Option<String>,
+    /// Schema part (`public` when not given).
+    schema: String,
     /// Quoted for SQL, e.g. `"locks"."lease_locks"`.
     quoted: String,
 }
@@ -43,16 +44,19 @@ impl TableName {
         if parts.is_empty() || parts.len() > 2 || !parts.iter().all(|p| valid_identifier(p)) {
             return Err(invalid());
         }
-        let quoted = parts
-            .iter()
-            .map(|p| format!("\"{p}\""))
-            .collect::<Vec<_>>()
-            .join(".");
-        let schema = (parts.len() == 2).then(|| parts[0].to_owned());
+        // An unqualified name means schema `public`, never "the first schema on the
+        // search_path": roles with different search paths (a role with a schema of its
+        // own name has it first by default) must find the same table, or two of them
+        // could each hold the same lease in a table of their own.
+        let (schema, name) = match parts.as_slice() {
+            [schema, name] => (*schema, *name),
+            [name] => ("public", *name),
+            _ => return Err(invalid()),
+        };
         Ok(TableName {
-            plain: table.to_owned(),
-            schema,
-            quoted,
+            plain: format!("{schema}.{name}"),
+            schema: schema.to_owned(),
+            quoted: format!("\"{schema}\".\"{name}\""),
         })
     }
 
@@ -76,12 +80,22 @@ fn valid_identifier(s: &str) -> bool {
     s.len() <= 63 && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
 }
 
-/// The DDL for `table`: `CREATE SCHEMA IF NOT EXISTS` (when schema-qualified) and
-/// `CREATE TABLE IF NOT EXISTS`, separated by `;`.
+/// A query whose one row says whether `table` exists (`to_regclass` needs no privilege
+/// on the table or its schema).
+pub(crate) fn table_exists_sql(table: &TableName) -> String {
+    // Names are [a-z0-9_] only (see `valid_identifier`): safe inside a string literal.
+    format!("SELECT to_regclass('{}') IS NOT NULL", table.quoted)
+}
+
+/// The DDL for `table`: `CREATE SCHEMA IF NOT EXISTS` (for a schema other than `public`)
+/// and `CREATE TABLE IF NOT EXISTS`, separated by `;`.
 pub(crate) fn schema_sql(table: &TableName) -> String {
     let mut sql = String::new();
-    if let Some(schema) = &table.schema {
-        sql.push_str(&format!("CREATE SCHEMA IF NOT EXISTS \"{schema}\";\n"));
+    if table.schema != "public" {
+        sql.push_str(&format!(
+            "CREATE SCHEMA IF NOT EXISTS \"{}\";\n",
+            table.schema
+        ));
     }
     sql.push_str(&format!(
         "CREATE TABLE IF NOT EXISTS {t} (\n\
@@ -235,7 +249,8 @@ mod tests {
     fn table_names() {
         assert_eq!(
             TableName::parse("lease_locks").map(|t| t.quoted),
-            Ok("\"lease_locks\"".into())
+            Ok("\"public\".\"lease_locks\"".into()),
+            "an unqualified name is in schema public, whatever the search_path"
         );
         assert_eq!(
             TableName::parse("ops.lease_locks").map(|t| t.quoted),
@@ -267,6 +282,14 @@ mod tests {
         let sql = schema_sql(&t);
         assert!(sql.starts_with("CREATE SCHEMA IF NOT EXISTS \"ops\";"));
         assert!(sql.contains("CREATE TABLE IF NOT EXISTS \"ops\".\"locks\""));
+        // No CREATE SCHEMA for public: it needs the CREATE privilege on the database even
+        // when the schema exists.
+        let sql = schema_sql(&TableName::parse("locks").expect("valid"));
+        assert!(sql.starts_with("CREATE TABLE IF NOT EXISTS \"public\".\"locks\""));
+        assert_eq!(
+            table_exists_sql(&t),
+            "SELECT to_regclass('\"ops\".\"locks\"') IS NOT NULL"
+        );
     }
 
     #[test]

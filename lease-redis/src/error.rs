@@ -11,7 +11,9 @@ pub(crate) const BACKEND: &str = "redis";
 ///
 /// - I/O errors (refused, reset, dropped, EOF) -> [`Error::Unavailable`];
 /// - I/O timeouts -> [`Error::Timeout`] with `timeout`;
-/// - authentication, missing permissions, `WRONGTYPE`, `MISCONF` -> [`Error::Rejected`];
+/// - a failed TLS handshake -> [`Error::Tls`] (what to check, and rustls's words);
+/// - bad or missing credentials (`WRONGPASS`, `NOAUTH`) -> [`Error::Auth`];
+/// - missing permissions (`NOPERM`), `WRONGTYPE`, `MISCONF` -> [`Error::Rejected`];
 /// - transient server states (`READONLY` from a primary demoted in a failover, `LOADING`,
 ///   `BUSY`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `OOM`, a `NOSCRIPT` that survived
 ///   the reload) -> [`Error::Backend`] retryable (for `READONLY`, `MASTERDOWN` and
@@ -25,12 +27,17 @@ pub(crate) fn convert(operation: &'static str, timeout: Duration, e: RedisError)
             after: timeout,
         };
     }
+    if e.is_io_error()
+        && let Some(why) = lease_core::tls_failure(&e)
+    {
+        return Error::tls(BACKEND, why);
+    }
     if e.is_connection_refusal() || e.is_connection_dropped() || e.is_io_error() {
         return Error::unavailable(BACKEND, e);
     }
     let code = e.code().unwrap_or_default().to_owned();
     match e.kind() {
-        ErrorKind::AuthenticationFailed => rejected(e),
+        ErrorKind::AuthenticationFailed => Error::auth(BACKEND, e),
         ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {
             Error::unexpected(BACKEND, format!("{operation}: {e}"))
         }
@@ -44,7 +51,8 @@ pub(crate) fn convert(operation: &'static str, timeout: Duration, e: RedisError)
         ) => backend(e, true),
         ErrorKind::Server(ServerErrorKind::NoPerm) => rejected(e),
         _ => match code.as_str() {
-            "WRONGTYPE" | "NOAUTH" | "WRONGPASS" | "NOPERM" | "MISCONF" => rejected(e),
+            "NOAUTH" | "WRONGPASS" => Error::auth(BACKEND, e),
+            "WRONGTYPE" | "NOPERM" | "MISCONF" => rejected(e),
             "BUSY" | "OOM" | "LOADING" | "MASTERDOWN" | "READONLY" => backend(e, true),
             _ => backend(e, false),
         },
@@ -75,41 +83,11 @@ pub(crate) fn unexpected(operation: &'static str, detail: impl std::fmt::Display
 pub(crate) fn malformed_url(url: &str, e: &RedisError) -> Error {
     // The client's URL errors carry a fixed description (and at most the protocol
     // parameter), never the input itself; the URL we echo is redacted.
-    let mut msg = format!("{}: {e}", redact_url(url));
-    if msg.contains("TLS") && !cfg!(feature = "tls") {
-        msg.push_str(" (enable the `tls` feature of lease-redis for rediss:// URLs)");
-    }
+    let msg = format!("{}: {e}", redact_url(url));
     Error::InvalidInput(InvalidInput::MalformedUrl(msg))
 }
 
-/// The URL with any password (and `pass=` query parameter) replaced by `***`. A URL that
-/// does not even parse is not echoed at all, since we cannot tell where its secret is.
-pub(crate) fn redact_url(url: &str) -> String {
-    match url::Url::parse(url) {
-        Ok(mut u) => {
-            if u.password().is_some() {
-                // Cannot fail for URLs with a password (they have a host).
-                let _ = u.set_password(Some("***"));
-            }
-            if u.query_pairs().any(|(k, _)| k == "pass") {
-                let pairs: Vec<(String, String)> = u
-                    .query_pairs()
-                    .map(|(k, v)| {
-                        let v = if k == "pass" {
-                            "***".to_owned()
-                        } else {
-                            v.into_owned()
-                        };
-                        (k.into_owned(), v)
-                    })
-                    .collect();
-                u.query_pairs_mut().clear().extend_pairs(pairs);
-            }
-            u.to_string()
-        }
-        Err(e) => format!("<unparseable URL: {e}>"),
-    }
-}
+pub(crate) use lease_core::redact_url;
 
 #[cfg(test)]
 mod tests {
@@ -178,7 +156,15 @@ mod tests {
         let auth = RedisError::from((ErrorKind::AuthenticationFailed, "no"));
         assert!(matches!(
             convert("inspect", Duration::from_secs(1), auth),
-            Error::Rejected { .. }
+            Error::Auth { .. }
+        ));
+        let tls = RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "invalid peer certificate: UnknownIssuer",
+        ));
+        assert!(matches!(
+            convert("connect", Duration::from_secs(1), tls),
+            Error::Tls { .. }
         ));
     }
 }

@@ -18,7 +18,7 @@ use futures::StreamExt;
 use lease_core::{
     AcquireOutcome, Capabilities, Error, Fencing, FencingToken, HeldBy, InvalidInput, LeaseBackend,
     LeaseInfo, LeaseName, MAX_TTL, Owner, OwnerToken, ReleaseOutcome, RenewItem, RenewOutcome,
-    Result,
+    Result, TlsFiles,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, RedisError, Value};
@@ -61,6 +61,11 @@ pub struct RedisConfig {
     /// `appendonly yes` and `appendfsync always`; volatile if `CONFIG` is not allowed.
     /// `Some(_)` skips the question and trusts the operator.
     pub persistent_fencing: Option<bool>,
+    /// TLS files for `rediss://` URLs (feature `tls`): a CA bundle (default: the system's
+    /// trust store) and a client certificate with its key (mutual TLS). The URL
+    /// parameters `tls_ca`, `tls_cert` and `tls_key` set them too; giving one file two
+    /// different ways is an error.
+    pub tls: TlsFiles,
 }
 
 impl Default for RedisConfig {
@@ -70,6 +75,7 @@ impl Default for RedisConfig {
             connect_timeout: Duration::from_secs(5),
             response_timeout: Duration::from_secs(5),
             persistent_fencing: None,
+            tls: TlsFiles::default(),
         }
     }
 }
@@ -245,13 +251,24 @@ impl RedisBackend {
     ///
     /// Cancel safety: cancel-safe: dropping it takes no lease and leaves nothing the caller
     /// must clean up.
-    pub async fn connect_with(url: &str, config: RedisConfig) -> Result<Self> {
+    pub async fn connect_with(url: &str, mut config: RedisConfig) -> Result<Self> {
         config.validate()?;
+        let (url, from_url) = TlsFiles::take_from_url(url)?;
+        config.tls = config.tls.merged(&from_url)?;
+        let url = url.as_str();
         if sentinel::is_sentinel_url(url) {
+            if !config.tls.is_empty() {
+                return Err(InvalidInput::Other(
+                    "TLS files with redis+sentinel:// are not supported yet: connect to the \
+                     primary with rediss://"
+                        .into(),
+                )
+                .into());
+            }
             let parsed = sentinel::SentinelUrl::parse(url)?;
             return Self::connect_sentinel(parsed, config).await;
         }
-        let client = Client::open(url).map_err(|e| error::malformed_url(url, &e))?;
+        let client = tls_client(url, &config.tls)?;
         Self::from_client(client, config).await
     }
 
@@ -617,6 +634,60 @@ impl Drop for InFlight<'_> {
 /// server).
 fn connection_failed(e: &RedisError) -> bool {
     e.is_timeout() || e.is_connection_refusal() || e.is_connection_dropped() || e.is_io_error()
+}
+
+/// The client for `url`, with `tls`'s files for a `rediss://` URL.
+fn tls_client(url: &str, tls: &TlsFiles) -> Result<Client> {
+    let secure = url
+        .get(..9)
+        .is_some_and(|s| s.eq_ignore_ascii_case("rediss://"));
+    if secure && !cfg!(feature = "tls") {
+        return Err(Error::tls(
+            BACKEND,
+            "rediss:// needs the `tls` feature (of the lease crate, or of lease-redis)",
+        ));
+    }
+    if tls.is_empty() {
+        return Client::open(url).map_err(|e| error::malformed_url(url, &e));
+    }
+    if !secure {
+        return Err(InvalidInput::MalformedUrl(format!(
+            "{}: TLS files are given, but the URL is not rediss://",
+            error::redact_url(url)
+        ))
+        .into());
+    }
+    #[cfg(feature = "tls")]
+    {
+        // rustls needs a process-wide crypto provider; install ring unless the
+        // application already chose one (then this is a no-op).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let pem = tls.load(BACKEND)?;
+        let certs = redis::TlsCertificates {
+            client_tls: pem
+                .identity
+                .map(|(client_cert, client_key)| redis::ClientTlsConfig {
+                    client_cert,
+                    client_key,
+                }),
+            root_cert: pem.ca,
+        };
+        Client::build_with_tls(url, certs).map_err(|e| {
+            // The files were read; the client library could not use them.
+            let text = lease_core::error_chain_text(&e);
+            Error::tls(
+                BACKEND,
+                format!("the TLS files {tls:?} could not be used: {text}"),
+            )
+        })
+    }
+    #[cfg(not(feature = "tls"))]
+    {
+        Err(Error::tls(
+            BACKEND,
+            "rediss:// needs the `tls` feature (of the lease crate, or of lease-redis)",
+        ))
+    }
 }
 
 /// A connection manager on `client`, its first connection made within the connect timeout.

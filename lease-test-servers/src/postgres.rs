@@ -910,17 +910,7 @@ fn tail(path: &Path, lines: usize) -> String {
     }
 }
 
-/// `url` with any password replaced by `***`, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            let userinfo = &url[scheme_end + 3..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            format!("{}{user}:***{}", &url[..scheme_end + 3], &url[at..])
-        }
-        _ => url.to_owned(),
-    }
-}
+use lease_core::redact_url as redact;
 
 /// Runs `sql` with the simple query protocol over TCP on 127.0.0.1:`port` as user
 /// `postgres` with trust authentication (the only authentication spawned servers use).
@@ -1048,12 +1038,6 @@ fn data_row(body: &[u8]) -> Result<Vec<Option<String>>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn redacts_password() {
-        assert_eq!(redact("postgres://u:pw@h:1/db"), "postgres://u:***@h:1/db");
-        assert_eq!(redact("postgres://h:1/db"), "postgres://h:1/db");
-    }
 
     #[test]
     fn args_of_a_fast_server() {

@@ -509,15 +509,7 @@ fn ping(port: u16) -> bool {
     reply.starts_with(b"+PONG")
 }
 
-/// `url` with any userinfo (user and password) replaced by `***`, for messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            format!("{}***{}", &url[..scheme_end + 3], &url[at..])
-        }
-        _ => url.to_owned(),
-    }
-}
+use lease_core::redact_url as redact;
 
 #[cfg(test)]
 mod tests {
@@ -530,11 +522,5 @@ mod tests {
                     cmdstat_hdel:calls=5,usec=5,usec_per_call=1.00\r\n";
         assert_eq!(script_calls(info), 9);
         assert_eq!(script_calls(""), 0);
-    }
-
-    #[test]
-    fn redacts_userinfo() {
-        assert_eq!(redact("redis://u:pw@h:1/0"), "redis://***@h:1/0");
-        assert_eq!(redact("redis://h:1"), "redis://h:1");
     }
 }

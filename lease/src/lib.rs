@@ -21,12 +21,21 @@ use std::sync::Arc;
 /// | scheme | store | feature |
 /// |---|---|---|
 /// | `memory://` | in this process (for trying things out) | always |
-/// | `redis://`, `rediss://`, `redis+sentinel://` | Redis | `redis` |
-/// | `postgres://`, `postgresql://` | PostgreSQL | `postgres` |
+/// | `redis://`, `redis+sentinel://` | Redis | `redis` |
+/// | `rediss://` | Redis over TLS | `redis` and `tls` |
+/// | `postgres://`, `postgresql://` | PostgreSQL (TLS with libpq's `sslmode`, `sslrootcert`, `sslcert`, `sslkey`: feature `tls`) | `postgres` |
 /// | `etcd://` | etcd | `etcd` |
+/// | `etcds://` | etcd over TLS | `etcd` and `tls` |
 ///
-/// A URL whose store was not compiled in gives [`Error::NotCompiledIn`]; a malformed URL
-/// gives [`InvalidInput::MalformedUrl`]. Error messages never contain credentials.
+/// Credentials go in the URL (`redis://user:password@host`, `postgres://user:password@host/db`,
+/// `etcd://user:password@host/prefix`); PostgreSQL also reads `PGPASSWORD` and `~/.pgpass`
+/// as libpq does. TLS files go in the URL too (`tls_ca`, `tls_cert`, `tls_key` for Redis
+/// and etcd; libpq's names for PostgreSQL), or in [`ConnectOptions`] with [`connect_with`].
+///
+/// Errors: a URL whose store was not compiled in gives [`Error::NotCompiledIn`]; a
+/// malformed URL gives [`InvalidInput::MalformedUrl`]; a TLS or certificate problem gives
+/// [`Error::Tls`], and wrong credentials give [`Error::Auth`] (neither retryable). Error
+/// messages never contain credentials.
 ///
 /// Cancel safety: cancel-safe: dropping it takes no lease and leaves nothing the caller
 /// must clean up.
@@ -39,6 +48,46 @@ use std::sync::Arc;
 /// # let _ = client; Ok(()) }
 /// ```
 pub async fn connect(url: &str) -> Result<Arc<dyn LeaseBackend>> {
+    connect_with(url, &ConnectOptions::default()).await
+}
+
+/// Settings for [`connect_with`] that apply to every store.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct ConnectOptions {
+    /// TLS files: a CA bundle, and a client certificate with its key (mutual TLS). They
+    /// add to the files the URL names; one file given two different ways is an error.
+    /// Redis needs `rediss://` and etcd `etcds://` for them; on PostgreSQL, a URL without
+    /// `sslmode` then means `sslmode=verify-full`.
+    pub tls: TlsFiles,
+}
+
+impl ConnectOptions {
+    /// With `tls` as the TLS files.
+    pub fn with_tls(mut self, tls: TlsFiles) -> Self {
+        self.tls = tls;
+        self
+    }
+}
+
+/// [`connect`], with settings that apply to every store (TLS files).
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lease::Error> {
+/// let tls = lease::TlsFiles::default()
+///     .with_ca("/etc/lease/ca.pem")
+///     .with_client("/etc/lease/client.pem", "/etc/lease/client.key");
+/// let backend = lease::connect_with(
+///     "etcds://lease:secret@etcd-1:2379,etcd-2:2379/billing",
+///     &lease::ConnectOptions::default().with_tls(tls),
+/// )
+/// .await?;
+/// # let _ = backend; Ok(()) }
+/// ```
+///
+/// Cancel safety: cancel-safe: dropping it takes no lease and leaves nothing the caller
+/// must clean up.
+pub async fn connect_with(url: &str, options: &ConnectOptions) -> Result<Arc<dyn LeaseBackend>> {
     let Some((scheme, _rest)) = url.split_once("://") else {
         return Err(InvalidInput::MalformedUrl(
             "expected SCHEME://..., e.g. redis://127.0.0.1:6379".into(),
@@ -46,48 +95,78 @@ pub async fn connect(url: &str) -> Result<Arc<dyn LeaseBackend>> {
         .into());
     };
     match scheme.to_ascii_lowercase().as_str() {
-        "memory" => Ok(Arc::new(MemoryBackend::new())),
-        "redis" | "rediss" | "redis+sentinel" => connect_redis(url).await,
-        "postgres" | "postgresql" => connect_postgres(url).await,
-        "etcd" => connect_etcd(url).await,
+        "memory" => {
+            if !options.tls.is_empty() {
+                return Err(InvalidInput::Other(
+                    "TLS files were given for memory://, which has no connection".into(),
+                )
+                .into());
+            }
+            Ok(Arc::new(MemoryBackend::new()))
+        }
+        "redis" | "rediss" | "redis+sentinel" => connect_redis(url, options).await,
+        "postgres" | "postgresql" => connect_postgres(url, options).await,
+        "etcd" | "etcds" => connect_etcd(url, options).await,
         other => Err(InvalidInput::MalformedUrl(format!(
-            "unknown scheme {other:?}: expected memory, redis, rediss, redis+sentinel, postgres, postgresql or etcd"
+            "unknown scheme {other:?}: expected memory, redis, rediss, redis+sentinel, postgres, postgresql, etcd or etcds"
         ))
         .into()),
     }
 }
 
 #[cfg(not(feature = "redis"))]
-async fn connect_redis(url: &str) -> Result<Arc<dyn LeaseBackend>> {
+async fn connect_redis(url: &str, _: &ConnectOptions) -> Result<Arc<dyn LeaseBackend>> {
     let scheme = url.split("://").next().unwrap_or("redis");
     not_compiled(scheme, "redis")
 }
 
 #[cfg(feature = "redis")]
-async fn connect_redis(url: &str) -> Result<Arc<dyn LeaseBackend>> {
-    Ok(Arc::new(lease_redis::RedisBackend::connect(url).await?))
+async fn connect_redis(url: &str, options: &ConnectOptions) -> Result<Arc<dyn LeaseBackend>> {
+    let config = lease_redis::RedisConfig {
+        tls: options.tls.clone(),
+        ..lease_redis::RedisConfig::default()
+    };
+    Ok(Arc::new(
+        lease_redis::RedisBackend::connect_with(url, config).await?,
+    ))
 }
 
 #[cfg(feature = "postgres")]
-async fn connect_postgres(url: &str) -> Result<Arc<dyn LeaseBackend>> {
+async fn connect_postgres(url: &str, options: &ConnectOptions) -> Result<Arc<dyn LeaseBackend>> {
+    let config = lease_postgres::PostgresConfig {
+        tls: options.tls.clone(),
+        ..lease_postgres::PostgresConfig::default()
+    };
     Ok(Arc::new(
-        lease_postgres::PostgresBackend::connect(url).await?,
+        lease_postgres::PostgresBackend::connect_with(url, config).await?,
     ))
 }
 
 #[cfg(not(feature = "postgres"))]
-async fn connect_postgres(url: &str) -> Result<Arc<dyn LeaseBackend>> {
+async fn connect_postgres(url: &str, _: &ConnectOptions) -> Result<Arc<dyn LeaseBackend>> {
     let scheme = url.split("://").next().unwrap_or("postgres");
     not_compiled(scheme, "postgres")
 }
 
 #[cfg(feature = "etcd")]
-async fn connect_etcd(url: &str) -> Result<Arc<dyn LeaseBackend>> {
-    Ok(Arc::new(lease_etcd::EtcdBackend::from_url(url).await?))
+async fn connect_etcd(url: &str, options: &ConnectOptions) -> Result<Arc<dyn LeaseBackend>> {
+    let (endpoints, mut config) = lease_etcd::EtcdConfig::from_url(url)?;
+    if let Some(files) = &config.tls {
+        config.tls = Some(files.merged(&options.tls)?);
+    } else if !options.tls.is_empty() {
+        return Err(InvalidInput::MalformedUrl(format!(
+            "{}: TLS files are given, but the URL is not etcds://",
+            redact_url(url)
+        ))
+        .into());
+    }
+    Ok(Arc::new(
+        lease_etcd::EtcdBackend::connect(&endpoints, config).await?,
+    ))
 }
 
 #[cfg(not(feature = "etcd"))]
-async fn connect_etcd(url: &str) -> Result<Arc<dyn LeaseBackend>> {
+async fn connect_etcd(url: &str, _: &ConnectOptions) -> Result<Arc<dyn LeaseBackend>> {
     let scheme = url.split("://").next().unwrap_or("etcd");
     not_compiled(scheme, "etcd")
 }
