@@ -33,6 +33,7 @@ fn config() -> EtcdConfig {
 #[derive(Debug, PartialEq, Eq, Clone, Copy)]
 enum Kind {
     Rejected,
+    Auth,
     Unavailable,
 }
 
@@ -49,6 +50,7 @@ fn check<T: std::fmt::Debug>(
     };
     let got = match &e {
         Error::Rejected { .. } => Kind::Rejected,
+        Error::Auth { .. } => Kind::Auth,
         Error::Unavailable { .. } => Kind::Unavailable,
         other => panic!("{what}: {other:?}"),
     };
@@ -141,7 +143,7 @@ async fn real_error_replies_map_to_typed_errors() {
         "InvalidArgument: authentication failed",
         "authentication failed",
         EtcdBackend::connect(&server.endpoints(), wrong).await,
-        Kind::Rejected,
+        Kind::Auth,
     );
     let outsider = EtcdConfig {
         user: Some("outsider".into()),

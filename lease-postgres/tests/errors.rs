@@ -21,6 +21,7 @@ fn name() -> LeaseName {
 #[derive(Debug, PartialEq, Eq, Clone, Copy)]
 enum Kind {
     Rejected,
+    Auth,
     Transient,
     Unavailable,
     Timeout,
@@ -29,6 +30,7 @@ enum Kind {
 fn kind(e: &Error) -> Option<Kind> {
     match e {
         Error::Rejected { .. } => Some(Kind::Rejected),
+        Error::Auth { .. } => Some(Kind::Auth),
         Error::Backend {
             retryable: true, ..
         } => Some(Kind::Transient),
@@ -50,7 +52,11 @@ fn check<T: std::fmt::Debug>(
         Ok(v) => panic!("{what}: expected an error, got {v:?}"),
     };
     assert_eq!(kind(&e), Some(want), "{what}: {e:?}");
-    assert_eq!(e.is_retryable(), want != Kind::Rejected, "{what}: {e}");
+    assert_eq!(
+        e.is_retryable(),
+        !matches!(want, Kind::Rejected | Kind::Auth),
+        "{what}: {e}"
+    );
     assert!(e.to_string().contains(says), "{what}: {e}");
     table.push(format!(
         "| {what} | {want:?} | {} | {e} |",
@@ -98,7 +104,7 @@ async fn real_error_replies_map_to_typed_errors() {
         "28000 invalid_authorization_specification (role may not log in)",
         "not permitted to log in",
         PostgresBackend::connect_with(&url_as(&nologin, &dbname), config(true)).await,
-        Kind::Rejected,
+        Kind::Auth,
     );
 
     // 53300: too many connections for the role. The pool (sqlx) counts it as a refusal
@@ -217,7 +223,7 @@ async fn real_error_replies_map_to_typed_errors() {
             .arg(&url)
             .arg("-c")
             .arg(format!(
-                "BEGIN; SELECT 1 FROM \"{table_name}\" FOR UPDATE; SELECT pg_sleep(2); COMMIT;"
+                "BEGIN; SELECT 1 FROM {table_name} FOR UPDATE; SELECT pg_sleep(2); COMMIT;"
             ))
             .output();
     });

@@ -583,7 +583,7 @@ async fn errors_are_typed() {
     );
     let mut conn = PgConnection::connect(&db.url()).await.expect("connect");
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "BEGIN; SELECT * FROM \"{}\" FOR UPDATE",
+        "BEGIN; SELECT * FROM {} FOR UPDATE",
         quick.table()
     )))
     .execute(&mut conn)

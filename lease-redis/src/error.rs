@@ -35,7 +35,23 @@ pub(crate) fn convert(operation: &'static str, timeout: Duration, e: RedisError)
     if e.is_connection_refusal() || e.is_connection_dropped() || e.is_io_error() {
         return Error::unavailable(BACKEND, e);
     }
-    let code = e.code().unwrap_or_default().to_owned();
+    // A pipeline's error (the persistence probe) carries the code of its first failed
+    // command only among its items.
+    let code = match e.code() {
+        Some(code) => code.to_owned(),
+        None => e
+            .clone()
+            .into_server_errors()
+            .and_then(|items| items.first().map(|(_, item)| item.code().to_owned()))
+            .unwrap_or_default(),
+    };
+    // A command inside a script that the ACL user may not run comes back as a plain
+    // error reply, not as NOPERM.
+    if e.to_string()
+        .contains("user executing the script can't run this command")
+    {
+        return rejected(e);
+    }
     match e.kind() {
         ErrorKind::AuthenticationFailed => Error::auth(BACKEND, e),
         ErrorKind::Parse | ErrorKind::UnexpectedReturnType => {

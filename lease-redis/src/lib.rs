@@ -733,7 +733,13 @@ async fn probe_persistence(cm: &ConnectionManager, config: &RedisConfig) -> Resu
     .await;
     let values = match reply {
         Ok(v) => v,
-        Err(e @ (Error::Unavailable { .. } | Error::Timeout { .. })) => return Err(e),
+        // Unreachable, or the credentials or TLS are wrong: every call would fail.
+        Err(
+            e @ (Error::Unavailable { .. }
+            | Error::Timeout { .. }
+            | Error::Auth { .. }
+            | Error::Tls { .. }),
+        ) => return Err(e),
         Err(e) => {
             tracing::debug!(error = %e, "CONFIG GET refused; fencing tokens counted as volatile");
             return Ok(false);

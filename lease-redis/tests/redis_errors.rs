@@ -31,6 +31,8 @@ async fn cmd(conn: &mut redis::aio::MultiplexedConnection, args: &[&str]) {
 enum Kind {
     /// `Error::Rejected`: the same call fails again.
     Rejected,
+    /// `Error::Auth`: the credentials are wrong or missing (not retryable).
+    Auth,
     /// `Error::Backend` with `retryable: true`.
     Transient,
     /// `Error::Unavailable` (retryable).
@@ -40,6 +42,7 @@ enum Kind {
 fn kind(e: &Error) -> Option<Kind> {
     match e {
         Error::Rejected { .. } => Some(Kind::Rejected),
+        Error::Auth { .. } => Some(Kind::Auth),
         Error::Backend {
             retryable: true, ..
         } => Some(Kind::Transient),
@@ -161,7 +164,7 @@ async fn real_error_replies_map_to_typed_errors() {
         &mut table,
         "WRONGPASS",
         RedisBackend::connect(&format!("redis://noscript:wrong@127.0.0.1:{port}/")).await,
-        Kind::Rejected,
+        Kind::Auth,
     );
 
     // NOAUTH: the server wants a password, the client gives none.
@@ -173,9 +176,9 @@ async fn real_error_replies_map_to_typed_errors() {
             &mut table,
             "NOAUTH",
             b.acquire(&name(), &owner(), ttl).await,
-            Kind::Rejected,
+            Kind::Auth,
         ),
-        Err(e) => check::<()>(&mut table, "NOAUTH", Err(e), Kind::Rejected),
+        Err(e) => check::<()>(&mut table, "NOAUTH", Err(e), Kind::Auth),
     }
     let mut root = admin(&format!("redis://:secret@127.0.0.1:{port}/")).await;
     cmd(&mut root, &["CONFIG", "SET", "requirepass", ""]).await;

@@ -230,6 +230,48 @@ impl EtcdServer {
     /// Like [`EtcdServer::start_local`], with extra command-line flags for the server
     /// (for example `--quota-backend-bytes=...` or `--max-request-bytes=...`).
     pub async fn start_local_with(extra_args: &[&str]) -> Result<EtcdServer, HarnessError> {
+        let extra: Vec<OsString> = extra_args.iter().map(OsString::from).collect();
+        Self::start_local_inner(&|_| extra.clone()).await
+    }
+
+    /// A throwaway local node that also serves clients over TLS, with `certs`' server
+    /// certificate and key, on a second port; `client_cert_auth` makes that port require
+    /// a client certificate signed by `certs.ca` (`--client-cert-auth`). The plain port
+    /// stays (for [`EtcdServer::endpoints`], readiness and setup). Returns the server and
+    /// its `https://127.0.0.1:PORT` endpoint.
+    pub async fn start_local_tls(
+        certs: &super::TestCerts,
+        client_cert_auth: bool,
+    ) -> Result<(EtcdServer, String), HarnessError> {
+        let tls_port = super::free_port()?;
+        let https = format!("https://127.0.0.1:{tls_port}");
+        let files: Vec<OsString> = vec![
+            "--cert-file".into(),
+            certs.server_cert.clone().into_os_string(),
+            "--key-file".into(),
+            certs.server_key.clone().into_os_string(),
+            "--trusted-ca-file".into(),
+            certs.ca.clone().into_os_string(),
+            format!("--client-cert-auth={client_cert_auth}").into(),
+        ];
+        let server = Self::start_local_inner(&|client_port| {
+            let both = format!("http://127.0.0.1:{client_port},{https}");
+            let mut args: Vec<OsString> = vec![
+                "--listen-client-urls".into(),
+                both.clone().into(),
+                "--advertise-client-urls".into(),
+                both.into(),
+            ];
+            args.extend(files.iter().cloned());
+            args
+        })
+        .await?;
+        Ok((server, https))
+    }
+
+    async fn start_local_inner(
+        extra_args: &(dyn Fn(u16) -> Vec<OsString> + Sync),
+    ) -> Result<EtcdServer, HarnessError> {
         let binary = etcd_binary()?;
         let dir = data_root("lease-etcd-")?;
         let watcher = DirWatcher::spawn(dir.path())?;
@@ -255,7 +297,7 @@ impl EtcdServer {
                 SINGLE_TIMING,
             );
             let mut args = args;
-            args.extend(extra_args.iter().map(std::ffi::OsString::from));
+            args.extend(extra_args(client_port));
             let mut process = ChildProcess::spawn(binary.clone(), args, log)?;
             match wait_until(&mut process, client_port, true).await {
                 Ok(()) => {

@@ -32,11 +32,13 @@ pub mod pgbouncer;
 mod process;
 pub mod proxy;
 pub mod redis;
+pub mod tls;
 
 pub use self::etcd::{EtcdCluster, EtcdServer};
 pub use self::pgbouncer::{PgBouncer, PoolMode};
 pub use self::postgres::PostgresServer;
 pub use self::redis::{RedisSentinels, RedisServer};
+pub use self::tls::TestCerts;
 
 /// Where a test server came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -323,6 +323,74 @@ impl PostgresServer {
         run_sql(local.port, database, sql).map_err(HarnessError::Start)
     }
 
+    /// Turns TLS on (spawned servers only) with `certs`' server certificate, key and CA,
+    /// and replaces the client authentication rules with `hba` (lines of pg_hba.conf, for
+    /// example `hostssl all app 127.0.0.1/32 scram-sha-256`), after two of the harness's
+    /// own: `local all all trust` and `host all postgres 127.0.0.1/32 trust` (so that
+    /// [`PostgresServer::sql`] keeps working). Reloads the configuration and waits until
+    /// TLS is on.
+    pub fn enable_tls(&self, certs: &super::TestCerts, hba: &[&str]) -> Result<(), HarnessError> {
+        let local = self.local("turn TLS on for")?;
+        // The server reads the files as its own user and wants its key private: copy
+        // them into the data directory, owned by that user.
+        for (from, to) in [
+            (&certs.server_cert, "lease-server.crt"),
+            (&certs.server_key, "lease-server.key"),
+            (&certs.ca, "lease-ca.crt"),
+        ] {
+            let dest = local.data_dir.join(to);
+            std::fs::copy(from, &dest)
+                .map_err(|e| HarnessError::io(format!("copying {}", from.display()), e))?;
+            std::fs::set_permissions(&dest, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                .map_err(|e| HarnessError::io(format!("chmod {}", dest.display()), e))?;
+            if let Some((uid, gid)) = local.run_as {
+                std::os::unix::fs::chown(&dest, Some(uid), Some(gid))
+                    .map_err(|e| HarnessError::io(format!("chown {}", dest.display()), e))?;
+            }
+        }
+        let mut rules = String::from("local all all trust\nhost all postgres 127.0.0.1/32 trust\n");
+        for line in hba {
+            rules.push_str(line);
+            rules.push('\n');
+        }
+        let hba_path = local.data_dir.join("pg_hba.conf");
+        std::fs::write(&hba_path, rules)
+            .map_err(|e| HarnessError::io(format!("writing {}", hba_path.display()), e))?;
+        for statement in [
+            "ALTER SYSTEM SET ssl = on",
+            "ALTER SYSTEM SET ssl_cert_file = 'lease-server.crt'",
+            "ALTER SYSTEM SET ssl_key_file = 'lease-server.key'",
+            "ALTER SYSTEM SET ssl_ca_file = 'lease-ca.crt'",
+            "ALTER SYSTEM SET password_encryption = 'scram-sha-256'",
+            "SELECT pg_reload_conf()",
+        ] {
+            run_sql(local.port, "postgres", statement).map_err(HarnessError::Start)?;
+        }
+        // The reload is asynchronous.
+        let by = Instant::now() + Duration::from_secs(10);
+        loop {
+            let rows = run_sql(local.port, "postgres", "SHOW ssl").map_err(HarnessError::Start)?;
+            if rows
+                .first()
+                .and_then(|r| r.first())
+                .cloned()
+                .flatten()
+                .as_deref()
+                == Some("on")
+            {
+                break;
+            }
+            if Instant::now() > by {
+                return Err(HarnessError::Start(format!(
+                    "ssl still off 10 s after the reload; log tail:\n{}",
+                    self.log_tail(20)
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
     /// Where the server came from.
     pub fn source(&self) -> Source {
         self.source

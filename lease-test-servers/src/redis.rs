@@ -135,6 +135,14 @@ impl RedisServer {
         Self::start_local_env(false, clock.env()).await
     }
 
+    /// A throwaway local `redis-server` (no persistence) with extra command-line
+    /// arguments, for example a TLS port (`--tls-port`, `--tls-cert-file`, ...) or
+    /// `--requirepass`. Readiness is checked on the plain port, where a `NOAUTH` reply
+    /// counts as ready.
+    pub async fn start_local_with_args(extra: Vec<String>) -> Result<RedisServer, HarnessError> {
+        Self::start_local_full(false, Vec::new(), extra).await
+    }
+
     async fn start_local(persistent: bool) -> Result<RedisServer, HarnessError> {
         Self::start_local_env(persistent, Vec::new()).await
     }
@@ -142,6 +150,14 @@ impl RedisServer {
     async fn start_local_env(
         persistent: bool,
         env: Vec<(OsString, OsString)>,
+    ) -> Result<RedisServer, HarnessError> {
+        Self::start_local_full(persistent, env, Vec::new()).await
+    }
+
+    async fn start_local_full(
+        persistent: bool,
+        env: Vec<(OsString, OsString)>,
+        extra: Vec<String>,
     ) -> Result<RedisServer, HarnessError> {
         let binary = find_binary("redis-server", &["/usr/bin", "/usr/sbin", "/usr/local/bin"])
             .ok_or_else(|| {
@@ -160,7 +176,8 @@ impl RedisServer {
         for _ in 0..PORT_ATTEMPTS {
             let port = free_port()?;
             let _ = std::fs::remove_file(&log_path);
-            let args = server_args(port, dir.path(), persistent);
+            let mut args = server_args(port, dir.path(), persistent);
+            args.extend(extra.iter().map(OsString::from));
             let mut process =
                 ChildProcess::spawn_with_env(binary.clone(), args, log_path.clone(), env.clone())?;
             match wait_ready(&mut process, port).await {
@@ -505,8 +522,9 @@ fn ping(port: u16) -> bool {
             Ok(n) => reply.extend_from_slice(&buf[..n]),
         }
     }
-    // `-LOADING ...` while a persistent server replays its AOF: not ready yet.
-    reply.starts_with(b"+PONG")
+    // `-LOADING ...` while a persistent server replays its AOF: not ready yet. `-NOAUTH`:
+    // ready, and wants a password.
+    reply.starts_with(b"+PONG") || reply.starts_with(b"-NOAUTH")
 }
 
 use lease_core::redact_url as redact;

@@ -1,0 +1,69 @@
+//! The whole conformance suite over mutual TLS, as a least-privilege ACL user (its keys
+//! and channels only, no administrative commands): what a production deployment runs.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::sync::Arc;
+
+use lease_conformance::Fixture;
+use lease_core::TlsFiles;
+use lease_redis::{RedisBackend, RedisConfig};
+use lease_test_servers::{RedisServer, TestCerts, free_port};
+mod common;
+
+/// The same rules as `LEASE_ACL` in tls_auth.rs (and the README).
+const LEASE_ACL: &[&str] = &[
+    "on",
+    "resetkeys",
+    "~lease:*",
+    "resetchannels",
+    "&lease:*",
+    "-@all",
+    "+@read",
+    "+@write",
+    "+@scripting",
+    "+@pubsub",
+    "+@connection",
+    "+time",
+];
+
+async fn secure_redis() -> Fixture {
+    let certs = TestCerts::generate().unwrap_or_else(|e| panic!("{e}"));
+    let tls_port = free_port().unwrap();
+    let path = |p: &std::path::Path| p.display().to_string();
+    let server = RedisServer::start_local_with_args(vec![
+        "--tls-port".into(),
+        tls_port.to_string(),
+        "--tls-cert-file".into(),
+        path(&certs.server_cert),
+        "--tls-key-file".into(),
+        path(&certs.server_key),
+        "--tls-ca-cert-file".into(),
+        path(&certs.ca),
+        "--tls-auth-clients".into(),
+        "yes".into(),
+    ])
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut root = common::admin(&server.url()).await;
+    let mut setuser = redis::cmd("ACL");
+    setuser.arg("SETUSER").arg("leaser").arg(">user-pw");
+    for rule in LEASE_ACL {
+        setuser.arg(*rule);
+    }
+    let _: () = setuser.query_async(&mut root).await.unwrap();
+    let config = RedisConfig {
+        tls: TlsFiles::default()
+            .with_ca(&certs.ca)
+            .with_client(&certs.client_cert, &certs.client_key),
+        ..RedisConfig::default()
+    };
+    let backend = RedisBackend::connect_with(
+        &format!("rediss://leaser:user-pw@127.0.0.1:{tls_port}/"),
+        config,
+    )
+    .await
+    .expect("connect over mutual TLS as the ACL user");
+    Fixture::new(Arc::new(backend)).keep(server).keep(certs)
+}
+
+lease_conformance::conformance_suite!(secure_redis);
