@@ -160,6 +160,31 @@ impl EtcdConfig {
     }
 }
 
+/// Whether the first request over TLS failed because the server closed the connection
+/// before any reply. gRPC over HTTP/2 does not pass on the TLS alert behind it; on a
+/// server that answered TCP, that is a TLS 1.3 server refusing the client's certificate
+/// (or its absence) after the handshake.
+fn closed_in_handshake(e: &etcd_client::Error) -> bool {
+    let etcd_client::Error::GRpcStatus(status) = e else {
+        return false;
+    };
+    status.code() == tonic::Code::Cancelled
+        && lease_core::error_chain_text(status).contains("connection closed")
+}
+
+/// The error for [`closed_in_handshake`].
+fn refused_in_handshake(e: &etcd_client::Error) -> Error {
+    Error::tls(
+        BACKEND,
+        format!(
+            "the server closed the connection in the TLS handshake: it requires a client \
+             certificate (--tls-cert and --tls-key, LEASE_TLS_CERT and LEASE_TLS_KEY, \
+             tls_cert= and tls_key=), or refused the one given ({})",
+            lease_core::error_chain_text(e)
+        ),
+    )
+}
+
 /// `options` with TLS set up from `files`.
 #[cfg(feature = "tls")]
 fn tls_options(options: ConnectOptions, files: &TlsFiles) -> Result<ConnectOptions> {
@@ -321,6 +346,9 @@ impl EtcdBackend {
                 ))
                 .into());
             }
+            Err(e) if config.tls.is_some() && closed_in_handshake(&e) => {
+                return Err(refused_in_handshake(&e));
+            }
             Err(e) => return Err(convert("connect", bound, e)),
         };
         if config.tls.is_some() && config.user.is_none() {
@@ -330,6 +358,7 @@ impl EtcdBackend {
             let mut probe = client.clone();
             match bounded("connect", bound, probe.status()).await? {
                 Ok(_) => {}
+                Err(e) if closed_in_handshake(&e) => return Err(refused_in_handshake(&e)),
                 Err(e) => return Err(convert("connect", bound, e)),
             }
         }

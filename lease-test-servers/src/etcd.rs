@@ -236,7 +236,8 @@ impl EtcdServer {
 
     /// A throwaway local node that also serves clients over TLS, with `certs`' server
     /// certificate and key, on a second port; `client_cert_auth` makes that port require
-    /// a client certificate signed by `certs.ca` (`--client-cert-auth`). The plain port
+    /// a client certificate signed by `certs.ca` (`--trusted-ca-file`,
+    /// `--client-cert-auth`). The plain port
     /// stays (for [`EtcdServer::endpoints`], readiness and setup). Returns the server and
     /// its `https://127.0.0.1:PORT` endpoint.
     pub async fn start_local_tls(
@@ -245,15 +246,21 @@ impl EtcdServer {
     ) -> Result<(EtcdServer, String), HarnessError> {
         let tls_port = super::free_port()?;
         let https = format!("https://127.0.0.1:{tls_port}");
-        let files: Vec<OsString> = vec![
+        let mut files: Vec<OsString> = vec![
             "--cert-file".into(),
             certs.server_cert.clone().into_os_string(),
             "--key-file".into(),
             certs.server_key.clone().into_os_string(),
-            "--trusted-ca-file".into(),
-            certs.ca.clone().into_os_string(),
-            format!("--client-cert-auth={client_cert_auth}").into(),
         ];
+        if client_cert_auth {
+            // etcd requires a client certificate on its TLS port whenever it has a
+            // trusted CA file, whatever --client-cert-auth says.
+            files.extend([
+                "--trusted-ca-file".into(),
+                certs.ca.clone().into_os_string(),
+                "--client-cert-auth".into(),
+            ]);
+        }
         let server = Self::start_local_inner(&|client_port| {
             let both = format!("http://127.0.0.1:{client_port},{https}");
             let mut args: Vec<OsString> = vec![

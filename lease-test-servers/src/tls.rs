@@ -70,7 +70,8 @@ impl TestCerts {
             "server",
             "127.0.0.1",
             "ca",
-            &leaf_ext(Some("IP:127.0.0.1"), "serverAuth"),
+            // clientAuth too: etcd's gateway connects to its own TLS port with it.
+            &leaf_ext(Some("IP:127.0.0.1"), "serverAuth,clientAuth"),
         )?;
         make_leaf(
             dir.path(),
