@@ -10,7 +10,8 @@ cd "$(dirname "$0")/.."
 # the `lease` binary with its wall clock an hour off (lease-cli's clock-skew tests).
 # redis-sentinel and pgbouncer: the Sentinel failover and transaction-pooling tests. gcc
 # compiles the stepped-clock shim of the harness (tests of a step of the store's clock).
-packages=(redis-server redis-tools redis-sentinel postgresql pgbouncer etcd-server etcd-client protobuf-compiler libprotobuf-dev faketime gcc libc6-dev)
+# openssl makes the certificates of the TLS tests at test time.
+packages=(redis-server redis-tools redis-sentinel postgresql pgbouncer etcd-server etcd-client protobuf-compiler libprotobuf-dev faketime gcc libc6-dev openssl)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -113,7 +113,8 @@ impl EtcdConfig {
     /// ```
     ///
     /// Errors: [`InvalidInput::MalformedUrl`], whose message never contains the password.
-    /// `etcds://` (TLS) is not supported by URL; see [`EtcdBackend::from_client`].
+    /// `etcds://` gives `https://` endpoints and `tls: Some(files)`, with the files of the
+    /// URL parameters `tls_ca`, `tls_cert` and `tls_key`.
     pub fn from_url(url: &str) -> std::result::Result<(Vec<String>, EtcdConfig), InvalidInput> {
         let parsed = url::parse(url)?;
         parsed.1.validate()?;
@@ -375,7 +376,7 @@ impl EtcdBackend {
         Self::connect(&endpoints, config).await
     }
 
-    /// Uses an existing `etcd-client` [`Client`] (for TLS or other connection settings
+    /// Uses an existing `etcd-client` [`Client`] (for connection settings
     /// this crate does not expose). `config`'s prefix and request timeout apply; its
     /// connection settings and credentials are ignored.
     pub fn from_client(client: Client, config: EtcdConfig) -> Result<Self> {

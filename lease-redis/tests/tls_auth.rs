@@ -120,8 +120,7 @@ async fn tls_connects_and_refuses_a_wrong_ca_a_wrong_host_and_a_plain_port() {
     let plain = server.port().unwrap();
     let e = connect(&format!("rediss://127.0.0.1:{plain}/"), ca.clone())
         .await
-        .err()
-        .expect("a TLS connect to the plain port");
+        .expect_err("a TLS connect to the plain port");
     assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
     // A missing CA file: named, before anything is sent.
     let missing = certs.dir().join("nope.pem");
