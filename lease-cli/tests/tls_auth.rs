@@ -405,7 +405,7 @@ async fn etcd_tls_mtls_password_and_prefix_role() {
         &["--tls-ca", &ca],
         &[],
         EXIT_TLS,
-        "client certificate",
+        "requires a client certificate",
         "user-pw",
     )
     .await;

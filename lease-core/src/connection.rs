@@ -383,8 +383,35 @@ pub fn error_chain_text(error: &(dyn std::error::Error + 'static)) -> String {
 /// assert!(why.starts_with("the server's certificate is not signed by a CA you trust"));
 /// ```
 pub fn tls_failure(error: &(dyn std::error::Error + 'static)) -> Option<String> {
+    tls_failure_for(error, None)
+}
+
+/// [`tls_failure`], for a caller that knows whether it presented a client certificate:
+/// servers answer a missing certificate and one they do not trust with the same alerts
+/// (`BadCertificate` from TLS 1.2 and older servers, `CertificateRequired` from newer
+/// ones), so what was sent decides which of the two the message says.
+pub fn tls_failure_for(
+    error: &(dyn std::error::Error + 'static),
+    client_cert_sent: Option<bool>,
+) -> Option<String> {
+    const REQUIRED: &str = "the server requires a client certificate: give one with its key \
+         (--tls-cert and --tls-key, LEASE_TLS_CERT and LEASE_TLS_KEY, tls_cert= and \
+         tls_key=, or sslcert= and sslkey=)";
+    const REFUSED: &str =
+        "the server refused the client certificate (is it signed by a CA the server trusts?)";
     let text = error_chain_text(error);
     let has = |s: &str| text.contains(s);
+    let refusal = [
+        "received fatal alert: CertificateRequired",
+        "received fatal alert: BadCertificate",
+        "received fatal alert: UnknownCA",
+        "received fatal alert: DecryptError",
+        "received fatal alert: AccessDenied",
+        "received fatal alert: HandshakeFailure",
+        "peer sent no certificates",
+    ]
+    .iter()
+    .any(|a| has(a));
     let why = if has("invalid peer certificate") {
         if has("UnknownIssuer") {
             "the server's certificate is not signed by a CA you trust: give the CA file that \
@@ -398,16 +425,13 @@ pub fn tls_failure(error: &(dyn std::error::Error + 'static)) -> Option<String> 
         } else {
             "the server's certificate failed verification"
         }
-    } else if has("CertificateRequired") || has("peer sent no certificates") {
-        "the server requires a client certificate: give one with its key (--tls-cert and \
-         --tls-key, LEASE_TLS_CERT and LEASE_TLS_KEY, tls_cert= and tls_key=, or sslcert= \
-         and sslkey=)"
-    } else if has("received fatal alert: UnknownCA")
-        || has("received fatal alert: BadCertificate")
-        || has("received fatal alert: DecryptError")
-        || has("received fatal alert: AccessDenied")
-    {
-        "the server refused the client certificate (is it signed by a CA the server trusts?)"
+    } else if refusal {
+        match client_cert_sent {
+            Some(false) => REQUIRED,
+            Some(true) => REFUSED,
+            None if has("CertificateRequired") || has("peer sent no certificates") => REQUIRED,
+            None => REFUSED,
+        }
     } else if has("received fatal alert") {
         "the server ended the TLS handshake"
     } else if has("InvalidContentType") || has("corrupt message") {

@@ -15,7 +15,9 @@ mod util;
 pub use async_trait::async_trait;
 pub use backend::LeaseBackend;
 pub use client::{LeaseClient, LeaseContext, RunOutcome, TryAcquire};
-pub use connection::{TlsFiles, TlsPem, error_chain_text, find_cause, redact_url, tls_failure};
+pub use connection::{
+    TlsFiles, TlsPem, error_chain_text, find_cause, redact_url, tls_failure, tls_failure_for,
+};
 pub use error::{BoxError, Error, InvalidInput, Result};
 pub use guard::LeaseGuard;
 pub use memory::MemoryBackend;

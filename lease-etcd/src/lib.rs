@@ -3,6 +3,8 @@
 mod error;
 mod keys;
 mod state;
+#[cfg(feature = "tls")]
+mod tls_probe;
 mod url;
 mod watch;
 
@@ -161,29 +163,30 @@ impl EtcdConfig {
     }
 }
 
-/// Whether the first request over TLS failed because the server closed the connection
-/// before any reply. gRPC over HTTP/2 does not pass on the TLS alert behind it; on a
-/// server that answered TCP, that is a TLS 1.3 server refusing the client's certificate
-/// (or its absence) after the handshake.
-fn closed_in_handshake(e: &etcd_client::Error) -> bool {
-    let etcd_client::Error::GRpcStatus(status) = e else {
-        return false;
-    };
-    status.code() == tonic::Code::Cancelled
-        && lease_core::error_chain_text(status).contains("connection closed")
-}
-
-/// The error for [`closed_in_handshake`].
-fn refused_in_handshake(e: &etcd_client::Error) -> Error {
-    Error::tls(
-        BACKEND,
-        format!(
-            "the server closed the connection in the TLS handshake: it requires a client \
-             certificate (--tls-cert and --tls-key, LEASE_TLS_CERT and LEASE_TLS_KEY, \
-             tls_cert= and tls_key=), or refused the one given ({})",
-            lease_core::error_chain_text(e)
-        ),
-    )
+/// `error`, or the TLS failure behind it: when TLS is configured and the connection
+/// failed (rather than the server answering with an error), a handshake of our own tells
+/// what the server refused (see `tls_probe`), knowing whether a client certificate was
+/// sent (gRPC's own error may carry the server's alert, which does not say that).
+async fn explain_tls(
+    error: Error,
+    config: &EtcdConfig,
+    endpoints: &[String],
+    bound: Duration,
+) -> Error {
+    #[cfg(feature = "tls")]
+    if let (Some(files), Error::Unavailable { .. } | Error::Backend { .. } | Error::Tls { .. }) =
+        (&config.tls, &error)
+        && let Ok(pem) = files.load(BACKEND)
+    {
+        for endpoint in endpoints.iter().filter(|e| e.starts_with("https://")) {
+            if let Some(why) = tls_probe::diagnose(endpoint, &pem, bound).await {
+                return Error::tls(BACKEND, why);
+            }
+        }
+    }
+    #[cfg(not(feature = "tls"))]
+    let _ = (config, endpoints, bound);
+    error
 }
 
 /// `options` with TLS set up from `files`.
@@ -347,10 +350,10 @@ impl EtcdBackend {
                 ))
                 .into());
             }
-            Err(e) if config.tls.is_some() && closed_in_handshake(&e) => {
-                return Err(refused_in_handshake(&e));
+            Err(e) => {
+                let e = convert("connect", bound, e);
+                return Err(explain_tls(e, &config, endpoints, bound).await);
             }
-            Err(e) => return Err(convert("connect", bound, e)),
         };
         if config.tls.is_some() && config.user.is_none() {
             // Without a user nothing has been sent yet; with TLS, find out now whether
@@ -359,8 +362,10 @@ impl EtcdBackend {
             let mut probe = client.clone();
             match bounded("connect", bound, probe.status()).await? {
                 Ok(_) => {}
-                Err(e) if closed_in_handshake(&e) => return Err(refused_in_handshake(&e)),
-                Err(e) => return Err(convert("connect", bound, e)),
+                Err(e) => {
+                    let e = convert("connect", bound, e);
+                    return Err(explain_tls(e, &config, endpoints, bound).await);
+                }
             }
         }
         Ok(Self::build(client, config, endpoints.to_vec()))

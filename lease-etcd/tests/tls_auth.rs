@@ -150,14 +150,17 @@ async fn mtls_requires_a_client_certificate_the_server_trusts() {
         .unwrap(),
     )
     .await;
-    expect_tls(connect(&url, ca.clone()).await, "client certificate");
+    expect_tls(
+        connect(&url, ca.clone()).await,
+        "requires a client certificate",
+    );
     expect_tls(
         connect(
             &url,
             ca.with_client(&certs.stranger_cert, &certs.stranger_key),
         )
         .await,
-        "client certificate",
+        "refused the client certificate",
     );
 }
 
