@@ -212,6 +212,20 @@ mod tests {
     }
 
     #[test]
+    fn tls_errors_are_tls_never_unreachable() {
+        // sqlx's own words when TLS is asked for and not compiled in: before, exit 69 and
+        // "retryable"; now a configuration error naming the feature.
+        let off = sqlx::Error::Tls("SQLx was built without TLS support".into());
+        let e = convert(BACKEND, "connect", Duration::from_secs(1), off);
+        assert!(matches!(e, Error::Tls { .. }), "{e:?}");
+        assert!(e.to_string().contains("`tls` feature"), "{e}");
+        assert!(!e.is_retryable());
+        let refused = sqlx::Error::Tls("server does not support TLS".into());
+        let e = convert(BACKEND, "connect", Duration::from_secs(1), refused);
+        assert!(e.to_string().contains("does not accept TLS"), "{e}");
+    }
+
+    #[test]
     fn statement_timeout_is_a_timeout() {
         let e = from_sqlstate(
             BACKEND,
