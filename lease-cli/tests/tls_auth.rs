@@ -436,6 +436,35 @@ async fn etcd_tls_mtls_password_and_prefix_role() {
     .await;
     assert_eq!(code, 69, "{out}");
     assert!(out.contains("permission denied"), "{out}");
+    // TLS without client certificates, on a second server: the CA from the flag and
+    // from the environment; another CA, and a host name the certificate does not list.
+    let (_tls_only, https) = EtcdServer::start_local_tls(&certs, false)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let tls_at = https.trim_start_matches("https://");
+    let tls_url = format!("etcds://{tls_at}/app");
+    exec_ok(&tls_url, &["--tls-ca", &ca], &[]).await;
+    exec_ok(&tls_url, &[], &[("LEASE_TLS_CA", &ca)]).await;
+    status_fails(
+        &tls_url,
+        &["--tls-ca", &other],
+        &[],
+        EXIT_TLS,
+        "not signed by a CA you trust",
+        "no secret",
+    )
+    .await;
+    let tls_port = tls_at.rsplit(':').next().unwrap();
+    let localhost = format!("etcds://localhost:{tls_port}/app");
+    status_fails(
+        &localhost,
+        &["--tls-ca", &ca],
+        &[],
+        EXIT_TLS,
+        "not valid for the host name",
+        "no secret",
+    )
+    .await;
     // A wrong password: 77, not printed.
     status_fails(
         &format!("etcd://leaser:not-it@{plain_at}/app"),
