@@ -201,6 +201,18 @@ async fn redis_tls_mtls_password_and_acl_user() {
         "user-pw",
     )
     .await;
+    // rediss:// to the plain port: the server waits for the rest of a line; the backend
+    // finds the port answers a plain PING: exit 78, not a timeout.
+    let tls_to_plain = format!("rediss://leaser:user-pw@127.0.0.1:{port}/");
+    status_fails(
+        &tls_to_plain,
+        &["--tls-ca", &ca],
+        &[],
+        EXIT_TLS,
+        "speaks plain text",
+        "user-pw",
+    )
+    .await;
     // A password alone (the default user), and the ACL user, in plain text.
     exec_ok(&format!("redis://:default-pw@127.0.0.1:{port}/"), &[], &[]).await;
     exec_ok(

@@ -693,13 +693,52 @@ fn tls_client(url: &str, tls: &TlsFiles) -> Result<Client> {
 /// A connection manager on `client`, its first connection made within the connect timeout.
 async fn open_manager(client: &Client, config: &RedisConfig) -> Result<ConnectionManager> {
     let connect = ConnectionManager::new_with_config(client.clone(), config.manager_config());
-    bounded(
+    let opened = bounded(
         "connect",
         config.connect_timeout,
         config.response_timeout,
         connect,
     )
-    .await
+    .await;
+    match opened {
+        Err(e @ (Error::Timeout { .. } | Error::Unavailable { .. })) => {
+            Err(plain_port(client, config.response_timeout)
+                .await
+                .unwrap_or(e))
+        }
+        other => other,
+    }
+}
+
+/// For a `rediss://` connection that got no answer: whether the port speaks plain RESP
+/// instead of TLS. redis-server reads a TLS hello on its plain port as the start of an
+/// inline command and waits for the rest of the line, so the TLS connect just times out;
+/// a plain `PING` on the same port answers at once.
+async fn plain_port(client: &Client, bound: Duration) -> Option<Error> {
+    let redis::ConnectionAddr::TcpTls { host, port, .. } = client.get_connection_info().addr()
+    else {
+        return None;
+    };
+    let probe = async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut tcp = tokio::net::TcpStream::connect((host.as_str(), *port))
+            .await
+            .ok()?;
+        tcp.write_all(b"PING\r\n").await.ok()?;
+        let mut reply = [0u8; 16];
+        let n = tcp.read(&mut reply).await.ok()?;
+        let reply = reply.get(..n)?;
+        (reply.starts_with(b"+PONG") || reply.starts_with(b"-NOAUTH")).then(|| {
+            Error::tls(
+                BACKEND,
+                format!(
+                    "the server did not answer in TLS: port {port} speaks plain text (use \
+                     redis:// there, or the server's tls-port with rediss://)"
+                ),
+            )
+        })
+    };
+    tokio::time::timeout(bound, probe).await.ok().flatten()
 }
 
 /// Bounds `fut` by `after` ([`Error::Timeout`] when it elapses) and converts its error;
