@@ -7,6 +7,10 @@
 //!   asked, so machines without Docker pay nothing.
 //! - The answer is probed once per process, with a 3 s bound, and why the source was
 //!   skipped is printed once.
+//! - A container start (the image pull included) is bounded (4 min); an image whose
+//!   container did not start is not tried again by the same process (on a machine
+//!   without a registry, each image's pull fails once per test binary, not once per
+//!   test).
 //! - A container is removed when its handle drops. A test process that is SIGKILLed
 //!   leaves its containers behind (testcontainers for Rust has no reaper); they carry
 //!   the label `lease-test=1`, so `docker rm -f $(docker ps -aq --filter label=lease-test=1)`
@@ -56,15 +60,67 @@ pub(crate) async fn try_start(spec: Spec) -> Option<Running> {
         skipped_once(&why);
         return None;
     }
-    match start(&spec).await {
-        Ok(r) => Some(r),
+    let image = format!("{}:{}", spec.image, spec.tag);
+    // Until an image has started once, its starts go one at a time: the tests of a
+    // binary that all begin at once then wait for the first attempt instead of each
+    // pulling the image.
+    let _first = if listed(&PROVEN, &image) {
+        None
+    } else {
+        Some(FIRST_START.lock().await)
+    };
+    // An image that could not be started once (most often: it is not on the engine and
+    // cannot be pulled, as on machines without a registry) is not tried again by this
+    // process: every test would otherwise pay for the attempt and print its error.
+    if listed(&FAILED, &image) {
+        return None;
+    }
+    START_ATTEMPTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let started = tokio::time::timeout(START_BOUND, start(&spec))
+        .await
+        .unwrap_or_else(|_| Err(format!("no container within {START_BOUND:?}")));
+    match started {
+        Ok(r) => {
+            add(&PROVEN, &image);
+            Some(r)
+        }
         Err(why) => {
+            add(&FAILED, &image);
             super::announce(format_args!(
-                "lease test server: a {}:{} container did not start ({why}); using a local process",
-                spec.image, spec.tag
+                "lease test server: a {image} container did not start ({why}); using local \
+                 processes for it in this test binary"
             ));
             None
         }
+    }
+}
+
+/// Bound of one container start, the image pull included.
+const START_BOUND: Duration = Duration::from_secs(240);
+
+/// How many container starts this process attempted (for the harness's own tests).
+static START_ATTEMPTS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Images whose container did not start in this process.
+static FAILED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Images whose container started in this process.
+static PROVEN: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// Held by the start of an image not proven yet.
+static FIRST_START: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn listed(list: &std::sync::Mutex<Vec<String>>, image: &str) -> bool {
+    list.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .any(|i| i == image)
+}
+
+fn add(list: &std::sync::Mutex<Vec<String>>, image: &str) {
+    let mut images = list.lock().unwrap_or_else(|p| p.into_inner());
+    if !images.iter().any(|i| i == image) {
+        images.push(image.to_owned());
     }
 }
 
@@ -202,6 +258,35 @@ async fn start(_spec: &Spec) -> Result<Running, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An image that cannot be started (here: one that exists nowhere) is tried once per
+    /// process: the second request returns at once without asking the engine again.
+    #[tokio::test]
+    async fn a_failed_image_is_tried_once() {
+        if engine().await.is_err() {
+            eprintln!("no Docker engine: nothing to check");
+            return;
+        }
+        let spec = || Spec {
+            image: "lease-test.invalid/no-such-image",
+            tag: "0",
+            port: 1,
+            ready: Vec::new(),
+            env: Vec::new(),
+            cmd: Vec::new(),
+        };
+        let before = START_ATTEMPTS.load(std::sync::atomic::Ordering::Relaxed);
+        // Eight at once, as the tests of a binary begin: one attempt.
+        let all = futures::future::join_all((0..8).map(|_| try_start(spec()))).await;
+        assert!(all.iter().all(Option::is_none));
+        let started = std::time::Instant::now();
+        assert!(try_start(spec()).await.is_none());
+        assert!(started.elapsed() < Duration::from_millis(100));
+        assert_eq!(
+            START_ATTEMPTS.load(std::sync::atomic::Ordering::Relaxed),
+            before + 1
+        );
+    }
 
     /// Without an engine (or with the source switched off) the source is skipped, fast.
     #[tokio::test]
