@@ -24,8 +24,14 @@ use std::time::Duration;
 
 /// What to run.
 pub(crate) struct Spec {
+    /// The official image (tried first).
     pub(crate) image: &'static str,
     pub(crate) tag: &'static str,
+    /// The project's own image, built from Debian's packages by
+    /// `scripts/build-test-images.sh` (tried when the official one does not start).
+    pub(crate) local_image: &'static str,
+    /// The environment variable that names the one image to use instead of both.
+    pub(crate) image_var: &'static str,
     pub(crate) port: u16,
     /// Lines the server prints when it is ready, and whether each goes to stderr (all
     /// must appear).
@@ -60,11 +66,42 @@ pub(crate) async fn try_start(spec: Spec) -> Option<Running> {
         skipped_once(&why);
         return None;
     }
-    let image = format!("{}:{}", spec.image, spec.tag);
+    let candidates: Vec<String> = match std::env::var(spec.image_var) {
+        Ok(image) if !image.trim().is_empty() => vec![image.trim().to_owned()],
+        _ => vec![
+            format!("{}:{}", spec.image, spec.tag),
+            spec.local_image.to_owned(),
+        ],
+    };
+    for image in candidates {
+        if let Some(running) = try_image(&spec, &image).await {
+            return Some(running);
+        }
+    }
+    None
+}
+
+/// Whether the container source is forced (`LEASE_TEST_SOURCE=containers`): then a
+/// container that does not start fails the test instead of falling back to a local
+/// process.
+pub(crate) fn forced() -> bool {
+    std::env::var("LEASE_TEST_SOURCE").is_ok_and(|v| v.trim() == "containers")
+}
+
+/// The error of a forced container source that could not start `what`.
+pub(crate) fn forced_failure(what: &str) -> super::HarnessError {
+    super::HarnessError::Start(format!(
+        "LEASE_TEST_SOURCE=containers, and no {what} container started (see the lines above; \
+         build the images with scripts/build-test-images.sh)"
+    ))
+}
+
+/// Runs `spec` on `image` (`name:tag`), unless it failed before in this process.
+async fn try_image(spec: &Spec, image: &str) -> Option<Running> {
     // Until an image has started once, its starts go one at a time: the tests of a
     // binary that all begin at once then wait for the first attempt instead of each
     // pulling the image.
-    let _first = if listed(&PROVEN, &image) {
+    let _first = if listed(&PROVEN, image) {
         None
     } else {
         Some(FIRST_START.lock().await)
@@ -72,23 +109,23 @@ pub(crate) async fn try_start(spec: Spec) -> Option<Running> {
     // An image that could not be started once (most often: it is not on the engine and
     // cannot be pulled, as on machines without a registry) is not tried again by this
     // process: every test would otherwise pay for the attempt and print its error.
-    if listed(&FAILED, &image) {
+    if listed(&FAILED, image) {
         return None;
     }
     START_ATTEMPTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let started = tokio::time::timeout(START_BOUND, start(&spec))
+    let started = tokio::time::timeout(START_BOUND, start(spec, image))
         .await
         .unwrap_or_else(|_| Err(format!("no container within {START_BOUND:?}")));
     match started {
         Ok(r) => {
-            add(&PROVEN, &image);
+            add(&PROVEN, image);
             Some(r)
         }
         Err(why) => {
-            add(&FAILED, &image);
+            add(&FAILED, image);
             super::announce(format_args!(
-                "lease test server: a {image} container did not start ({why}); using local \
-                 processes for it in this test binary"
+                "lease test server: a {image} container did not start ({why}); not tried \
+                 again by this test binary"
             ));
             None
         }
@@ -199,12 +236,13 @@ async fn ping() -> Result<(), String> {
 }
 
 #[cfg(feature = "containers")]
-async fn start(spec: &Spec) -> Result<Running, String> {
+async fn start(spec: &Spec, image_ref: &str) -> Result<Running, String> {
     use testcontainers::core::{IntoContainerPort, WaitFor};
     use testcontainers::runners::AsyncRunner;
     use testcontainers::{GenericImage, ImageExt};
 
-    let mut image = GenericImage::new(spec.image, spec.tag).with_exposed_port(spec.port.tcp());
+    let (name, tag) = image_ref.rsplit_once(':').unwrap_or((image_ref, "latest"));
+    let mut image = GenericImage::new(name, tag).with_exposed_port(spec.port.tcp());
     for &(line, stderr) in &spec.ready {
         image = image.with_wait_for(if stderr {
             WaitFor::message_on_stderr(line)
@@ -241,7 +279,7 @@ async fn start(spec: &Spec) -> Result<Running, String> {
             .and_then(|mut addrs| addrs.find(std::net::SocketAddr::is_ipv4))
             .map_or(host.clone(), |a| a.ip().to_string()),
     };
-    let description = format!("{}:{} {}", spec.image, spec.tag, container.id());
+    let description = format!("{image_ref} {}", container.id());
     Ok(Running {
         _container: container,
         host,
@@ -251,7 +289,7 @@ async fn start(spec: &Spec) -> Result<Running, String> {
 }
 
 #[cfg(not(feature = "containers"))]
-async fn start(_spec: &Spec) -> Result<Running, String> {
+async fn start(_spec: &Spec, _image: &str) -> Result<Running, String> {
     Err("lease-test-servers was built without its `containers` feature".into())
 }
 
@@ -270,6 +308,8 @@ mod tests {
         let spec = || Spec {
             image: "lease-test.invalid/no-such-image",
             tag: "0",
+            local_image: "lease-test.invalid/no-such-image:1",
+            image_var: "LEASE_TEST_NO_SUCH_IMAGE",
             port: 1,
             ready: Vec::new(),
             env: Vec::new(),
@@ -282,9 +322,10 @@ mod tests {
         let started = std::time::Instant::now();
         assert!(try_start(spec()).await.is_none());
         assert!(started.elapsed() < Duration::from_millis(100));
+        // One attempt per image: the official one and the project's own.
         assert_eq!(
             START_ATTEMPTS.load(std::sync::atomic::Ordering::Relaxed),
-            before + 1
+            before + 2
         );
     }
 
@@ -301,6 +342,8 @@ mod tests {
         let r = try_start(Spec {
             image: "redis",
             tag: "7.2",
+            local_image: "lease-test/redis:7",
+            image_var: "LEASE_TEST_REDIS_IMAGE",
             port: 6379,
             ready: vec![("Ready to accept connections", false)],
             env: Vec::new(),

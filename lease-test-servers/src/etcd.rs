@@ -193,20 +193,30 @@ impl EtcdServer {
         let spec = super::container::Spec {
             image: "quay.io/coreos/etcd",
             tag: "v3.5.17",
+            local_image: "lease-test/etcd:3.4",
+            image_var: "LEASE_TEST_ETCD_IMAGE",
             port: 2379,
             ready: vec![("ready to serve client requests", true)],
             env: Vec::new(),
-            cmd: [
-                "/usr/local/bin/etcd",
-                "--listen-client-urls",
-                "http://0.0.0.0:2379",
-                "--advertise-client-urls",
-                "http://0.0.0.0:2379",
-            ]
-            .map(String::from)
-            .to_vec(),
+            cmd: vec![
+                "/usr/local/bin/etcd".to_owned(),
+                "--listen-client-urls".to_owned(),
+                "http://0.0.0.0:2379".to_owned(),
+                "--advertise-client-urls".to_owned(),
+                "http://0.0.0.0:2379".to_owned(),
+                // The local process's raft timing: with etcd's default (100 ms heartbeat,
+                // 1 s election) the shortest lease is 2 s, and the 1 s TTL checks fail.
+                "--heartbeat-interval".to_owned(),
+                SINGLE_TIMING.0.to_string(),
+                "--election-timeout".to_owned(),
+                SINGLE_TIMING.1.to_string(),
+            ],
         };
-        if let Some(c) = super::container::try_start(spec).await {
+        let started = super::container::try_start(spec).await;
+        if started.is_none() && super::container::forced() {
+            return Err(super::container::forced_failure("etcd"));
+        }
+        if let Some(c) = started {
             super::announce(format_args!(
                 "lease test server: etcd at {}:{} (container {})",
                 c.host, c.port, c.description

@@ -179,6 +179,8 @@ impl PostgresServer {
         let spec = super::container::Spec {
             image: "postgres",
             tag: "15",
+            local_image: "lease-test/postgres:15",
+            image_var: "LEASE_TEST_POSTGRES_IMAGE",
             port: 5432,
             // The image's first server (initialisation) logs to stdout, the final one to
             // stderr.
@@ -189,7 +191,11 @@ impl PostgresServer {
             env: vec![("POSTGRES_HOST_AUTH_METHOD", "trust".to_owned())],
             cmd: Vec::new(),
         };
-        if let Some(c) = super::container::try_start(spec).await {
+        let started = super::container::try_start(spec).await;
+        if started.is_none() && super::container::forced() {
+            return Err(super::container::forced_failure("postgres"));
+        }
+        if let Some(c) = started {
             super::announce(format_args!(
                 "lease test server: postgres at {}:{} (container {})",
                 c.host, c.port, c.description

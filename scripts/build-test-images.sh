@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# Builds the container images the test harness uses when the official ones (redis,
+# postgres, quay.io/coreos/etcd) cannot be pulled: machines without a registry. Each
+# image holds one server from this machine's Debian packages (the binary, the shared
+# libraries it links, the data files it needs) in a root filesystem made here and
+# imported with `docker import`; no base image is pulled.
+#
+#   lease-test/redis:7          redis-server         (Debian package redis-server)
+#   lease-test/postgres:15      initdb + postgres    (Debian package postgresql-15)
+#   lease-test/etcd:3.4         etcd                 (Debian package etcd-server)
+#
+# An image that exists already is kept (the tags are the cache); --force builds again.
+# Without a Docker engine that answers, this does nothing and exits 0.
+set -euo pipefail
+
+force=0
+[ "${1:-}" = "--force" ] && force=1
+
+if ! command -v docker >/dev/null 2>&1 || ! docker info >/dev/null 2>&1; then
+  echo "build-test-images: no Docker engine answers; nothing built"
+  exit 0
+fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+# copy_with_libs ROOT FILE...: FILE and every shared library it links, at the same paths.
+copy_with_libs() {
+  local root=$1
+  shift
+  local f lib
+  for f in "$@"; do
+    mkdir -p "$root$(dirname "$f")"
+    cp -L "$f" "$root$f"
+    for lib in $(ldd "$f" 2>/dev/null | grep -o '/[^ ]*' || true); do
+      mkdir -p "$root$(dirname "$lib")"
+      cp -Ln "$lib" "$root$lib" 2>/dev/null || true
+    done
+  done
+}
+
+# base ROOT: the files every image needs: users, /tmp.
+base() {
+  local root=$1
+  mkdir -p "$root/etc" "$root/tmp"
+  chmod 1777 "$root/tmp"
+  printf 'root:x:0:0:root:/root:/bin/sh\npostgres:x:999:999:postgres:/var/lib/postgresql:/bin/sh\n' >"$root/etc/passwd"
+  printf 'root:x:0:\npostgres:x:999:\n' >"$root/etc/group"
+}
+
+wanted() {
+  if [ "$force" = 0 ] && docker image inspect "$1" >/dev/null 2>&1; then
+    echo "build-test-images: $1 exists"
+    return 1
+  fi
+  return 0
+}
+
+if wanted lease-test/redis:7; then
+  root=$work/redis
+  base "$root"
+  mkdir -p "$root/data"
+  copy_with_libs "$root" "$(command -v redis-server)"
+  tar -C "$root" -c . | docker import \
+    -c 'WORKDIR /data' -c 'CMD ["redis-server", "--protected-mode", "no"]' \
+    -c 'ENV PATH=/usr/bin:/bin' -c 'EXPOSE 6379' - lease-test/redis:7 >/dev/null
+  echo "build-test-images: built lease-test/redis:7 ($(redis-server --version | cut -d' ' -f3))"
+fi
+
+if wanted lease-test/etcd:3.4; then
+  root=$work/etcd
+  base "$root"
+  mkdir -p "$root/var/lib/etcd"
+  copy_with_libs "$root" "$(command -v etcd)"
+  # The official image has it at /usr/local/bin/etcd; the harness's command says so.
+  mkdir -p "$root/usr/local/bin"
+  ln -sf "$(command -v etcd)" "$root/usr/local/bin/etcd"
+  tar -C "$root" -c . | docker import \
+    -c 'WORKDIR /var/lib/etcd' -c 'CMD ["/usr/local/bin/etcd"]' \
+    -c 'ENV PATH=/usr/local/bin:/usr/bin:/bin' -c 'EXPOSE 2379' - lease-test/etcd:3.4 >/dev/null
+  echo "build-test-images: built lease-test/etcd:3.4 ($(etcd --version | head -1))"
+fi
+
+if wanted lease-test/postgres:15; then
+  root=$work/postgres
+  base "$root"
+  pgbin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -1)
+  pgver=$(basename "$(dirname "$pgbin")")
+  copy_with_libs "$root" "$pgbin/postgres" "$pgbin/initdb" /bin/sh
+  mkdir -p "$root/usr/lib/postgresql/$pgver/lib" "$root/usr/share/postgresql"
+  cp -a "/usr/lib/postgresql/$pgver/lib/." "$root/usr/lib/postgresql/$pgver/lib/"
+  cp -a "/usr/share/postgresql/$pgver" "$root/usr/share/postgresql/"
+  for lib in "$root/usr/lib/postgresql/$pgver/lib/"*.so; do
+    copy_with_libs "$root" "${lib#"$root"}" >/dev/null 2>&1 || true
+  done
+  mkdir -p "$root/var/lib/postgresql/data" "$root/var/run/postgresql"
+  chown -R 999:999 "$root/var/lib/postgresql" "$root/var/run/postgresql"
+  # The entrypoint: a cluster with trust authentication for every address (a test
+  # server on a private network), then the server in the foreground. Like the official
+  # image it says "ready" on stdout once the cluster is made, and the server logs to
+  # stderr.
+  cat >"$root/entrypoint.sh" <<EOF
+#!/bin/sh
+set -e
+data=/var/lib/postgresql/data
+if [ ! -s "\$data/PG_VERSION" ]; then
+  $pgbin/initdb -D "\$data" -U postgres --auth=trust --no-locale -E UTF8 >/dev/null
+  echo "host all all 0.0.0.0/0 trust" >>"\$data/pg_hba.conf"
+  echo "lease-test image: cluster initialised; database system is ready to accept connections"
+fi
+exec $pgbin/postgres -D "\$data" -c listen_addresses='*' "\$@"
+EOF
+  chmod 755 "$root/entrypoint.sh"
+  tar -C "$root" -c . | docker import \
+    -c 'USER postgres' -c 'ENTRYPOINT ["/entrypoint.sh"]' \
+    -c "ENV PATH=$pgbin:/usr/bin:/bin" -c 'EXPOSE 5432' - lease-test/postgres:15 >/dev/null
+  echo "build-test-images: built lease-test/postgres:15 ($("$pgbin/postgres" --version))"
+fi
