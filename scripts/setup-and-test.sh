@@ -29,4 +29,11 @@ if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
   ${sudo:-} systemctl stop redis-server redis-sentinel etcd postgresql pgbouncer >/dev/null 2>&1 || true
 fi
 
+# Where a Docker engine answers, build the servers' images from the packages above (no
+# registry is needed; existing tags are kept): tests that take a server from any source
+# then run against containers (an official image is tried first where a registry
+# answers). LEASE_TEST_SOURCE=containers makes a container that does not start fail
+# the test; LEASE_TEST_CONTAINERS=0 uses local processes only.
+bash scripts/build-test-images.sh
+
 cargo test --workspace --exclude lease-bench
