@@ -36,4 +36,13 @@ fi
 # the test; LEASE_TEST_CONTAINERS=0 uses local processes only.
 bash scripts/build-test-images.sh
 
-cargo test --workspace --exclude lease-bench
+# Every test server prints one "lease test server: ..." line naming its source; the run
+# ends with how many servers came from each (scripts/count-test-servers.sh).
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+set +e
+cargo test --workspace --exclude lease-bench 2>&1 | tee "$log"
+status=${PIPESTATUS[0]}
+set -e
+bash scripts/count-test-servers.sh "$log"
+exit "$status"
