@@ -168,11 +168,32 @@ async fn replicate(primary: &RedisServer, replica: &RedisServer) {
             .await
             .unwrap();
         if info.contains("master_link_status:up") {
-            return;
+            break;
         }
         assert!(
             start.elapsed() < Duration::from_secs(10),
             "replica not in sync: {info}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The primary counts the replica online only after the replica's first
+    // acknowledgement (sent once a second), a moment after the replica sees the link up;
+    // `FAILOVER TO` refuses a replica that is not online yet ("FAILOVER target replica
+    // is not online", seen once in a full run).
+    let mut p = admin(&primary.url()).await;
+    let replica_port = format!("port={},state=online", replica.port().unwrap());
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut p)
+            .await
+            .unwrap();
+        if info.contains(&replica_port) {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the primary does not count the replica online: {info}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
