@@ -8,6 +8,7 @@
 use std::path::Path;
 use std::process::Stdio;
 
+use lease_test_servers::redis::{LEASE_USER_ACL, tls_args};
 use lease_test_servers::{EtcdServer, PostgresServer, RedisServer, TestCerts, free_port};
 use tokio::process::Command;
 
@@ -102,49 +103,25 @@ fn sh(program: &str, args: &[&str]) {
 async fn redis_tls_mtls_password_and_acl_user() {
     let certs = TestCerts::generate().unwrap_or_else(|e| panic!("{e}"));
     let tls_port = free_port().unwrap();
-    let server = RedisServer::start_local_with_args(vec![
-        "--tls-port".into(),
-        tls_port.to_string(),
-        "--tls-cert-file".into(),
-        s(&certs.server_cert),
-        "--tls-key-file".into(),
-        s(&certs.server_key),
-        "--tls-ca-cert-file".into(),
-        s(&certs.ca),
-        "--tls-auth-clients".into(),
-        "optional".into(),
-        "--requirepass".into(),
-        "default-pw".into(),
-    ])
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    let mut args = tls_args(&certs, tls_port, "optional");
+    args.extend(["--requirepass".into(), "default-pw".into()]);
+    let server = RedisServer::start_local_with_args(args)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let port = server.port().unwrap().to_string();
-    sh(
-        "redis-cli",
-        &[
-            "-p",
-            &port,
-            "--no-auth-warning",
-            "-a",
-            "default-pw",
-            "ACL",
-            "SETUSER",
-            "leaser",
-            ">user-pw",
-            "on",
-            "resetkeys",
-            "~lease:*",
-            "resetchannels",
-            "&lease:*",
-            "-@all",
-            "+@read",
-            "+@write",
-            "+@scripting",
-            "+@pubsub",
-            "+@connection",
-            "+time",
-        ],
-    );
+    let mut setuser = vec![
+        "-p",
+        &port,
+        "--no-auth-warning",
+        "-a",
+        "default-pw",
+        "ACL",
+        "SETUSER",
+        "leaser",
+        ">user-pw",
+    ];
+    setuser.extend_from_slice(LEASE_USER_ACL);
+    sh("redis-cli", &setuser);
     let (ca, other, cert, key) = (
         s(&certs.ca),
         s(&certs.other_ca),

@@ -7,47 +7,20 @@ use std::sync::Arc;
 use lease_conformance::Fixture;
 use lease_core::TlsFiles;
 use lease_redis::{RedisBackend, RedisConfig};
+use lease_test_servers::redis::{LEASE_USER_ACL, tls_args};
 use lease_test_servers::{RedisServer, TestCerts, free_port};
 mod common;
-
-/// The same rules as `LEASE_ACL` in tls_auth.rs (and the README).
-const LEASE_ACL: &[&str] = &[
-    "on",
-    "resetkeys",
-    "~lease:*",
-    "resetchannels",
-    "&lease:*",
-    "-@all",
-    "+@read",
-    "+@write",
-    "+@scripting",
-    "+@pubsub",
-    "+@connection",
-    "+time",
-];
 
 async fn secure_redis() -> Fixture {
     let certs = TestCerts::generate().unwrap_or_else(|e| panic!("{e}"));
     let tls_port = free_port().unwrap();
-    let path = |p: &std::path::Path| p.display().to_string();
-    let server = RedisServer::start_local_with_args(vec![
-        "--tls-port".into(),
-        tls_port.to_string(),
-        "--tls-cert-file".into(),
-        path(&certs.server_cert),
-        "--tls-key-file".into(),
-        path(&certs.server_key),
-        "--tls-ca-cert-file".into(),
-        path(&certs.ca),
-        "--tls-auth-clients".into(),
-        "yes".into(),
-    ])
-    .await
-    .unwrap_or_else(|e| panic!("{e}"));
+    let server = RedisServer::start_local_with_args(tls_args(&certs, tls_port, "yes"))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let mut root = common::admin(&server.url()).await;
     let mut setuser = redis::cmd("ACL");
     setuser.arg("SETUSER").arg("leaser").arg(">user-pw");
-    for rule in LEASE_ACL {
+    for rule in LEASE_USER_ACL {
         setuser.arg(*rule);
     }
     let _: () = setuser.query_async(&mut root).await.unwrap();

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use lease_core::{AcquireOutcome, Error, HolderLabel, LeaseBackend, LeaseName, Owner, TlsFiles};
 use lease_redis::{RedisBackend, RedisConfig};
+use lease_test_servers::redis::{LEASE_USER_ACL, tls_args};
 use lease_test_servers::{RedisServer, TestCerts, free_port};
 mod common;
 use common::admin;
@@ -71,19 +72,11 @@ fn expect_auth(r: lease_core::Result<RedisBackend>, secret: &str) {
 /// `mtls`); returns it and the TLS port.
 async fn tls_server(certs: &TestCerts, mtls: bool) -> (RedisServer, u16) {
     let tls_port = free_port().unwrap();
-    let path = |p: &std::path::Path| p.display().to_string();
-    let server = RedisServer::start_local_with_args(vec![
-        "--tls-port".into(),
-        tls_port.to_string(),
-        "--tls-cert-file".into(),
-        path(&certs.server_cert),
-        "--tls-key-file".into(),
-        path(&certs.server_key),
-        "--tls-ca-cert-file".into(),
-        path(&certs.ca),
-        "--tls-auth-clients".into(),
-        if mtls { "yes" } else { "no" }.into(),
-    ])
+    let server = RedisServer::start_local_with_args(tls_args(
+        certs,
+        tls_port,
+        if mtls { "yes" } else { "no" },
+    ))
     .await
     .unwrap_or_else(|e| panic!("{e}"));
     (server, tls_port)
@@ -212,24 +205,6 @@ async fn a_password_alone() {
     );
 }
 
-/// The ACL of a least-privilege lease user: its keys and channels only, and no
-/// administrative commands (so `CONFIG GET`, the persistence probe, is refused and
-/// fencing counts as volatile).
-pub const LEASE_ACL: &[&str] = &[
-    "on",
-    "resetkeys",
-    "~lease:*",
-    "resetchannels",
-    "&lease:*",
-    "-@all",
-    "+@read",
-    "+@write",
-    "+@scripting",
-    "+@pubsub",
-    "+@connection",
-    "+time",
-];
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acl_user_with_least_privilege() {
     let server = RedisServer::start_owned()
@@ -239,7 +214,7 @@ async fn an_acl_user_with_least_privilege() {
     let mut root = admin(&server.url()).await;
     let mut setuser = redis::cmd("ACL");
     setuser.arg("SETUSER").arg("leaser").arg(">user-pw");
-    for rule in LEASE_ACL {
+    for rule in LEASE_USER_ACL {
         setuser.arg(*rule);
     }
     let _: () = setuser.query_async(&mut root).await.unwrap();

@@ -542,6 +542,43 @@ fn ping(port: u16) -> bool {
     reply.starts_with(b"+PONG") || reply.starts_with(b"-NOAUTH")
 }
 
+/// The ACL rules of a least-privilege lease user (after `ACL SETUSER NAME >PASSWORD`):
+/// the keys and channels of the default prefix `lease`, and no administrative command
+/// (the README gives the same line).
+pub const LEASE_USER_ACL: &[&str] = &[
+    "on",
+    "resetkeys",
+    "~lease:*",
+    "resetchannels",
+    "&lease:*",
+    "-@all",
+    "+@read",
+    "+@write",
+    "+@scripting",
+    "+@pubsub",
+    "+@connection",
+    "+time",
+];
+
+/// Arguments for [`RedisServer::start_local_with_args`] that open a TLS port `tls_port`
+/// with `certs`' server certificate, trusting `certs.ca` for client certificates;
+/// `auth_clients` is redis-server's `--tls-auth-clients` (`yes`, `no` or `optional`).
+pub fn tls_args(certs: &super::TestCerts, tls_port: u16, auth_clients: &str) -> Vec<String> {
+    let path = |p: &Path| p.display().to_string();
+    vec![
+        "--tls-port".into(),
+        tls_port.to_string(),
+        "--tls-cert-file".into(),
+        path(&certs.server_cert),
+        "--tls-key-file".into(),
+        path(&certs.server_key),
+        "--tls-ca-cert-file".into(),
+        path(&certs.ca),
+        "--tls-auth-clients".into(),
+        auth_clients.into(),
+    ]
+}
+
 use lease_core::redact_url as redact;
 
 #[cfg(test)]
