@@ -150,7 +150,9 @@ fn new_key(dir: &Path, name: &str) -> Result<(), HarnessError> {
     )
 }
 
-fn make_ca(dir: &Path, name: &str, cn: &str, ext: &str) -> Result<(), HarnessError> {
+/// A new key `NAME.key`, the extensions file `NAME.ext`, and a request `NAME.csr` for
+/// common name `cn`.
+fn key_and_request(dir: &Path, name: &str, cn: &str, ext: &str) -> Result<(), HarnessError> {
     new_key(dir, name)?;
     write(dir, &format!("{name}.ext"), ext)?;
     openssl(
@@ -165,7 +167,11 @@ fn make_ca(dir: &Path, name: &str, cn: &str, ext: &str) -> Result<(), HarnessErr
             "-out",
             &format!("{name}.csr"),
         ],
-    )?;
+    )
+}
+
+fn make_ca(dir: &Path, name: &str, cn: &str, ext: &str) -> Result<(), HarnessError> {
+    key_and_request(dir, name, cn, ext)?;
     openssl(
         dir,
         &[
@@ -186,21 +192,7 @@ fn make_ca(dir: &Path, name: &str, cn: &str, ext: &str) -> Result<(), HarnessErr
 }
 
 fn make_leaf(dir: &Path, name: &str, cn: &str, ca: &str, ext: &str) -> Result<(), HarnessError> {
-    new_key(dir, name)?;
-    write(dir, &format!("{name}.ext"), ext)?;
-    openssl(
-        dir,
-        &[
-            "req",
-            "-new",
-            "-key",
-            &format!("{name}.key"),
-            "-subj",
-            &format!("/CN={cn}"),
-            "-out",
-            &format!("{name}.csr"),
-        ],
-    )?;
+    key_and_request(dir, name, cn, ext)?;
     openssl(
         dir,
         &[
