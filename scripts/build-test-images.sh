@@ -90,6 +90,10 @@ if wanted lease-test/postgres:15; then
   mkdir -p "$root/usr/lib/postgresql/$pgver/lib" "$root/usr/share/postgresql"
   cp -a "/usr/lib/postgresql/$pgver/lib/." "$root/usr/lib/postgresql/$pgver/lib/"
   cp -a "/usr/share/postgresql/$pgver" "$root/usr/share/postgresql/"
+  # Debian's PostgreSQL reads time zones from the system's tzdata: without them a client
+  # that sets TimeZone (sqlx sets UTC) is refused at connect.
+  mkdir -p "$root/usr/share"
+  cp -a /usr/share/zoneinfo "$root/usr/share/"
   for lib in "$root/usr/lib/postgresql/$pgver/lib/"*.so; do
     copy_with_libs "$root" "${lib#"$root"}" >/dev/null 2>&1 || true
   done

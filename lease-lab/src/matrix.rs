@@ -9,7 +9,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
+
+use lease_test_servers::docker::{self, Attach, DockerContainer, DockerNetwork, RunSpec};
 
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -22,13 +25,77 @@ fn verbose() -> bool {
     std::env::var_os("LEASE_MATRIX_VERBOSE").is_some()
 }
 
-/// Where the holder binary is.
+/// Where the holder binary is, and where its processes run.
 #[derive(Clone, Debug)]
 pub struct Matrix {
     /// Path of the `lease-holder` binary.
     pub holder: PathBuf,
     /// TTL of the holders' leases (renewed every TTL/3).
     pub ttl: Duration,
+    /// Where the holders run.
+    pub place: Place,
+}
+
+/// Where the holders of a case run.
+#[derive(Clone, Debug, Default)]
+pub enum Place {
+    /// Processes on this machine.
+    #[default]
+    Host,
+    /// Each in its own container (see [`ContainerPlace`]).
+    Containers(Arc<ContainerPlace>),
+}
+
+/// Holders in containers: each joins a network of its own kind, where it reaches the
+/// fenced resource (on that network's gateway, this machine), and the store's private
+/// network; a case can cut the second without the first.
+#[derive(Debug)]
+pub struct ContainerPlace {
+    /// The image that runs the holder binary (mounted read-only).
+    pub image: String,
+    /// The private network of the store.
+    pub network: Arc<DockerNetwork>,
+    /// The network where the holders reach the fenced resource.
+    pub resource_network: DockerNetwork,
+}
+
+impl ContainerPlace {
+    /// Holders of `holder` in containers on `network`.
+    pub async fn new(
+        holder: &Path,
+        network: Arc<DockerNetwork>,
+    ) -> Result<ContainerPlace, lease_test_servers::HarnessError> {
+        Ok(ContainerPlace {
+            image: docker::runtime_image_for(holder).await?,
+            network,
+            resource_network: DockerNetwork::create().await?,
+        })
+    }
+
+    /// This machine's address on the resource network (its gateway).
+    pub fn resource_ip(&self) -> std::net::Ipv4Addr {
+        self.resource_network.address(1)
+    }
+}
+
+impl Matrix {
+    /// The fenced resource, where the holders reach it.
+    async fn resource(&self) -> FencedResource {
+        match &self.place {
+            Place::Host => FencedResource::start().await.unwrap(),
+            Place::Containers(c) => FencedResource::start_on(c.resource_ip().into())
+                .await
+                .unwrap(),
+        }
+    }
+
+    /// This matrix with its holders on this machine.
+    fn on_host(&self) -> Matrix {
+        Matrix {
+            place: Place::Host,
+            ..self.clone()
+        }
+    }
 }
 
 impl Matrix {
@@ -42,6 +109,7 @@ impl Matrix {
                 return Some(Matrix {
                     holder: candidate,
                     ttl: TTL,
+                    place: Place::Host,
                 });
             }
         }
@@ -58,52 +126,141 @@ pub const TOLERANCE: Duration = Duration::from_millis(700);
 
 struct Holder {
     id: String,
-    child: Child,
+    run: Run,
+}
+
+enum Run {
+    Process(Child),
+    Container(DockerContainer),
 }
 
 impl Holder {
-    fn spawn(
-        holder: &Path,
-        ttl: Duration,
+    /// Starts holder `id` where `m` says, on lease `name`, writing to `resource`.
+    async fn spawn(
+        m: &Matrix,
         url: &str,
         name: &str,
         id: &str,
         resource: &FencedResource,
     ) -> Holder {
-        let child = Command::new(holder)
-            .args([
-                "--backend",
-                url,
-                "--name",
-                name,
-                "--writer",
-                id,
-                "--resource",
-                &resource.addr().to_string(),
-                "--ttl-ms",
-                &ttl.as_millis().to_string(),
-            ])
-            // LEASE_MATRIX_VERBOSE=1 shows what the holders do and log.
-            .env("LEASE_LOG", if verbose() { "info" } else { "error" })
-            .stdout(if verbose() {
-                Stdio::inherit()
-            } else {
-                Stdio::null()
-            })
-            .stdin(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap();
+        let args: Vec<String> = [
+            "--backend",
+            url,
+            "--name",
+            name,
+            "--writer",
+            id,
+            "--resource",
+            &resource.addr().to_string(),
+            "--ttl-ms",
+            &m.ttl.as_millis().to_string(),
+        ]
+        .map(String::from)
+        .to_vec();
+        // LEASE_MATRIX_VERBOSE=1 shows what the holders do and log.
+        let log = if verbose() { "info" } else { "error" };
+        let run = match &m.place {
+            Place::Host => Run::Process(
+                Command::new(&m.holder)
+                    .args(&args)
+                    .env("LEASE_LOG", log)
+                    .stdout(if verbose() {
+                        Stdio::inherit()
+                    } else {
+                        Stdio::null()
+                    })
+                    .stdin(Stdio::null())
+                    .kill_on_drop(true)
+                    .spawn()
+                    .unwrap(),
+            ),
+            Place::Containers(c) => Run::Container(
+                DockerContainer::run(RunSpec {
+                    image: c.image.clone(),
+                    entrypoint: Some("/lease-holder".into()),
+                    cmd: args,
+                    env: vec![("LEASE_LOG".into(), log.into())],
+                    mounts: vec![(m.holder.clone(), "/lease-holder".into())],
+                    networks: vec![
+                        Attach {
+                            network: c.resource_network.name().to_owned(),
+                            ip: Some(c.resource_network.allocate().unwrap()),
+                        },
+                        Attach {
+                            network: c.network.name().to_owned(),
+                            ip: Some(c.network.allocate().unwrap()),
+                        },
+                    ],
+                    ..RunSpec::default()
+                })
+                .await
+                .unwrap(),
+            ),
+        };
         Holder {
             id: id.to_owned(),
-            child,
+            run,
         }
     }
 
-    fn signal(&self, sig: Signal) {
-        let pid = self.child.id().expect("running") as i32;
+    fn signal(child: &Child, sig: Signal) {
+        let pid = child.id().expect("running") as i32;
         kill(Pid::from_raw(pid), sig).unwrap();
     }
+
+    /// SIGKILL (a process) or `docker kill` (a container), and wait until it is gone.
+    async fn kill(&mut self) {
+        match &mut self.run {
+            Run::Process(child) => {
+                Self::signal(child, Signal::SIGKILL);
+                let _ = child.wait().await;
+            }
+            Run::Container(c) => {
+                c.kill().await.unwrap();
+                c.wait_exit().await.unwrap();
+            }
+        }
+    }
+
+    /// SIGSTOP (a process) or `docker pause` (a container: a cgroup freeze).
+    async fn pause(&self) {
+        match &self.run {
+            Run::Process(child) => Self::signal(child, Signal::SIGSTOP),
+            Run::Container(c) => c.pause().await.unwrap(),
+        }
+    }
+
+    /// SIGCONT or `docker unpause`.
+    async fn resume(&self) {
+        match &self.run {
+            Run::Process(child) => Self::signal(child, Signal::SIGCONT),
+            Run::Container(c) => c.unpause().await.unwrap(),
+        }
+    }
+
+    /// The holder's container.
+    fn container(&self) -> &DockerContainer {
+        match &self.run {
+            Run::Container(c) => c,
+            Run::Process(_) => panic!("holder {} is not in a container", self.id),
+        }
+    }
+}
+
+/// Starts holders `{prefix}0..{prefix}{n-1}`.
+async fn spawn_holders(
+    m: &Matrix,
+    url: &str,
+    name: &str,
+    prefix: &str,
+    n: usize,
+    resource: &FencedResource,
+) -> Vec<Holder> {
+    let mut holders = Vec::with_capacity(n);
+    for i in 0..n {
+        holders.push(Holder::spawn(m, url, name, &format!("{prefix}{i}"), resource).await);
+    }
+    holders
 }
 
 /// Waits until some writer other than `not` starts believing it holds the lease.
@@ -150,15 +307,12 @@ fn check(report: &Report) {
 
 /// SIGKILL the active holder: another takes over within TTL + renewal period.
 pub async fn holder_killed(m: &Matrix, url: &str) -> (Duration, Report) {
-    let resource = FencedResource::start().await.unwrap();
+    let resource = m.resource().await;
     let name = format!("matrix-kill-{}", uuid::Uuid::new_v4().simple());
-    let mut holders: Vec<Holder> = (0..3)
-        .map(|i| Holder::spawn(&m.holder, m.ttl, url, &name, &format!("h{i}"), &resource))
-        .collect();
+    let mut holders = spawn_holders(m, url, &name, "h", 3, &resource).await;
     let active = first_holder(&resource).await;
     let victim = holders.iter_mut().find(|h| h.id == active).unwrap();
-    victim.signal(Signal::SIGKILL);
-    let _ = victim.child.wait().await;
+    victim.kill().await;
     let killed_at = resource.now();
     resource.end_beliefs_of(&active);
     let (next, started) =
@@ -183,14 +337,12 @@ pub async fn holder_killed(m: &Matrix, url: &str) -> (Duration, Report) {
 /// lost signal fires before it writes again where it checks, and any write that slips
 /// through is rejected by its token.
 pub async fn holder_paused(m: &Matrix, url: &str) -> Report {
-    let resource = FencedResource::start().await.unwrap();
+    let resource = m.resource().await;
     let name = format!("matrix-pause-{}", uuid::Uuid::new_v4().simple());
-    let holders: Vec<Holder> = (0..2)
-        .map(|i| Holder::spawn(&m.holder, m.ttl, url, &name, &format!("p{i}"), &resource))
-        .collect();
+    let holders = spawn_holders(m, url, &name, "p", 2, &resource).await;
     let active = first_holder(&resource).await;
     let victim = holders.iter().find(|h| h.id == active).unwrap();
-    victim.signal(Signal::SIGSTOP);
+    victim.pause().await;
     let paused_at = resource.now();
     let (next, next_start) =
         wait_for_new_holder(&resource, paused_at, Some(&active), m.ttl * 3).await;
@@ -203,7 +355,7 @@ pub async fn holder_paused(m: &Matrix, url: &str) -> Report {
     if let Some(rest) = (m.ttl * 2).checked_sub(since_pause) {
         tokio::time::sleep(rest).await;
     }
-    victim.signal(Signal::SIGCONT);
+    victim.resume().await;
     let resumed_at = resource.now();
     // The old holder reports the end of its belief quickly after resuming.
     let until = Instant::now() + m.ttl;
@@ -259,11 +411,9 @@ pub async fn store_down(
     stop: impl AsyncFnOnce(),
     start: impl AsyncFnOnce(),
 ) -> (Duration, Report) {
-    let resource = FencedResource::start().await.unwrap();
+    let resource = m.resource().await;
     let name = format!("matrix-down-{}", uuid::Uuid::new_v4().simple());
-    let _holders: Vec<Holder> = (0..2)
-        .map(|i| Holder::spawn(&m.holder, m.ttl, url, &name, &format!("d{i}"), &resource))
-        .collect();
+    let _holders = spawn_holders(m, url, &name, "d", 2, &resource).await;
     let active = first_holder(&resource).await;
     stop().await;
     let stopped_at = resource.now();
@@ -422,9 +572,74 @@ pub async fn network_cut(
             .wait_for_writes("cutoff", 3, Duration::from_secs(5))
             .await
     );
-    let _other = Holder::spawn(&m.holder, m.ttl, direct_url, &name, "other", &resource);
+    let _other = Holder::spawn(&m.on_host(), direct_url, &name, "other", &resource).await;
+    let ns = std::sync::Mutex::new(&mut ns);
+    cut_and_heal(
+        m,
+        &resource,
+        async || ns.lock().unwrap().cut(),
+        async || ns.lock().unwrap().heal(),
+    )
+    .await
+}
+
+/// Disconnects a holder's container from the store's private network while another
+/// holder (a process on this machine, through the store's published port) waits: the
+/// cut-off holder signals lost at its deadline, before the other gets the lease; after
+/// it is reconnected it does not believe it holds the lease. It still reaches the fenced
+/// resource (over the bridge network), so its lost signal and any late write are seen.
+///
+/// `m.place` must be [`Place::Containers`] on the store's network; `host_url` is the
+/// store's URL from this machine, `network_url` from the private network.
+pub async fn holder_disconnected(m: &Matrix, host_url: &str, network_url: &str) -> CutResult {
+    let Place::Containers(place) = &m.place else {
+        panic!("holder_disconnected needs holders in containers");
+    };
+    let net = place.network.name().to_owned();
+    let resource = m.resource().await;
+    let name = format!("matrix-disconnect-{}", uuid::Uuid::new_v4().simple());
+    let cutoff = Holder::spawn(m, network_url, &name, "cutoff", &resource).await;
+    let (first, _) =
+        wait_for_new_holder(&resource, Duration::ZERO, None, Duration::from_secs(20)).await;
+    assert_eq!(first, "cutoff");
+    assert!(
+        resource
+            .wait_for_writes("cutoff", 3, Duration::from_secs(5))
+            .await
+    );
+    let _other = Holder::spawn(&m.on_host(), host_url, &name, "other", &resource).await;
+    cut_and_heal(
+        m,
+        &resource,
+        async || {
+            cutoff
+                .container()
+                .disconnect(&net)
+                .await
+                .map_err(|e| e.to_string())
+        },
+        async || {
+            cutoff
+                .container()
+                .reconnect(&net)
+                .await
+                .map_err(|e| e.to_string())
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The common part of the network cuts: `cutoff` holds the lease and `other` waits;
+/// `cut`, observe, `heal`, observe.
+async fn cut_and_heal(
+    m: &Matrix,
+    resource: &FencedResource,
+    cut: impl AsyncFnOnce() -> Result<(), String>,
+    heal: impl AsyncFnOnce() -> Result<(), String>,
+) -> Result<CutResult, String> {
     tokio::time::sleep(m.ttl / 2).await;
-    ns.cut()?;
+    cut().await?;
     let cut_at = resource.now();
     // The cut-off holder still reaches the resource, so it reports its lost signal.
     let until = Instant::now() + m.ttl * 2;
@@ -443,14 +658,14 @@ pub async fn network_cut(
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
-    let (next, taken_at) = wait_for_new_holder(&resource, cut_at, Some("cutoff"), m.ttl * 4).await;
+    let (next, taken_at) = wait_for_new_holder(resource, cut_at, Some("cutoff"), m.ttl * 4).await;
     assert_eq!(next, "other");
     assert!(
         lost_at <= taken_at,
         "the other holder got the lease at {taken_at:?}, before the cut-off holder's lost \
          signal at {lost_at:?}"
     );
-    ns.heal()?;
+    heal().await?;
     tokio::time::sleep(m.ttl * 2).await;
     let believes = resource
         .beliefs()

@@ -10,6 +10,7 @@ fn m() -> Matrix {
     Matrix {
         holder: PathBuf::from(env!("CARGO_BIN_EXE_lease-holder")),
         ttl: TTL,
+        place: matrix::Place::Host,
     }
 }
 

@@ -11,12 +11,14 @@
 //!   container did not start is not tried again by the same process (on a machine
 //!   without a registry, each image's pull fails once per test binary, not once per
 //!   test).
-//! - A container is removed when its handle drops. A test process that is SIGKILLed
-//!   leaves its containers behind (testcontainers for Rust has no reaper); they carry
-//!   the label `lease-test=1`, so `docker rm -f $(docker ps -aq --filter label=lease-test=1)`
-//!   removes them.
-//! - Containers cannot be stopped, killed, paused or restarted through the harness (their
-//!   ports could change across a restart); tests that need that ask for a local process.
+//! - A container is removed when its handle drops, also outside a tokio runtime, and
+//!   when the test process exits in any way (a cleanup watcher process, see
+//!   `docker.rs`). Containers carry the labels `lease-test=1` and
+//!   `lease-test.pid=<pid>`; the first start of a process removes those of processes
+//!   that no longer run.
+//! - These containers cannot be stopped, killed, paused or restarted (their ports
+//!   could change across a restart); tests that inject faults into a container use
+//!   [`crate::docker`].
 
 use std::fmt;
 use std::sync::OnceLock;
@@ -24,14 +26,10 @@ use std::time::Duration;
 
 /// What to run.
 pub(crate) struct Spec {
-    /// The official image (tried first).
-    pub(crate) image: &'static str,
-    pub(crate) tag: &'static str,
-    /// The project's own image, built from Debian's packages by
-    /// `scripts/build-test-images.sh` (tried when the official one does not start).
-    pub(crate) local_image: &'static str,
-    /// The environment variable that names the one image to use instead of both.
-    pub(crate) image_var: &'static str,
+    /// The official image (tried first), the project's own (built from Debian's packages
+    /// by `scripts/build-test-images.sh`, tried when the official one does not start),
+    /// and the environment variable that names the one image to use instead of both.
+    pub(crate) images: &'static super::docker::Images,
     pub(crate) port: u16,
     /// Lines the server prints when it is ready, and whether each goes to stderr (all
     /// must appear).
@@ -43,10 +41,29 @@ pub(crate) struct Spec {
 /// A running container; removed on drop.
 pub(crate) struct Running {
     #[cfg(feature = "containers")]
-    _container: testcontainers::ContainerAsync<testcontainers::GenericImage>,
+    container: Option<testcontainers::ContainerAsync<testcontainers::GenericImage>>,
+    /// Removes the container when this handle drops or the test process exits.
+    _cleanup: super::docker::Cleanup,
     pub(crate) host: String,
     pub(crate) port: u16,
     pub(crate) description: String,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        // testcontainers removes a container in an async drop that asks for the current
+        // tokio runtime and panics without one (a handle kept in a static, or dropped
+        // after its test's runtime). There the handle is forgotten instead: the cleanup
+        // watcher removes the container when `_cleanup` drops just after.
+        #[cfg(feature = "containers")]
+        if let Some(container) = self.container.take() {
+            if tokio::runtime::Handle::try_current().is_ok() {
+                drop(container);
+            } else {
+                std::mem::forget(container);
+            }
+        }
+    }
 }
 
 impl fmt::Debug for Running {
@@ -66,11 +83,13 @@ pub(crate) async fn try_start(spec: Spec) -> Option<Running> {
         skipped_once(&why);
         return None;
     }
-    let candidates: Vec<String> = match std::env::var(spec.image_var) {
+    // Containers of test processes that no longer run (interrupted runs), once.
+    let _ = tokio::task::spawn_blocking(super::docker::remove_stale).await;
+    let candidates: Vec<String> = match std::env::var(spec.images.var) {
         Ok(image) if !image.trim().is_empty() => vec![image.trim().to_owned()],
         _ => vec![
-            format!("{}:{}", spec.image, spec.tag),
-            spec.local_image.to_owned(),
+            spec.images.official.to_owned(),
+            spec.images.local.to_owned(),
         ],
     };
     for image in candidates {
@@ -252,7 +271,8 @@ async fn start(spec: &Spec, image_ref: &str) -> Result<Running, String> {
     }
     let mut request = image
         .with_startup_timeout(Duration::from_secs(180))
-        .with_label("lease-test", "1");
+        .with_label("lease-test", "1")
+        .with_label("lease-test.pid", std::process::id().to_string());
     for (k, v) in &spec.env {
         request = request.with_env_var(*k, v.clone());
     }
@@ -280,8 +300,10 @@ async fn start(spec: &Spec, image_ref: &str) -> Result<Running, String> {
             .map_or(host.clone(), |a| a.ip().to_string()),
     };
     let description = format!("{image_ref} {}", container.id());
+    let cleanup = super::docker::Cleanup::container(container.id()).map_err(|e| e.to_string())?;
     Ok(Running {
-        _container: container,
+        container: Some(container),
+        _cleanup: cleanup,
         host,
         port,
         description,
@@ -305,11 +327,13 @@ mod tests {
             eprintln!("no Docker engine: nothing to check");
             return;
         }
+        static NONE: super::super::docker::Images = super::super::docker::Images {
+            official: "lease-test.invalid/no-such-image:0",
+            local: "lease-test.invalid/no-such-image:1",
+            var: "LEASE_TEST_NO_SUCH_IMAGE",
+        };
         let spec = || Spec {
-            image: "lease-test.invalid/no-such-image",
-            tag: "0",
-            local_image: "lease-test.invalid/no-such-image:1",
-            image_var: "LEASE_TEST_NO_SUCH_IMAGE",
+            images: &NONE,
             port: 1,
             ready: Vec::new(),
             env: Vec::new(),
@@ -340,10 +364,7 @@ mod tests {
         }
         let started = std::time::Instant::now();
         let r = try_start(Spec {
-            image: "redis",
-            tag: "7.2",
-            local_image: "lease-test/redis:7",
-            image_var: "LEASE_TEST_REDIS_IMAGE",
+            images: &super::super::docker::REDIS_IMAGES,
             port: 6379,
             ready: vec![("Ready to accept connections", false)],
             env: Vec::new(),

@@ -30,7 +30,7 @@ const PORT_ATTEMPTS: usize = 5;
 
 /// Raft timing (heartbeat, election timeout, in ms) of a single node: it never holds an
 /// election against anyone, so it can be fast.
-const SINGLE_TIMING: (u32, u32) = (10, 100);
+pub(crate) const SINGLE_TIMING: (u32, u32) = (10, 100);
 
 /// Raft timing of cluster members: fast failover, yet no spurious elections when a
 /// loaded 2-core machine delays a heartbeat by a few tens of milliseconds.
@@ -191,10 +191,7 @@ impl EtcdServer {
             });
         }
         let spec = super::container::Spec {
-            image: "quay.io/coreos/etcd",
-            tag: "v3.5.17",
-            local_image: "lease-test/etcd:3.4",
-            image_var: "LEASE_TEST_ETCD_IMAGE",
+            images: &super::docker::ETCD_IMAGES,
             port: 2379,
             ready: vec![("ready to serve client requests", true)],
             env: Vec::new(),
@@ -781,7 +778,7 @@ async fn wait_until(process: &mut ChildProcess, port: u16, healthy: bool) -> Res
 
 /// `GET /health`: `Some(true)` healthy, `Some(false)` answering but unhealthy (no leader),
 /// `None` not answering.
-fn health(port: u16) -> Option<bool> {
+pub(crate) fn health(port: u16) -> Option<bool> {
     let reply = http(port, "GET", "/health", "")?;
     if reply.contains("\"health\":\"true\"") {
         Some(true)
@@ -792,7 +789,7 @@ fn health(port: u16) -> Option<bool> {
     }
 }
 
-fn status(port: u16) -> Option<MemberStatus> {
+pub(crate) fn status(port: u16) -> Option<MemberStatus> {
     let reply = http(port, "POST", "/v3/maintenance/status", "{}")?;
     let body = &reply[reply.find("\r\n\r\n")?..];
     // The gateway prints 64-bit integers as JSON strings.

@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 
 pub mod clock;
 mod container;
+pub mod docker;
 pub mod netns;
 pub mod pgbouncer;
 mod process;

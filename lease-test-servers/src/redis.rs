@@ -89,10 +89,7 @@ impl RedisServer {
             });
         }
         let spec = super::container::Spec {
-            image: "redis",
-            tag: "7.2",
-            local_image: "lease-test/redis:7",
-            image_var: "LEASE_TEST_REDIS_IMAGE",
+            images: &super::docker::REDIS_IMAGES,
             port: 6379,
             ready: vec![("Ready to accept connections", false)],
             env: Vec::new(),
