@@ -18,10 +18,7 @@ use crate::matrix::{self, ContainerPlace, Matrix, Place};
 
 /// The rows: key and title.
 pub const ROWS: [(&str, &str); 8] = [
-    (
-        "c-holder-killed",
-        "Holder container killed (`docker kill`)",
-    ),
+    ("c-holder-killed", "Holder container killed (`docker kill`)"),
     (
         "c-holder-paused",
         "Holder container paused for 2x TTL (`docker pause`), then unpaused",

@@ -72,9 +72,12 @@ pub fn available() -> Result<(), String> {
             if std::env::var("LEASE_TEST_CONTAINERS").is_ok_and(|v| v.trim() == "0") {
                 return Err("LEASE_TEST_CONTAINERS=0".into());
             }
-            docker_blocking(&["version", "--format", "{{.Server.Version}}"], Duration::from_secs(10))
-                .map(|_| ())
-                .map_err(|e| format!("no Docker engine answers the docker command: {e}"))
+            docker_blocking(
+                &["version", "--format", "{{.Server.Version}}"],
+                Duration::from_secs(10),
+            )
+            .map(|_| ())
+            .map_err(|e| format!("no Docker engine answers the docker command: {e}"))
         })
         .clone()
 }
@@ -101,7 +104,9 @@ pub(crate) fn docker_blocking(args: &[&str], bound: Duration) -> Result<String, 
             Err(e) => return Err(format!("docker: {e}")),
         }
     }
-    let out = child.wait_with_output().map_err(|e| format!("docker: {e}"))?;
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("docker: {e}"))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
     } else {
@@ -151,12 +156,17 @@ pub(crate) fn labels() -> [String; 2] {
     ]
 }
 
-/// Removes the containers and networks of test processes that no longer run (labels
-/// `lease-test=1` with a `lease-test.pid` that is gone, or none). Once per process;
-/// returns how many were removed.
+/// [`remove_stale_now`], once per process (the first container start calls it).
 pub fn remove_stale() -> usize {
     static DONE: OnceLock<usize> = OnceLock::new();
-    *DONE.get_or_init(|| {
+    *DONE.get_or_init(remove_stale_now)
+}
+
+/// Removes the containers and networks of test processes that no longer run (labels
+/// `lease-test=1` with a `lease-test.pid` that is gone, or none): what an interrupted
+/// run left when its cleanup watchers could not run. Returns how many were removed.
+pub fn remove_stale_now() -> usize {
+    {
         let bound = Duration::from_secs(30);
         let stale = |listing: Result<String, String>| -> Vec<String> {
             listing
@@ -212,7 +222,7 @@ pub fn remove_stale() -> usize {
             ));
         }
         removed
-    })
+    }
 }
 
 /// A watcher process that runs a cleanup command when its pipe closes: when the handle
@@ -455,10 +465,7 @@ impl DockerContainer {
             args.extend(["-e".to_owned(), format!("{k}={v}")]);
         }
         for (from, to) in &spec.mounts {
-            args.extend([
-                "-v".to_owned(),
-                format!("{}:{to}:ro", from.display()),
-            ]);
+            args.extend(["-v".to_owned(), format!("{}:{to}:ro", from.display())]);
         }
         if let Some(sig) = &spec.stop_signal {
             args.extend(["--stop-signal".to_owned(), sig.clone()]);
@@ -525,7 +532,9 @@ impl DockerContainer {
 
     /// `docker stop` (the stop signal, then SIGKILL after 10 s).
     pub async fn stop(&self) -> Result<(), HarnessError> {
-        docker(strings(&["stop", "-t", "10", &self.id])).await.map(drop)
+        docker(strings(&["stop", "-t", "10", &self.id]))
+            .await
+            .map(drop)
     }
 
     /// `docker kill` (SIGKILL).
@@ -595,9 +604,11 @@ pub(crate) async fn image_for(images: &Images) -> String {
         return v.trim().to_owned();
     }
     for candidate in [images.official, images.local] {
-        if docker(strings(&["image", "inspect", "--format", "{{.Id}}", candidate]))
-            .await
-            .is_ok()
+        if docker(strings(&[
+            "image", "inspect", "--format", "{{.Id}}", candidate,
+        ]))
+        .await
+        .is_ok()
         {
             return candidate.to_owned();
         }
@@ -648,7 +659,11 @@ fn runtime_image_blocking(binary: &Path) -> Result<String, HarnessError> {
     };
     let mut made = MADE.lock().unwrap_or_else(|p| p.into_inner());
     if made.contains(&tag)
-        || docker_blocking(&["image", "inspect", "--format", "{{.Id}}", &tag], CALL_BOUND).is_ok()
+        || docker_blocking(
+            &["image", "inspect", "--format", "{{.Id}}", &tag],
+            CALL_BOUND,
+        )
+        .is_ok()
     {
         made.push(tag.clone());
         return Ok(tag);
@@ -672,7 +687,9 @@ fn runtime_image_blocking(binary: &Path) -> Result<String, HarnessError> {
         .stderr(Stdio::piped())
         .output()
         .map_err(|e| HarnessError::io("running docker import", e))?;
-    let tar_status = tar.wait().map_err(|e| HarnessError::io("waiting for tar", e))?;
+    let tar_status = tar
+        .wait()
+        .map_err(|e| HarnessError::io("waiting for tar", e))?;
     if !import.status.success() || !tar_status.success() {
         return Err(HarnessError::Start(format!(
             "docker import of {tag} failed: {}",
@@ -742,7 +759,10 @@ pub struct DockerStore {
 
 impl DockerStore {
     /// Starts one store of `kind` on `network` and waits until it answers.
-    pub async fn start(kind: StoreKind, network: &DockerNetwork) -> Result<DockerStore, HarnessError> {
+    pub async fn start(
+        kind: StoreKind,
+        network: &DockerNetwork,
+    ) -> Result<DockerStore, HarnessError> {
         let ip = network.allocate()?;
         let cmd = match kind {
             StoreKind::Etcd => etcd_cmd("n0", ip, &[("n0", ip)], SINGLE_TIMING, "single"),
@@ -884,8 +904,7 @@ impl DockerStore {
 
     /// The URL from another container on the same network.
     pub fn url_in_network(&self) -> String {
-        self.kind
-            .url(SocketAddr::from((self.ip, self.kind.port())))
+        self.kind.url(SocketAddr::from((self.ip, self.kind.port())))
     }
 
     /// Its address on its network.

@@ -987,7 +987,11 @@ use lease_core::redact_url as redact;
 /// `postgres` with trust authentication (the only authentication spawned servers use).
 /// Returns the rows of the last result as text; an error carries the server's message.
 /// A few dozen lines of the wire protocol, so the harness needs no database driver.
-pub(crate) fn run_sql(port: u16, database: &str, sql: &str) -> Result<Vec<Vec<Option<String>>>, String> {
+pub(crate) fn run_sql(
+    port: u16,
+    database: &str,
+    sql: &str,
+) -> Result<Vec<Vec<Option<String>>>, String> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(500))
         .map_err(|e| format!("connect: {e}"))?;
