@@ -36,6 +36,14 @@ fi
 # the test; LEASE_TEST_CONTAINERS=0 uses local processes only.
 bash scripts/build-test-images.sh
 
+# With an engine, tests that take a server from any source get a container and fail if
+# none starts (no silent fallback to a local process); LEASE_TEST_SOURCE=any restores the
+# fallback. Tests of what only a local process allows (stepped clocks, TLS files, SIGSTOP
+# of the server) still start local processes.
+if docker info >/dev/null 2>&1 && [ -z "${LEASE_TEST_SOURCE:-}" ]; then
+  export LEASE_TEST_SOURCE=containers
+fi
+
 # Every test server prints one "lease test server: ..." line naming its source; the run
 # ends with how many servers came from each (scripts/count-test-servers.sh).
 log=$(mktemp)

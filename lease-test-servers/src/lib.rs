@@ -11,12 +11,13 @@
 //! 3. a throwaway server started from the local binary on a free loopback port in a temp
 //!    directory, killed and cleaned up when the handle drops.
 //!
-//! Fault injection (stop, kill, pause, restart) needs the local-process source; on a
-//! server from the environment or a container those operations return
+//! Fault injection (stop, kill, pause, restart) on these handles needs the local-process
+//! source; on a server from the environment or a container those operations return
 //! [`HarnessError::NotOwned`]. Tests that inject faults ask for a local process
-//! (`start_local` and the like). The PostgreSQL server shared by a test binary
-//! ([`PostgresServer::shared`]) is a local cluster: it outlives every test, and a
-//! container left at process exit could not be removed reliably.
+//! (`start_local` and the like), or for a container they control ([`docker`]: pause,
+//! stop and start, kill, disconnect from its network). The PostgreSQL server shared by a
+//! test binary ([`PostgresServer::shared`]) is a container where the engine answers, and
+//! a local cluster elsewhere; either is removed when the test process exits.
 //!
 //! Every start prints one `lease test server: ...` line naming the source, also for
 //! tests that pass.
@@ -173,12 +174,40 @@ fn is_executable(path: &Path) -> bool {
         .unwrap_or(false)
 }
 
-/// Says which server a test got (the "lease test server: ..." lines). Written to the
-/// process's standard error directly: the test runner captures only `print!`/`eprint!`
-/// output, so the line shows for passing tests too.
+/// Says which server a test got (the "lease test server: ..." lines), ending with
+/// `[test NAME]` when the test is known (scripts/count-test-servers.sh counts tests per
+/// source from it). Written to the process's standard error directly: the test runner
+/// captures only `print!`/`eprint!` output, so the line shows for passing tests too.
 pub(crate) fn announce(line: fmt::Arguments<'_>) {
     use std::io::Write;
-    let _ = writeln!(std::io::stderr().lock(), "{line}");
+    let _ = match current_test() {
+        Some(test) => writeln!(std::io::stderr().lock(), "{line} [test {test}]"),
+        None => writeln!(std::io::stderr().lock(), "{line}"),
+    };
+}
+
+std::thread_local! {
+    /// The test a blocking helper thread works for (see [`for_test`]).
+    static TEST: std::cell::RefCell<Option<String>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The running test's name: the test runner names each test's thread after it; a
+/// helper thread inherits it through [`for_test`].
+pub(crate) fn current_test() -> Option<String> {
+    TEST.with(|t| t.borrow().clone()).or_else(|| {
+        std::thread::current()
+            .name()
+            .filter(|n| *n != "main" && !n.starts_with("tokio-"))
+            .map(str::to_owned)
+    })
+}
+
+/// Runs `f` on this (helper) thread as part of `test`.
+pub(crate) fn for_test<T>(test: Option<String>, f: impl FnOnce() -> T) -> T {
+    let before = TEST.with(|t| t.replace(test));
+    let out = f();
+    TEST.with(|t| *t.borrow_mut() = before);
+    out
 }
 
 /// The value of an environment variable, if set and not blank.

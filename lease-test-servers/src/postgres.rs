@@ -30,7 +30,6 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{Signal, killpg};
@@ -176,36 +175,8 @@ impl PostgresServer {
                 _container: None,
             });
         }
-        let spec = super::container::Spec {
-            images: &super::docker::POSTGRES_IMAGES,
-            port: 5432,
-            // The image's first server (initialisation) logs to stdout, the final one to
-            // stderr.
-            ready: vec![
-                ("database system is ready to accept connections", false),
-                ("database system is ready to accept connections", true),
-            ],
-            env: vec![("POSTGRES_HOST_AUTH_METHOD", "trust".to_owned())],
-            cmd: Vec::new(),
-        };
-        let started = super::container::try_start(spec).await;
-        if started.is_none() && super::container::forced() {
-            return Err(super::container::forced_failure("postgres"));
-        }
-        if let Some(c) = started {
-            super::announce(format_args!(
-                "lease test server: postgres at {}:{} (container {})",
-                c.host, c.port, c.description
-            ));
-            return Ok(PostgresServer {
-                source: Source::Container,
-                url: format!(
-                    "postgres://postgres@{}:{}/postgres?sslmode=disable",
-                    c.host, c.port
-                ),
-                local: None,
-                _container: Some(c),
-            });
+        if let Some(server) = start_container(&[]).await? {
+            return Ok(server);
         }
         Self::start_local(false).await
     }
@@ -229,18 +200,23 @@ impl PostgresServer {
         clock: &super::clock::SteppedClock,
     ) -> Result<PostgresServer, HarnessError> {
         let env = clock.env();
-        tokio::task::spawn_blocking(move || start_blocking(true, env))
+        let test = super::current_test();
+        tokio::task::spawn_blocking(move || super::for_test(test, || start_blocking(true, env)))
             .await
             .map_err(|e| HarnessError::Start(format!("starting postgres: {e}")))?
     }
 
     /// A fresh database on the test binary's shared server.
     ///
-    /// The shared server is started once per process (a fast cluster as with
-    /// [`PostgresServer::start_fast`]) and outlives every test: it is shut down and its
-    /// directory removed by its watcher when the test process exits. Each call creates a
-    /// new database `test_<uuid>`, dropped again when the handle drops. It needs no
-    /// tokio runtime of its own: every `#[tokio::test]` may call it.
+    /// The shared server is started once per process and outlives every test: where a
+    /// Docker engine answers it is a container (as [`PostgresServer::start`], with
+    /// `fsync=off`, `synchronous_commit=off`, `full_page_writes=off` and 500 connection
+    /// slots), removed by its cleanup watcher when the test process exits; elsewhere a
+    /// fast local cluster (as [`PostgresServer::start_fast`]), shut down and its
+    /// directory removed by its watcher. Under `LEASE_TEST_SOURCE=containers` a container
+    /// that does not start is an error. Each call creates a new database `test_<uuid>`,
+    /// dropped again when the handle drops, and prints one `lease test server:` line.
+    /// Every `#[tokio::test]` may call it, whatever its runtime.
     ///
     /// With `LEASE_TEST_POSTGRES_URL` set, that URL is returned as is (no database is
     /// created): tests then isolate themselves by table name or key.
@@ -253,45 +229,65 @@ impl PostgresServer {
                 port: None,
             });
         }
-        tokio::task::spawn_blocking(|| {
-            static SHARED: OnceLock<Result<PostgresServer, String>> = OnceLock::new();
-            let server = SHARED
-                .get_or_init(|| {
-                    start_blocking(true, Vec::new())
-                        .inspect(|server| {
-                            super::announce(format_args!(
-                                "lease test server: shared postgres at {} for this test binary",
-                                server.url
-                            ));
-                        })
-                        .map_err(|e| e.to_string())
-                })
-                .as_ref()
-                .map_err(|e| HarnessError::Start(format!("shared postgres server: {e}")))?;
-            let port = server.port().ok_or_else(|| {
-                HarnessError::Start("the shared postgres server has no port".into())
-            })?;
+        static SHARED: tokio::sync::OnceCell<Result<PostgresServer, String>> =
+            tokio::sync::OnceCell::const_new();
+        let server = SHARED
+            .get_or_init(|| async {
+                let server = match start_container(SHARED_SERVER_FLAGS).await {
+                    Ok(Some(server)) => Ok(server),
+                    Ok(None) => tokio::task::spawn_blocking(|| start_blocking(true, Vec::new()))
+                        .await
+                        .map_err(|e| HarnessError::Start(format!("starting postgres: {e}")))
+                        .and_then(|r| r),
+                    Err(e) => Err(e),
+                };
+                server
+                    .inspect(|server| {
+                        super::announce(format_args!(
+                            "lease test server: the shared postgres of this test binary is at {}, source: {}",
+                            server.url, server.source
+                        ));
+                    })
+                    .map_err(|e| e.to_string())
+            })
+            .await
+            .as_ref()
+            .map_err(|e| HarnessError::Start(format!("shared postgres server: {e}")))?;
+        let port = server
+            .port()
+            .or_else(|| server._container.as_ref().map(|c| c.port))
+            .ok_or_else(|| HarnessError::Start("the shared postgres server has no port".into()))?;
+        let source = server.source;
+        let db = tokio::task::spawn_blocking(move || {
             let name = format!("test_{}", uuid::Uuid::new_v4().simple());
             run_sql(port, "postgres", &format!("CREATE DATABASE {name}")).map_err(|e| {
                 HarnessError::Start(format!(
                     "creating database {name} on the shared server: {e}"
                 ))
             })?;
-            Ok(PostgresDatabase {
+            Ok::<_, HarnessError>(PostgresDatabase {
                 url: local_url(port, &name),
-                source: Source::LocalProcess,
+                source,
                 name: Some(name),
                 port: Some(port),
             })
         })
         .await
-        .map_err(|e| HarnessError::Start(format!("shared postgres server: {e}")))?
+        .map_err(|e| HarnessError::Start(format!("shared postgres server: {e}")))??;
+        super::announce(format_args!(
+            "lease test server: postgres database {} on the shared server, from a {source}",
+            db.name.as_deref().unwrap_or_default()
+        ));
+        Ok(db)
     }
 
     async fn start_local(fast: bool) -> Result<PostgresServer, HarnessError> {
-        tokio::task::spawn_blocking(move || start_blocking(fast, Vec::new()))
-            .await
-            .map_err(|e| HarnessError::Start(format!("starting postgres: {e}")))?
+        let test = super::current_test();
+        tokio::task::spawn_blocking(move || {
+            super::for_test(test, || start_blocking(fast, Vec::new()))
+        })
+        .await
+        .map_err(|e| HarnessError::Start(format!("starting postgres: {e}")))?
     }
 
     /// The URL to connect to: `postgres://postgres@127.0.0.1:PORT/postgres?sslmode=disable`
@@ -704,6 +700,56 @@ impl Drop for PostgresDatabase {
             );
         }
     }
+}
+
+/// The settings of the shared server (speed over durability, room for parallel tests).
+const SHARED_SERVER_FLAGS: &[&str] = &[
+    "-c",
+    "fsync=off",
+    "-c",
+    "synchronous_commit=off",
+    "-c",
+    "full_page_writes=off",
+    "-c",
+    "max_connections=500",
+];
+
+/// A `postgres:15` container (trust authentication) started with the server flags
+/// `flags`, when the container source is usable: `Ok(None)` when it is not (said once),
+/// an error when it is forced (`LEASE_TEST_SOURCE=containers`) and no container started.
+async fn start_container(flags: &[&str]) -> Result<Option<PostgresServer>, HarnessError> {
+    let spec = super::container::Spec {
+        images: &super::docker::POSTGRES_IMAGES,
+        port: 5432,
+        // The image's first server (initialisation) logs to stdout, the final one to
+        // stderr.
+        ready: vec![
+            ("database system is ready to accept connections", false),
+            ("database system is ready to accept connections", true),
+        ],
+        env: vec![("POSTGRES_HOST_AUTH_METHOD", "trust".to_owned())],
+        // Both images run `postgres` with arguments that start with a dash.
+        cmd: flags.iter().map(|f| (*f).to_owned()).collect(),
+    };
+    let started = super::container::try_start(spec).await;
+    if started.is_none() && super::container::forced() {
+        return Err(super::container::forced_failure("postgres"));
+    }
+    Ok(started.map(|c| {
+        super::announce(format_args!(
+            "lease test server: postgres at {}:{} (container {})",
+            c.host, c.port, c.description
+        ));
+        PostgresServer {
+            source: Source::Container,
+            url: format!(
+                "postgres://postgres@{}:{}/postgres?sslmode=disable",
+                c.host, c.port
+            ),
+            local: None,
+            _container: Some(c),
+        }
+    }))
 }
 
 fn local_url(port: u16, database: &str) -> String {
