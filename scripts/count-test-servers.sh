@@ -12,7 +12,7 @@ echo "test servers by source:"
 echo "  container:      $(grep 'lease test server:' "$log" | count '(container ')"
 echo "  local process:  $(grep 'lease test server:' "$log" | count '(local process')"
 echo "  environment:    $(grep 'lease test server:' "$log" | count '(from LEASE_TEST_')"
-grep -o 'lease test server: [a-z]* at [^ ]* (container [^ ]*' "$log" \
+grep 'lease test server:' "$log" | grep -o '(container [^ ,)]*' \
   | awk '{print "    " $NF}' | sort | uniq -c || true
 echo "  container images that did not start (once per test binary): $(count 'container did not start' <"$log")"
 awk '
@@ -27,7 +27,8 @@ awk '
     else if ($0 ~ /\(local process|from a local process/) src = "local process"
     else if ($0 ~ /\(from LEASE_TEST_/) src = "environment"
     if (src == "") next
-    kind = $0; sub(/.*lease test server: /, "", kind); sub(/ .*/, "", kind)
+    kind = $0; sub(/.*lease test server: /, "", kind)
+    if (kind ~ /^etcd cluster/) kind = "etcd-cluster"; else sub(/ .*/, "", kind)
     key = src_file "|" bin "::" test
     if (!((src, key) in seen)) { seen[src, key] = 1; tests[src]++ }
     if (bin == "conformance" || bin == "conformance_secure") {

@@ -1,5 +1,6 @@
 //! Runs the ADR comparison scenarios and the fault matrix against every store on local
-//! servers started by the harness, and writes the comparison as a Markdown table.
+//! servers started by the harness, and the container-level fault matrix on servers in
+//! containers, and writes the comparison as Markdown tables.
 //!
 //! ```text
 //! cargo build --release -p lease-lab && target/release/lease-report [--out docs/comparison.md] [--soak ROUNDS]
@@ -10,6 +11,7 @@
 //!
 //! `--soak ROUNDS` also runs ROUNDS rounds of the fault matrix (holder killed, holder
 //! paused, alternating over the stores) and reports the checker's totals.
+//! `--no-containers` leaves out the container-level rows (they need a Docker engine).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a test tool
 
 use std::fmt::Write as _;
@@ -18,9 +20,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lease_core::LeaseBackend;
+use lease_lab::container_faults;
 use lease_lab::fenced::Report;
 use lease_lab::matrix::{self, Matrix};
 use lease_lab::scenarios::{self, DilemmaMode};
+use lease_test_servers::docker::StoreKind;
 use lease_test_servers::{EtcdServer, PostgresServer, RedisServer};
 use tokio::sync::Mutex;
 
@@ -86,12 +90,72 @@ impl Server {
     }
 }
 
+/// A local server process of `kind` (the main table stops and restarts it).
 async fn start(kind: &str) -> Server {
     match kind {
-        "redis" => Server::Redis(RedisServer::start().await.unwrap()),
+        "redis" => Server::Redis(RedisServer::start_owned().await.unwrap()),
         "postgres" => Server::Postgres(PostgresServer::start_local_process().await.unwrap()),
-        "etcd" => Server::Etcd(EtcdServer::start().await.unwrap()),
+        "etcd" => Server::Etcd(EtcdServer::start_local().await.unwrap()),
         other => panic!("unknown store {other}"),
+    }
+}
+
+/// The container-level rows (`lease_lab::container_faults`), one column per store.
+async fn container_columns(m: &Matrix) -> Vec<Column> {
+    let mut columns = Vec::new();
+    for kind in container_faults::KINDS {
+        eprintln!("== containers: {kind}");
+        let mut col = Column {
+            name: match kind {
+                StoreKind::Redis => "Redis",
+                StoreKind::Postgres => "PostgreSQL",
+                StoreKind::Etcd => "etcd",
+            },
+            ..Column::default()
+        };
+        for (key, _) in container_faults::ROWS {
+            if key == "c-etcd-member-stopped" && kind != StoreKind::Etcd {
+                continue;
+            }
+            let m1 = m.clone();
+            col.cells.push((
+                key,
+                cell(
+                    async move { container_faults::run(key, kind, &m1).await },
+                    |c| c,
+                )
+                .await,
+            ));
+        }
+        columns.push(col);
+    }
+    columns
+}
+
+/// A Markdown table: one row per `rows` entry, one column per `columns` entry, and a
+/// last column saying where the servers ran.
+fn table(md: &mut String, rows: &[(&str, &str)], columns: &[Column], source: &str) {
+    write!(md, "| scenario |").unwrap();
+    for c in columns {
+        write!(md, " {} |", c.name).unwrap();
+    }
+    writeln!(md, " servers |").unwrap();
+    write!(md, "|---|").unwrap();
+    for _ in columns {
+        write!(md, "---|").unwrap();
+    }
+    writeln!(md, "---|").unwrap();
+    for (key, title) in rows {
+        write!(md, "| {title} |").unwrap();
+        for c in columns {
+            let v = c
+                .cells
+                .iter()
+                .find(|(k, _)| k == key)
+                .map_or("—".to_owned(), |(_, v)| v.clone());
+            write!(md, " {} |", v.replace('|', "/")).unwrap();
+        }
+        writeln!(md, " {source} |").unwrap();
     }
 }
 
@@ -407,10 +471,12 @@ async fn alternatives(redis_url: &str, pg_url: &str) -> Column {
 async fn main() {
     let mut out = String::from("docs/comparison.md");
     let mut soak = 0usize;
+    let mut containers = true;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--out" => out = args.next().expect("--out PATH"),
+            "--no-containers" => containers = false,
             "--soak" => {
                 soak = args
                     .next()
@@ -429,18 +495,30 @@ async fn main() {
         eprintln!("== {kind}");
         columns.push(store_column(kind, &m).await);
     }
-    let redis = RedisServer::start().await.unwrap();
-    let pg = PostgresServer::shared().await.unwrap();
+    let redis = RedisServer::start_owned().await.unwrap();
+    let pg = PostgresServer::start_local_process().await.unwrap();
     columns.push(alternatives(&redis.url(), &pg.url()).await);
+    let in_containers = if containers {
+        match lease_test_servers::docker::available() {
+            Ok(()) => Some(container_columns(&m).await),
+            Err(why) => {
+                eprintln!("no container rows: {why}");
+                None
+            }
+        }
+    } else {
+        None
+    };
 
     let mut md = String::new();
     writeln!(md, "# The ADR's alternatives, measured").unwrap();
     writeln!(md).unwrap();
     writeln!(
         md,
-        "Generated by `cargo build --release -p lease-lab && target/release/lease-report{}` on local \
-         servers started by the test harness (Redis 7, PostgreSQL 15, etcd 3.4, one machine, \
-         loopback). Store columns use the library (lease with watchdog, TTL 500 ms or the \
+        "Generated by `cargo build --release -p lease-lab && target/release/lease-report{}` on \
+         servers started by the test harness (Redis 7, PostgreSQL 15, etcd 3.4, one machine): \
+         local processes on loopback for this table, containers for the next one; the last \
+         column of each row says which. Store columns use the library (lease with watchdog, TTL 500 ms or the \
          store's minimum; etcd rounds to whole seconds); the last column runs the alternatives \
          the source documents discuss. Bold marks the failure each scenario demonstrates.",
         if soak > 0 {
@@ -451,28 +529,7 @@ async fn main() {
     )
     .unwrap();
     writeln!(md).unwrap();
-    write!(md, "| scenario |").unwrap();
-    for c in &columns {
-        write!(md, " {} |", c.name).unwrap();
-    }
-    writeln!(md).unwrap();
-    write!(md, "|---|").unwrap();
-    for _ in &columns {
-        write!(md, "---|").unwrap();
-    }
-    writeln!(md).unwrap();
-    for (key, title) in ROWS {
-        write!(md, "| {title} |").unwrap();
-        for c in &columns {
-            let v = c
-                .cells
-                .iter()
-                .find(|(k, _)| k == key)
-                .map_or("—".to_owned(), |(_, v)| v.clone());
-            write!(md, " {} |", v.replace('|', "/")).unwrap();
-        }
-        writeln!(md).unwrap();
-    }
+    table(&mut md, ROWS, &columns, "local processes");
     writeln!(md).unwrap();
     writeln!(
         md,
@@ -486,6 +543,25 @@ async fn main() {
          `appendfsync always` it is `Durable` (tested in the fault matrix)."
     )
     .unwrap();
+
+    if let Some(cols) = &in_containers {
+        writeln!(md).unwrap();
+        writeln!(md, "## Faults at the container level").unwrap();
+        writeln!(md).unwrap();
+        writeln!(
+            md,
+            "Each store in a Docker container on a private network (images built from \
+             Debian's packages by `scripts/build-test-images.sh` where no registry answers; \
+             etcd with the local process's raft timing), published on a loopback port; \
+             holders as processes on this machine through that port, or, where a row says \
+             so, in containers of their own that reach the store over the private network \
+             and the fenced resource over a second network. TTL 1 s, renewal 333 ms. The \
+             same cases run as tests: `cargo test -p lease-lab --test container_faults`."
+        )
+        .unwrap();
+        writeln!(md).unwrap();
+        table(&mut md, &container_faults::ROWS, cols, "containers");
+    }
 
     if soak > 0 {
         let mut total = Report::default();
