@@ -45,7 +45,7 @@ pub const ROWS: [(&str, &str); 8] = [
     ),
     (
         "c-etcd-member-stopped",
-        "3-member etcd cluster in containers, leader stopped (`docker stop`)",
+        "3-member etcd cluster in containers, leader's container killed (`docker kill`)",
     ),
 ];
 
@@ -173,9 +173,11 @@ pub async fn run(key: &str, kind: StoreKind, m: &Matrix) -> String {
     }
 }
 
-/// A 3-member etcd cluster in containers: the leader is stopped while a lease is taken
-/// and released; the lease survives or moves and fencing keeps growing; then a holder is
-/// killed on the two remaining members and another takes over.
+/// A 3-member etcd cluster in containers: the leader's container is killed (no
+/// leadership hand-over: the others must elect a new leader) while a lease is taken and
+/// released; a new leader is elected among the other two, the lease is taken again and
+/// fencing keeps growing; then a holder is killed on the two remaining members and
+/// another takes over.
 pub async fn etcd_member_stopped(m: &Matrix) -> String {
     let net = Arc::new(
         DockerNetwork::create()
@@ -200,17 +202,22 @@ pub async fn etcd_member_stopped(m: &Matrix) -> String {
         .get(leader)
         .unwrap_or_else(|| panic!("no member {leader}"));
     let r = matrix::store_restarted(&url, async || {
-        victim.container().stop().await.unwrap();
+        victim.container().kill().await.unwrap();
     })
     .await;
     assert!(
         r.after > r.before,
-        "fencing did not grow across the leader's stop: {r:?}"
+        "fencing did not grow across the leader's kill: {r:?}"
     );
+    // The killed member answers nothing, so the leader found now is one of the others.
+    let new_leader = docker::etcd_leader(&members, Duration::from_secs(20))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_ne!(new_leader, leader, "the killed member is still the leader");
     let (t, report) = matrix::holder_killed(m, &url).await;
     format!(
-        "tokens {} → {} across the stop; with 2 of 3 members, takeover after a holder's kill \
-         {} ({} double beliefs)",
+        "a new leader elected; tokens {} → {} across the kill; with 2 of 3 members, takeover \
+         after a holder's kill {} ({} double beliefs)",
         r.before,
         r.after,
         secs(t),

@@ -312,8 +312,9 @@ pub async fn holder_killed(m: &Matrix, url: &str) -> (Duration, Report) {
     let mut holders = spawn_holders(m, url, &name, "h", 3, &resource).await;
     let active = first_holder(&resource).await;
     let victim = holders.iter_mut().find(|h| h.id == active).unwrap();
-    victim.kill().await;
+    // Measured from the moment the kill is sent (a container's takes a CLI round trip).
     let killed_at = resource.now();
+    victim.kill().await;
     resource.end_beliefs_of(&active);
     let (next, started) =
         wait_for_new_holder(&resource, killed_at, Some(&active), Duration::from_secs(10)).await;
@@ -415,8 +416,10 @@ pub async fn store_down(
     let name = format!("matrix-down-{}", uuid::Uuid::new_v4().simple());
     let _holders = spawn_holders(m, url, &name, "d", 2, &resource).await;
     let active = first_holder(&resource).await;
-    stop().await;
+    // Measured from the moment the stop is asked for (a container's takes a CLI round
+    // trip, during which the fault may already be in effect).
     let stopped_at = resource.now();
+    stop().await;
     // The holder stops believing by its safety deadline (within the TTL of the stop).
     let until = Instant::now() + m.ttl + Duration::from_millis(300);
     loop {
@@ -639,8 +642,9 @@ async fn cut_and_heal(
     heal: impl AsyncFnOnce() -> Result<(), String>,
 ) -> Result<CutResult, String> {
     tokio::time::sleep(m.ttl / 2).await;
-    cut().await?;
+    // Measured from the moment the cut is asked for.
     let cut_at = resource.now();
+    cut().await?;
     // The cut-off holder still reaches the resource, so it reports its lost signal.
     let until = Instant::now() + m.ttl * 2;
     let lost_at = loop {

@@ -82,31 +82,33 @@ pub fn available() -> Result<(), String> {
         .clone()
 }
 
-/// Runs `docker ARGS` and returns its standard output; blocking, bounded by `bound`.
+/// Runs `docker ARGS` and returns its standard output; blocking, bounded by `bound`. The
+/// output is read while the command runs (a large listing must not fill the pipe).
 pub(crate) fn docker_blocking(args: &[&str], bound: Duration) -> Result<String, String> {
-    let mut child = Command::new("docker")
+    let child = Command::new("docker")
         .args(args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .map_err(|e| format!("docker: {e}"))?;
-    let until = Instant::now() + bound;
-    loop {
-        match child.try_wait() {
-            Ok(Some(_)) => break,
-            Ok(None) if Instant::now() < until => std::thread::sleep(Duration::from_millis(5)),
-            Ok(None) => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!("docker {} took over {bound:?}", args.join(" ")));
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = match rx.recv_timeout(bound) {
+        Ok(out) => out.map_err(|e| format!("docker: {e}"))?,
+        Err(_) => {
+            if let Ok(pid) = i32::try_from(pid) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
             }
-            Err(e) => return Err(format!("docker: {e}")),
+            return Err(format!("docker {} took over {bound:?}", args.join(" ")));
         }
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| format!("docker: {e}"))?;
+    };
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
     } else {

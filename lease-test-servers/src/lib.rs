@@ -37,6 +37,7 @@ pub mod redis;
 pub mod tls;
 
 pub use self::etcd::{EtcdCluster, EtcdServer};
+pub use self::mariadb::MariaDbServer;
 pub use self::pgbouncer::{PgBouncer, PoolMode};
 pub use self::postgres::PostgresServer;
 pub use self::redis::{RedisSentinels, RedisServer};
@@ -180,10 +181,13 @@ fn is_executable(path: &Path) -> bool {
 /// captures only `print!`/`eprint!` output, so the line shows for passing tests too.
 pub(crate) fn announce(line: fmt::Arguments<'_>) {
     use std::io::Write;
-    let _ = match current_test() {
-        Some(test) => writeln!(std::io::stderr().lock(), "{line} [test {test}]"),
-        None => writeln!(std::io::stderr().lock(), "{line}"),
+    // One write of the whole line: output of other threads (the test runner's "test ...
+    // ok") must not land inside it, or the count script misses it.
+    let text = match current_test() {
+        Some(test) => format!("{line} [test {test}]\n"),
+        None => format!("{line}\n"),
     };
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
 }
 
 std::thread_local! {
@@ -215,6 +219,7 @@ pub(crate) fn env_nonempty(var: &str) -> Option<String> {
     std::env::var(var).ok().filter(|v| !v.trim().is_empty())
 }
 pub mod etcd;
+pub mod mariadb;
 pub mod postgres;
 
 #[cfg(test)]
