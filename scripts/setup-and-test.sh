@@ -10,8 +10,9 @@ cd "$(dirname "$0")/.."
 # the `lease` binary with its wall clock an hour off (lease-cli's clock-skew tests).
 # redis-sentinel and pgbouncer: the Sentinel failover and transaction-pooling tests. gcc
 # compiles the stepped-clock shim of the harness (tests of a step of the store's clock).
-# openssl makes the certificates of the TLS tests at test time.
-packages=(redis-server redis-tools redis-sentinel postgresql pgbouncer etcd-server etcd-client protobuf-compiler libprotobuf-dev faketime gcc libc6-dev openssl)
+# openssl makes the certificates of the TLS tests at test time. mariadb-server: the
+# MySQL backend's tests (a throwaway mariadbd per test binary).
+packages=(redis-server redis-tools redis-sentinel postgresql pgbouncer etcd-server etcd-client mariadb-server protobuf-compiler libprotobuf-dev faketime gcc libc6-dev openssl)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -26,7 +27,7 @@ fi
 # No store may be started by the package manager for the tests: they start their own
 # servers on free loopback ports. Stop any that an install started.
 if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
-  ${sudo:-} systemctl stop redis-server redis-sentinel etcd postgresql pgbouncer >/dev/null 2>&1 || true
+  ${sudo:-} systemctl stop redis-server redis-sentinel etcd postgresql pgbouncer mariadb >/dev/null 2>&1 || true
 fi
 
 # Where a Docker engine answers, build the servers' images from the packages above (no

@@ -723,3 +723,16 @@ store_tests!(
             .unwrap_or_else(|e| panic!("{e}"))
     }
 );
+store_tests!(
+    mysql_store,
+    async {
+        lease_test_servers::MariaDbServer::shared()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    },
+    async {
+        lease_test_servers::MariaDbServer::start_local()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+);

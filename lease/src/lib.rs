@@ -14,6 +14,10 @@ pub use lease_postgres as postgres;
 #[cfg(feature = "etcd")]
 pub use lease_etcd as etcd;
 
+/// The MySQL and MariaDB backend (feature `mysql`).
+#[cfg(feature = "mysql")]
+pub use lease_mysql as mysql;
+
 use std::sync::Arc;
 
 /// Opens a backend from a URL.
@@ -26,6 +30,7 @@ use std::sync::Arc;
 /// | `postgres://`, `postgresql://` | PostgreSQL (TLS with libpq's `sslmode`, `sslrootcert`, `sslcert`, `sslkey`: feature `tls`) | `postgres` |
 /// | `etcd://` | etcd | `etcd` |
 /// | `etcds://` | etcd over TLS | `etcd` and `tls` |
+/// | `mysql://`, `mariadb://` | MySQL 8, MariaDB 10.6+ (TLS with the driver's `ssl-mode`, `ssl-ca`, `ssl-cert`, `ssl-key`: feature `tls`) | `mysql` |
 ///
 /// Credentials go in the URL (`redis://user:password@host`, `postgres://user:password@host/db`,
 /// `etcd://user:password@host/prefix`); PostgreSQL also reads `PGPASSWORD` and `~/.pgpass`
@@ -107,8 +112,9 @@ pub async fn connect_with(url: &str, options: &ConnectOptions) -> Result<Arc<dyn
         "redis" | "rediss" | "redis+sentinel" => connect_redis(url, options).await,
         "postgres" | "postgresql" => connect_postgres(url, options).await,
         "etcd" | "etcds" => connect_etcd(url, options).await,
+        "mysql" | "mariadb" => connect_mysql(url, options).await,
         other => Err(InvalidInput::MalformedUrl(format!(
-            "unknown scheme {other:?}: expected memory, redis, rediss, redis+sentinel, postgres, postgresql, etcd or etcds"
+            "unknown scheme {other:?}: expected memory, redis, rediss, redis+sentinel, postgres, postgresql, etcd, etcds, mysql or mariadb"
         ))
         .into()),
     }
@@ -169,6 +175,25 @@ async fn connect_etcd(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Lea
 async fn connect_etcd(url: &str, _: &ConnectOptions) -> Result<Arc<dyn LeaseBackend>> {
     let scheme = url.split("://").next().unwrap_or("etcd");
     not_compiled(scheme, "etcd")
+}
+
+#[cfg(feature = "mysql")]
+async fn connect_mysql(url: &str, options: &ConnectOptions) -> Result<Arc<dyn LeaseBackend>> {
+    if !options.tls.is_empty() {
+        return Err(InvalidInput::Other(format!(
+            "{}: for mysql:// the TLS files go in the URL (ssl-mode=VERIFY_IDENTITY&ssl-ca=...\
+             &ssl-cert=...&ssl-key=...)",
+            redact_url(url)
+        ))
+        .into());
+    }
+    Ok(Arc::new(lease_mysql::MysqlBackend::connect(url).await?))
+}
+
+#[cfg(not(feature = "mysql"))]
+async fn connect_mysql(url: &str, _: &ConnectOptions) -> Result<Arc<dyn LeaseBackend>> {
+    let scheme = url.split("://").next().unwrap_or("mysql");
+    not_compiled(scheme, "mysql")
 }
 
 #[allow(dead_code)]

@@ -1,0 +1,282 @@
+//! What the conformance suite cannot see on MySQL/MariaDB: which clock the statements
+//! read, fencing across a crash and what the durability settings make of it, creation of
+//! the table by many instances at once, and a least-privilege role.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::time::Duration;
+
+use lease_core::{AcquireOutcome, Fencing, HolderLabel, LeaseBackend, LeaseName, Owner};
+use lease_mysql::{MysqlBackend, MysqlConfig};
+use lease_test_servers::mariadb::MariaDbServer;
+use sqlx::Connection;
+
+fn owner(label: &str) -> Owner {
+    Owner::new(HolderLabel::new(label).unwrap())
+}
+
+fn name(s: &str) -> LeaseName {
+    LeaseName::new(s).unwrap()
+}
+
+async fn acquired(outcome: AcquireOutcome) -> u64 {
+    match outcome {
+        AcquireOutcome::Acquired { fencing, .. } => fencing.get(),
+        AcquireOutcome::Held(by) => panic!("held by {by}"),
+    }
+}
+
+/// `NOW(6)` is the time the statement began, also inside a transaction that began
+/// earlier: the acquire statement, run in a caller's transaction opened before the
+/// previous holder's lease ran out, still sees it expired (PostgreSQL's `now()`, the
+/// transaction's start, would still see it held).
+#[tokio::test]
+async fn now_is_per_statement_inside_a_transaction() {
+    let db = MariaDbServer::shared().await.unwrap();
+    let backend = MysqlBackend::connect(&db.url()).await.unwrap();
+    let lease = name("in-a-transaction");
+    let first = acquired(
+        backend
+            .acquire(&lease, &owner("a"), Duration::from_millis(500))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(first, 1);
+
+    let mut conn = sqlx::MySqlConnection::connect(&db.url()).await.unwrap();
+    sqlx::query("SET time_zone = '+00:00'")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    let (at_begin,): (String,) = sqlx::query_as("SELECT CAST(NOW(6) AS CHAR)")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    // The lease lapses while the transaction stays open (time is the subject here: 500 ms
+    // TTL, 900 ms wait, 400 ms of margin for a loaded machine).
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    let (later,): (String,) = sqlx::query_as("SELECT CAST(NOW(6) AS CHAR)")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert!(
+        later > at_begin,
+        "NOW(6) did not move inside the transaction"
+    );
+    let (acquire, _) = backend.cycle_statements();
+    let b = owner("b");
+    let done = sqlx::query(sqlx::AssertSqlSafe(acquire.to_owned()))
+        .bind(lease.as_bytes())
+        .bind(&b.token.as_bytes()[..])
+        .bind(b.label.as_str())
+        .bind(1_000_000u64)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(
+        done.last_insert_id(),
+        2,
+        "the acquire statement inside the transaction did not take the lapsed lease"
+    );
+    tx.commit().await.unwrap();
+    let info = backend.inspect(&lease).await.unwrap().unwrap();
+    assert_eq!(info.holder.as_deref(), Some("b"));
+}
+
+/// The client's clock plays no part: with `timestamp` of the backend's own session left
+/// alone, acquisitions and expiry follow the server. (A process whose wall clock is an
+/// hour off is tested with the CLI under faketime: lease-cli's clock-skew test.) Here:
+/// a caller's session that fakes its clock (`SET timestamp`) cannot make the backend's
+/// lease look expired, because the backend's connections never share that session.
+#[tokio::test]
+async fn a_faked_session_clock_elsewhere_does_not_expire_a_lease() {
+    let db = MariaDbServer::shared().await.unwrap();
+    let backend = MysqlBackend::connect(&db.url()).await.unwrap();
+    let lease = name("faked-clock");
+    acquired(
+        backend
+            .acquire(&lease, &owner("a"), Duration::from_secs(30))
+            .await
+            .unwrap(),
+    )
+    .await;
+    let mut conn = sqlx::MySqlConnection::connect(&db.url()).await.unwrap();
+    sqlx::query("SET timestamp = UNIX_TIMESTAMP() + 3600")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let (faked,): (i64,) = sqlx::query_as("SELECT TIMESTAMPDIFF(SECOND, SYSDATE(), NOW())")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        faked >= 3590,
+        "SET timestamp did not move this session's NOW(): {faked}"
+    );
+    // The backend's own call still sees the lease held.
+    match backend
+        .acquire(&lease, &owner("b"), Duration::from_secs(1))
+        .await
+        .unwrap()
+    {
+        AcquireOutcome::Held(by) => assert_eq!(by.holder.as_deref(), Some("a")),
+        other => panic!("taken: {other:?}"),
+    }
+}
+
+/// Fencing survives a crash (SIGKILL) of the server with the default durability, and the
+/// backend says `Durable`; with `innodb_flush_log_at_trx_commit = 2` it says `Volatile`.
+#[tokio::test]
+async fn fencing_survives_a_crash_and_the_claim_follows_the_settings() {
+    let mut server = MariaDbServer::start_local().await.unwrap();
+    let url = server.url();
+    let backend = MysqlBackend::connect(&url).await.unwrap();
+    assert_eq!(backend.capabilities().fencing, Fencing::Durable);
+    let lease = name("crash");
+    let mut last = 0;
+    for _ in 0..3 {
+        let o = owner("before");
+        last = acquired(
+            backend
+                .acquire(&lease, &o, Duration::from_secs(30))
+                .await
+                .unwrap(),
+        )
+        .await;
+        backend
+            .release(&lease, &o.token, Duration::ZERO)
+            .await
+            .unwrap();
+    }
+    server.kill().unwrap();
+    server.start_again().await.unwrap();
+    let backend = MysqlBackend::connect(&url).await.unwrap();
+    let after = acquired(
+        backend
+            .acquire(&lease, &owner("after"), Duration::from_secs(30))
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert!(
+        after > last,
+        "fencing went from {last} to {after} across a crash"
+    );
+
+    server
+        .sql("SET GLOBAL innodb_flush_log_at_trx_commit = 2")
+        .unwrap();
+    let lazy = MysqlBackend::connect(&url).await.unwrap();
+    assert_eq!(lazy.capabilities().fencing, Fencing::Volatile);
+}
+
+/// Many instances starting at once on an empty database: all connect, one table.
+#[tokio::test]
+async fn many_instances_create_the_table_at_once() {
+    let db = MariaDbServer::shared().await.unwrap();
+    let url = db.url();
+    let all = futures_join(16, |_| {
+        let url = url.clone();
+        async move { MysqlBackend::connect(&url).await }
+    })
+    .await;
+    for r in &all {
+        assert!(r.is_ok(), "{r:?}");
+    }
+    let tables = db.sql("SHOW TABLES").unwrap();
+    assert_eq!(tables, vec!["lease_locks".to_owned()]);
+}
+
+async fn futures_join<F, Fut, T>(n: usize, f: F) -> Vec<T>
+where
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = T> + Send + 'static,
+    T: Send + 'static,
+{
+    let handles: Vec<_> = (0..n).map(|i| tokio::spawn(f(i))).collect();
+    let mut out = Vec::with_capacity(n);
+    for h in handles {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+/// A role with only SELECT, INSERT, UPDATE on an existing table works; on a missing table
+/// it gets a typed refusal that names the DDL, and nothing is left half done.
+#[tokio::test]
+async fn least_privilege_role_once_the_table_exists() {
+    let db = MariaDbServer::shared().await.unwrap();
+    let dbname = db.name().unwrap().to_owned();
+    let user = format!("app_{}", &dbname[5..17]);
+    // No privilege yet (a table-level grant needs the table): connect must ask for the
+    // table, and fail with a typed refusal.
+    db.sql(&format!("CREATE USER '{user}'@'%' IDENTIFIED BY 'pw'"))
+        .unwrap();
+    let port = db
+        .url()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .split('/')
+        .next()
+        .unwrap()
+        .to_owned();
+    let app_url = format!("mysql://{user}:pw@127.0.0.1:{port}/{dbname}");
+    let refused = MysqlBackend::connect(&app_url).await.unwrap_err();
+    assert!(
+        matches!(refused, lease_core::Error::Rejected { .. }),
+        "{refused:?}"
+    );
+    assert!(refused.to_string().contains("schema_sql"), "{refused}");
+    assert!(!refused.to_string().contains("pw@"), "{refused}");
+    db.sql(&lease_mysql::schema_sql("lease_locks").unwrap())
+        .unwrap();
+    db.sql(&format!(
+        "GRANT SELECT, INSERT, UPDATE ON {dbname}.lease_locks TO '{user}'@'%'"
+    ))
+    .unwrap();
+    let backend = MysqlBackend::connect_with(
+        &app_url,
+        MysqlConfig {
+            create_table: true,
+            ..MysqlConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let lease = name("least-privilege");
+    let o = owner("app");
+    assert_eq!(
+        acquired(
+            backend
+                .acquire(&lease, &o, Duration::from_secs(5))
+                .await
+                .unwrap()
+        )
+        .await,
+        1
+    );
+    assert_eq!(
+        backend
+            .renew(
+                &[lease_core::RenewItem {
+                    name: lease.clone(),
+                    token: o.token
+                }],
+                Duration::from_secs(5)
+            )
+            .await
+            .unwrap(),
+        vec![lease_core::RenewOutcome::Renewed]
+    );
+    backend
+        .release(&lease, &o.token, Duration::ZERO)
+        .await
+        .unwrap();
+    let wrong = MysqlBackend::connect(&format!("mysql://{user}:nope@127.0.0.1:{port}/{dbname}"))
+        .await
+        .unwrap_err();
+    assert!(matches!(wrong, lease_core::Error::Auth { .. }), "{wrong:?}");
+    assert!(!wrong.is_retryable());
+}

@@ -1,0 +1,425 @@
+//! MariaDB test servers (the MySQL protocol): a throwaway local `mariadbd` from Debian's
+//! `mariadb-server`, or a server from `LEASE_TEST_MYSQL_URL`.
+//!
+//! A spawned server gets a fresh data directory (`mariadb-install-db`), listens on
+//! 127.0.0.1 on a free port, and lets `root` in from any address without a password (an
+//! init file grants it); its durability settings are the defaults
+//! (`innodb_flush_log_at_trx_commit=1`). SQL from the harness goes through the `mariadb`
+//! command-line client.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use super::process::{ChildProcess, DirWatcher};
+use super::{HarnessError, Source, env_nonempty, find_binary, free_port};
+
+/// Environment variable with the URL of a MySQL or MariaDB server to use instead of
+/// starting one (`mysql://user:password@host:port/database`).
+pub const URL_VAR: &str = "LEASE_TEST_MYSQL_URL";
+
+const INSTALL_HINT: &str = "install the Debian package `mariadb-server` \
+    (apt-get install mariadb-server) or set LEASE_TEST_MYSQL_URL=mysql://user:password@host:port/database";
+
+const DIRS: &[&str] = &["/usr/sbin", "/usr/bin", "/usr/local/bin", "/usr/local/sbin"];
+
+/// How long a spawned server may take to answer.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Attempts at a free port.
+const PORT_ATTEMPTS: usize = 5;
+
+/// A MariaDB server for tests.
+#[derive(Debug)]
+pub struct MariaDbServer {
+    source: Source,
+    url: String,
+    local: Option<Local>,
+}
+
+#[derive(Debug)]
+struct Local {
+    port: u16,
+    client: PathBuf,
+    // Declared in drop order: the process, its watcher, then its directory.
+    process: ChildProcess,
+    _watcher: DirWatcher,
+    _dir: tempfile::TempDir,
+}
+
+impl MariaDbServer {
+    /// A server from `LEASE_TEST_MYSQL_URL`, or a throwaway local `mariadbd`.
+    pub async fn start() -> Result<MariaDbServer, HarnessError> {
+        if let Some(url) = env_nonempty(URL_VAR) {
+            super::announce(format_args!(
+                "lease test server: mysql at {} (from {URL_VAR})",
+                lease_core::redact_url(&url)
+            ));
+            return Ok(MariaDbServer {
+                source: Source::Env,
+                url,
+                local: None,
+            });
+        }
+        Self::start_local().await
+    }
+
+    /// Always a throwaway local `mariadbd` with the default durability settings, for
+    /// tests that stop, kill or restart it.
+    pub async fn start_local() -> Result<MariaDbServer, HarnessError> {
+        Self::start_local_with(false).await
+    }
+
+    /// Like [`MariaDbServer::start_local`], but with `innodb_flush_log_at_trx_commit=0`
+    /// and `innodb_doublewrite=0`: faster, and not crash-safe (a killed server may lose
+    /// its last second of commits, fencing counters included).
+    pub async fn start_fast() -> Result<MariaDbServer, HarnessError> {
+        Self::start_local_with(true).await
+    }
+
+    async fn start_local_with(fast: bool) -> Result<MariaDbServer, HarnessError> {
+        let test = super::current_test();
+        tokio::task::spawn_blocking(move || super::for_test(test, || start_blocking(fast)))
+            .await
+            .map_err(|e| HarnessError::Start(format!("starting mariadbd: {e}")))?
+    }
+
+    /// The URL of database `lease` as `root`:
+    /// `mysql://root@127.0.0.1:PORT/lease` for a spawned server.
+    pub fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    /// Where the server came from.
+    pub fn source(&self) -> Source {
+        self.source
+    }
+
+    /// The port of a spawned server.
+    pub fn port(&self) -> Option<u16> {
+        self.local.as_ref().map(|l| l.port)
+    }
+
+    /// Runs `sql` as `root` (a spawned server only) and returns its output rows, tab-
+    /// separated, without a header.
+    pub fn sql(&self, sql: &str) -> Result<Vec<String>, HarnessError> {
+        let local = self.local.as_ref().ok_or(HarnessError::NotOwned {
+            operation: "run SQL on",
+            source: self.source,
+        })?;
+        run_sql(&local.client, local.port, sql).map_err(HarnessError::Start)
+    }
+
+    /// Whether the harness started (and so controls) the server.
+    pub fn owns_process(&self) -> bool {
+        self.local.is_some()
+    }
+
+    /// Stops the server (SIGTERM, then SIGKILL after 10 s); [`MariaDbServer::start_again`]
+    /// restarts it on the same port and data.
+    pub async fn stop(&mut self) -> Result<(), HarnessError> {
+        let source = self.source;
+        let local = self.local.as_mut().ok_or(HarnessError::NotOwned {
+            operation: "stop",
+            source,
+        })?;
+        local.process.terminate(Duration::from_secs(10)).await
+    }
+
+    /// SIGKILLs the server (a crash); [`MariaDbServer::start_again`] restarts it on the
+    /// same port and data.
+    pub fn kill(&mut self) -> Result<(), HarnessError> {
+        let local = self.local.as_mut().ok_or(HarnessError::NotOwned {
+            operation: "kill",
+            source: self.source,
+        })?;
+        local.process.kill()
+    }
+
+    /// Starts a killed server again and waits until it answers.
+    pub async fn start_again(&mut self) -> Result<(), HarnessError> {
+        let source = self.source;
+        let local = self.local.as_mut().ok_or(HarnessError::NotOwned {
+            operation: "start again",
+            source,
+        })?;
+        local.process.respawn()?;
+        let (client, port) = (local.client.clone(), local.port);
+        let ready = tokio::task::spawn_blocking(move || wait_ready(&client, port))
+            .await
+            .map_err(|e| HarnessError::Start(format!("waiting for mariadbd: {e}")))?;
+        ready.map_err(|why| {
+            HarnessError::Start(format!(
+                "mariadbd did not come back: {why}; log tail:\n{}",
+                local.process.log_tail(20)
+            ))
+        })
+    }
+
+    /// A fresh database on the test binary's shared server (a fast server as with
+    /// [`MariaDbServer::start_fast`], started once per process, removed with its
+    /// directory when the process exits), dropped again when the handle drops. With
+    /// `LEASE_TEST_MYSQL_URL` set, that URL is returned as is.
+    pub async fn shared() -> Result<MariaDbDatabase, HarnessError> {
+        if let Some(url) = env_nonempty(URL_VAR) {
+            return Ok(MariaDbDatabase {
+                url,
+                source: Source::Env,
+                name: None,
+                client: None,
+            });
+        }
+        static SHARED: tokio::sync::OnceCell<Result<MariaDbServer, String>> =
+            tokio::sync::OnceCell::const_new();
+        let server = SHARED
+            .get_or_init(|| async { Self::start_fast().await.map_err(|e| e.to_string()) })
+            .await
+            .as_ref()
+            .map_err(|e| HarnessError::Start(format!("shared mariadb server: {e}")))?;
+        let local = server
+            .local
+            .as_ref()
+            .ok_or_else(|| HarnessError::Start("the shared mariadb server is not local".into()))?;
+        let (client, port) = (local.client.clone(), local.port);
+        let name = format!("test_{}", uuid::Uuid::new_v4().simple());
+        let create = format!("CREATE DATABASE {name}");
+        let c = client.clone();
+        tokio::task::spawn_blocking(move || run_sql(&c, port, &create))
+            .await
+            .map_err(|e| HarnessError::Start(format!("creating a database: {e}")))?
+            .map_err(HarnessError::Start)?;
+        super::announce(format_args!(
+            "lease test server: mysql database {name} on the shared mariadb server, from a local process"
+        ));
+        Ok(MariaDbDatabase {
+            url: format!("mysql://root@127.0.0.1:{port}/{name}"),
+            source: Source::LocalProcess,
+            name: Some(name),
+            client: Some((client, port)),
+        })
+    }
+}
+
+/// A database on a test server (see [`MariaDbServer::shared`]).
+#[derive(Debug)]
+pub struct MariaDbDatabase {
+    url: String,
+    source: Source,
+    name: Option<String>,
+    client: Option<(PathBuf, u16)>,
+}
+
+impl MariaDbDatabase {
+    /// The URL of this database (as `root`).
+    pub fn url(&self) -> String {
+        self.url.clone()
+    }
+
+    /// Where the server came from.
+    pub fn source(&self) -> Source {
+        self.source
+    }
+
+    /// The database name, when the harness created it.
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
+    }
+
+    /// Runs `sql` as `root` in this database (shared local server only); rows
+    /// tab-separated.
+    pub fn sql(&self, sql: &str) -> Result<Vec<String>, HarnessError> {
+        match (&self.client, &self.name) {
+            (Some((client, port)), Some(name)) => {
+                run_sql(client, *port, &format!("USE {name}; {sql}")).map_err(HarnessError::Start)
+            }
+            _ => Err(HarnessError::NotOwned {
+                operation: "run SQL on",
+                source: self.source,
+            }),
+        }
+    }
+}
+
+impl Drop for MariaDbDatabase {
+    fn drop(&mut self) {
+        if let (Some((client, port)), Some(name)) = (&self.client, &self.name) {
+            let _ = run_sql(client, *port, &format!("DROP DATABASE IF EXISTS {name}"));
+        }
+    }
+}
+
+fn start_blocking(fast: bool) -> Result<MariaDbServer, HarnessError> {
+    let missing = |what: &str| {
+        HarnessError::Unavailable(format!(
+            "no {what} on PATH or in {}: {INSTALL_HINT}",
+            DIRS.join(", ")
+        ))
+    };
+    let server = find_binary("mariadbd", DIRS)
+        .or_else(|| find_binary("mysqld", DIRS))
+        .ok_or_else(|| missing("mariadbd"))?;
+    let install = find_binary("mariadb-install-db", DIRS)
+        .or_else(|| find_binary("mysql_install_db", DIRS))
+        .ok_or_else(|| missing("mariadb-install-db"))?;
+    let client = find_binary("mariadb", DIRS)
+        .or_else(|| find_binary("mysql", DIRS))
+        .ok_or_else(|| missing("mariadb (the client)"))?;
+    let dir = tempfile::Builder::new()
+        .prefix("lease-mariadb-")
+        .tempdir()
+        .map_err(|e| HarnessError::io("creating a temp dir for mariadbd", e))?;
+    let watcher = DirWatcher::spawn(dir.path())?;
+    let data = dir.path().join("data");
+    let as_root = nix::unistd::Uid::effective().is_root();
+    let started = Instant::now();
+    let mut init = Command::new(&install);
+    init.arg("--no-defaults")
+        .arg(format!("--datadir={}", data.display()))
+        .args(["--auth-root-authentication-method=normal", "--skip-test-db"]);
+    if as_root {
+        init.arg("--user=root");
+    }
+    let out = init
+        .output()
+        .map_err(|e| HarnessError::io(format!("running {}", install.display()), e))?;
+    if !out.status.success() {
+        return Err(HarnessError::Start(format!(
+            "{} failed: {}{}",
+            install.display(),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    let initialised = started.elapsed();
+    let init_file = dir.path().join("init.sql");
+    std::fs::write(
+        &init_file,
+        "CREATE USER IF NOT EXISTS 'root'@'%';\n\
+         GRANT ALL PRIVILEGES ON *.* TO 'root'@'%' WITH GRANT OPTION;\n\
+         CREATE DATABASE IF NOT EXISTS lease;\n",
+    )
+    .map_err(|e| HarnessError::io("writing the init file", e))?;
+    let log_path = dir.path().join("mariadbd.log");
+    let mut last_error = String::new();
+    for _ in 0..PORT_ATTEMPTS {
+        let port = free_port()?;
+        let mut process = ChildProcess::spawn(
+            server.clone(),
+            server_args(dir.path(), &data, &init_file, port, as_root, fast),
+            log_path.clone(),
+        )?;
+        match wait_ready(&client, port) {
+            Ok(()) => {
+                super::announce(format_args!(
+                    "lease test server: mariadb at 127.0.0.1:{port} (local process {}, pid {}, \
+                     dir {}, install {initialised:?}, up {:?}{})",
+                    server.display(),
+                    process.pid().unwrap_or_default(),
+                    dir.path().display(),
+                    started.elapsed(),
+                    if fast { ", fast: not crash-safe" } else { "" }
+                ));
+                return Ok(MariaDbServer {
+                    source: Source::LocalProcess,
+                    url: format!("mysql://root@127.0.0.1:{port}/lease"),
+                    local: Some(Local {
+                        port,
+                        client,
+                        process,
+                        _watcher: watcher,
+                        _dir: dir,
+                    }),
+                });
+            }
+            Err(why) => {
+                let tail = process.log_tail(20);
+                process.kill()?;
+                last_error = format!(
+                    "{} on port {port}: {why}; log tail:\n{tail}",
+                    server.display()
+                );
+                if !tail.contains("Address already in use") && !tail.contains("Can't start server")
+                {
+                    break;
+                }
+            }
+        }
+    }
+    Err(HarnessError::Start(last_error))
+}
+
+fn server_args(
+    dir: &Path,
+    data: &Path,
+    init: &Path,
+    port: u16,
+    as_root: bool,
+    fast: bool,
+) -> Vec<OsString> {
+    let mut args: Vec<OsString> = vec![
+        "--no-defaults".into(),
+        format!("--datadir={}", data.display()).into(),
+        format!("--port={port}").into(),
+        "--bind-address=127.0.0.1".into(),
+        format!("--socket={}", dir.join("mariadbd.sock").display()).into(),
+        format!("--pid-file={}", dir.join("mariadbd.pid").display()).into(),
+        format!("--init-file={}", init.display()).into(),
+        "--skip-name-resolve".into(),
+        "--max-connections=500".into(),
+        "--innodb-buffer-pool-size=64M".into(),
+        "--innodb-log-file-size=16M".into(),
+    ];
+    if as_root {
+        args.push("--user=root".into());
+    }
+    if fast {
+        args.push("--innodb-flush-log-at-trx-commit=0".into());
+        args.push("--innodb-doublewrite=0".into());
+    }
+    args
+}
+
+fn wait_ready(client: &Path, port: u16) -> Result<(), String> {
+    let start = Instant::now();
+    loop {
+        match run_sql(client, port, "SELECT 1") {
+            Ok(_) => return Ok(()),
+            Err(why) if start.elapsed() > READY_TIMEOUT => {
+                return Err(format!("not answering within {READY_TIMEOUT:?}: {why}"));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// `sql` through the command-line client as `root` over TCP; output rows without a
+/// header, tab-separated.
+fn run_sql(client: &Path, port: u16, sql: &str) -> Result<Vec<String>, String> {
+    let out = Command::new(client)
+        .args([
+            "--no-defaults",
+            "--protocol=tcp",
+            "-h",
+            "127.0.0.1",
+            "-P",
+            &port.to_string(),
+            "-u",
+            "root",
+            "--connect-timeout=2",
+            "-N",
+            "-B",
+            "-e",
+            sql,
+        ])
+        .output()
+        .map_err(|e| format!("running {}: {e}", client.display()))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect())
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
+    }
+}
