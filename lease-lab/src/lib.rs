@@ -10,4 +10,5 @@ pub mod container_faults;
 pub mod fenced;
 pub mod lost_reply;
 pub mod matrix;
+pub mod mysql_alternatives;
 pub mod scenarios;

@@ -207,6 +207,62 @@ mod etcd {
     }
 }
 
+mod mysql {
+    use super::*;
+    use lease_test_servers::MariaDbServer;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mysql_holder_killed() {
+        let db = MariaDbServer::shared()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (t, _) = matrix::holder_killed(&m(), &db.url()).await;
+        eprintln!("mysql: takeover {t:?} after SIGKILL (ttl {TTL:?}, renew {RENEW:?})");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mysql_holder_paused() {
+        let db = MariaDbServer::shared()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        matrix::holder_paused(&m(), &db.url()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mysql_store_down_twice_the_ttl() {
+        let server = MariaDbServer::start_fast()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let url = server.url();
+        let server = tokio::sync::Mutex::new(server);
+        matrix::store_down(
+            &m(),
+            &url,
+            async || server.lock().await.stop().await.unwrap(),
+            async || server.lock().await.start_again().await.unwrap(),
+        )
+        .await;
+    }
+
+    /// A crash (SIGKILL) with the default durability: the counters survive.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mysql_restart_keeps_fencing() {
+        let server = MariaDbServer::start_local()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let url = server.url();
+        let server = tokio::sync::Mutex::new(server);
+        let r = matrix::store_restarted(&url, async || {
+            let mut s = server.lock().await;
+            s.kill().unwrap();
+            s.start_again().await.unwrap();
+        })
+        .await;
+        eprintln!("mysql (killed, restarted): {r:?}");
+        assert_eq!(r.claim, lease_core::Fencing::Durable);
+    }
+}
+
 /// Network cut between one holder and the store, per store. Needs root (a network
 /// namespace); elsewhere each test says it was skipped and why.
 mod network_cut {
@@ -236,6 +292,14 @@ mod network_cut {
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         run(&db.url(), "postgres").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mysql_network_cut() {
+        let db = lease_test_servers::MariaDbServer::shared()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        run(&db.url(), "mysql").await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -64,3 +64,11 @@ async fn postgres_advisory_lost_replies() {
     );
     eprintln!("postgres-advisory: {seen:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_lost_replies() {
+    let db = lease_test_servers::MariaDbServer::shared()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    run("mysql", &db.url()).await;
+}

@@ -25,7 +25,7 @@ use lease_lab::fenced::Report;
 use lease_lab::matrix::{self, Matrix};
 use lease_lab::scenarios::{self, DilemmaMode};
 use lease_test_servers::docker::StoreKind;
-use lease_test_servers::{EtcdServer, PostgresServer, RedisServer};
+use lease_test_servers::{EtcdServer, MariaDbServer, PostgresServer, RedisServer};
 use tokio::sync::Mutex;
 
 /// Runs a case in its own task so that a failed assertion becomes a cell, not a crash.
@@ -64,6 +64,7 @@ enum Server {
     Redis(RedisServer),
     Postgres(PostgresServer),
     Etcd(EtcdServer),
+    Mysql(MariaDbServer),
 }
 
 impl Server {
@@ -72,6 +73,7 @@ impl Server {
             Server::Redis(s) => s.url(),
             Server::Postgres(s) => s.url(),
             Server::Etcd(s) => s.url(),
+            Server::Mysql(s) => s.url(),
         }
     }
     async fn stop(&mut self) {
@@ -79,6 +81,7 @@ impl Server {
             Server::Redis(s) => s.stop().await.unwrap(),
             Server::Postgres(s) => s.stop().await.unwrap(),
             Server::Etcd(s) => s.stop().await.unwrap(),
+            Server::Mysql(s) => s.stop().await.unwrap(),
         }
     }
     async fn start_again(&mut self) {
@@ -86,6 +89,7 @@ impl Server {
             Server::Redis(s) => s.start_again().await.unwrap(),
             Server::Postgres(s) => s.start_again().await.unwrap(),
             Server::Etcd(s) => s.start_again().await.unwrap(),
+            Server::Mysql(s) => s.start_again().await.unwrap(),
         }
     }
 }
@@ -96,6 +100,7 @@ async fn start(kind: &str) -> Server {
         "redis" => Server::Redis(RedisServer::start_owned().await.unwrap()),
         "postgres" => Server::Postgres(PostgresServer::start_local_process().await.unwrap()),
         "etcd" => Server::Etcd(EtcdServer::start_local().await.unwrap()),
+        "mysql" => Server::Mysql(MariaDbServer::start_local().await.unwrap()),
         other => panic!("unknown store {other}"),
     }
 }
@@ -167,6 +172,7 @@ async fn store_column(kind: &'static str, m: &Matrix) -> Column {
         name: match kind {
             "redis" => "Redis",
             "postgres" => "PostgreSQL",
+            "mysql" => "MySQL (MariaDB)",
             _ => "etcd",
         },
         ..Column::default()
@@ -467,6 +473,109 @@ async fn alternatives(redis_url: &str, pg_url: &str) -> Column {
     col
 }
 
+/// Seed 002's MySQL alternatives: ShedLock's fixed TTL (the MySQL table without the
+/// watchdog), `GET_LOCK` and `SELECT ... FOR UPDATE SKIP LOCKED`.
+async fn mysql_alternatives(url: &str) -> Column {
+    use lease_lab::mysql_alternatives::{self as alt, SessionLock, SessionLockBackend};
+    let mut col = Column {
+        name: "Alternatives (MySQL, seed 002)",
+        ..Column::default()
+    };
+    let backend = lease::connect(url).await.unwrap();
+    let b = backend.clone();
+    col.cells.push((
+        "fixed-ttl",
+        cell(scenarios::fixed_ttl_vs_watchdog(b, 1000, false), |r| {
+            format!(
+                "ShedLock's fixed TTL, no watchdog: **{} acquired, {} at once**",
+                r.acquired, r.max_concurrent
+            )
+        })
+        .await,
+    ));
+    let (b1, b2) = (backend.clone(), backend.clone());
+    col.cells.push((
+        "dilemma",
+        cell(
+            async move {
+                (
+                    scenarios::lock_at_most_for_dilemma(b1, DilemmaMode::ShortFixedTtl).await,
+                    scenarios::lock_at_most_for_dilemma(b2, DilemmaMode::LongFixedTtl).await,
+                )
+            },
+            |(short, long)| {
+                format!(
+                    "ShedLock, short lockAtMostFor: {}; long: recovery after {}",
+                    if short.duplicated {
+                        "**duplicated**"
+                    } else {
+                        "no duplicate"
+                    },
+                    secs(long.recovery)
+                )
+            },
+        )
+        .await,
+    ));
+    let b = backend.clone();
+    col.cells.push((
+        "at-least-for",
+        cell(scenarios::lock_at_least_for(b, false, 4), |s| {
+            format!("no lockAtLeastFor: **{} runs** in 4 periods", s.ran)
+        })
+        .await,
+    ));
+    let u = url.to_owned();
+    col.cells.push((
+        "stuck",
+        cell(
+            async move {
+                let mut out = Vec::new();
+                for kind in [SessionLock::GetLock, SessionLock::SkipLocked] {
+                    let b: Arc<dyn LeaseBackend> =
+                        Arc::new(SessionLockBackend::connect(kind, &u).await.unwrap());
+                    out.push(scenarios::stuck_holder_lease(b, Duration::from_secs(5)).await);
+                }
+                out
+            },
+            |r| {
+                let show = |what: &str, d: &Option<Duration>| match d {
+                    Some(d) => format!("{what}: others get in after {}", secs(*d)),
+                    None => format!("{what}: **still blocked after 5 s**"),
+                };
+                format!(
+                    "{}; {}",
+                    show("GET_LOCK", &r[0]),
+                    show("SKIP LOCKED (others skip it)", &r[1])
+                )
+            },
+        )
+        .await,
+    ));
+    let u = url.to_owned();
+    col.cells.push((
+        "killed",
+        cell(
+            async move {
+                (
+                    alt::freed_when_the_holder_dies(SessionLock::GetLock, &u).await,
+                    alt::freed_when_the_holder_dies(SessionLock::SkipLocked, &u).await,
+                )
+            },
+            |(get_lock, skip)| {
+                format!(
+                    "GET_LOCK: free {} after the holder's connection closed; SKIP LOCKED: the \
+                     row lock free after {} (no TTL, no fencing token either way)",
+                    secs(get_lock),
+                    secs(skip)
+                )
+            },
+        )
+        .await,
+    ));
+    col
+}
+
 #[tokio::main]
 async fn main() {
     let mut out = String::from("docs/comparison.md");
@@ -491,13 +600,15 @@ async fn main() {
         "lease-holder next to lease-report: build both with `cargo build --release -p lease-lab`",
     );
     let mut columns = Vec::new();
-    for kind in ["redis", "postgres", "etcd"] {
+    for kind in ["redis", "postgres", "etcd", "mysql"] {
         eprintln!("== {kind}");
         columns.push(store_column(kind, &m).await);
     }
     let redis = RedisServer::start_owned().await.unwrap();
     let pg = PostgresServer::start_local_process().await.unwrap();
     columns.push(alternatives(&redis.url(), &pg.url()).await);
+    let mysql = MariaDbServer::start_local().await.unwrap();
+    columns.push(mysql_alternatives(&mysql.url()).await);
     let in_containers = if containers {
         match lease_test_servers::docker::available() {
             Ok(()) => Some(container_columns(&m).await),
@@ -516,7 +627,8 @@ async fn main() {
     writeln!(
         md,
         "Generated by `cargo build --release -p lease-lab && target/release/lease-report{}` on \
-         servers started by the test harness (Redis 7, PostgreSQL 15, etcd 3.4, one machine): \
+         servers started by the test harness (Redis 7, PostgreSQL 15, etcd 3.4, MariaDB 10.11, one \
+         machine): \
          local processes on loopback for this table, containers for the next one; the last \
          column of each row says which. Store columns use the library (lease with watchdog, TTL 500 ms or the \
          store's minimum; etcd rounds to whole seconds); the last column runs the alternatives \
@@ -571,6 +683,7 @@ async fn main() {
             ("redis", start("redis").await),
             ("postgres", start("postgres").await),
             ("etcd", start("etcd").await),
+            ("mysql", start("mysql").await),
         ];
         let started = std::time::Instant::now();
         while rounds < soak {
@@ -618,7 +731,7 @@ async fn main() {
         writeln!(md).unwrap();
         writeln!(
             md,
-            "Holder killed and holder paused, alternating, over Redis, PostgreSQL and etcd \
+            "Holder killed and holder paused, alternating, over Redis, PostgreSQL, etcd and MariaDB \
              (TTL 400 ms; etcd 1 s), {:.0} minutes.\n\n- accepted writes: {}\n- stale writes rejected by token: {}\n\
              - accepted writes out of token order: **{}**\n- calls past their timeout \
              (measured in every holder until the call returned or was cancelled; limit: \
