@@ -52,8 +52,10 @@
 //! Every primitive is one or two statements on a pooled connection, bounded by
 //! [`MysqlConfig::call_timeout`]. A dropped future abandons the call: a statement already
 //! sent may still be applied by the server (an acquire then holds a lease nobody knows
-//! of until its TTL passes; `LeaseClient` cleans up after calls it abandons), and its
-//! connection is closed rather than returned to the pool.
+//! of until its TTL passes; `LeaseClient` cleans up after calls it abandons). The
+//! connection goes back to the pool with that reply pending, and the driver reads and
+//! discards it before the connection's next statement (lease-lab's lost-reply test
+//! drops calls in flight this way).
 
 use std::collections::HashMap;
 use std::fmt;

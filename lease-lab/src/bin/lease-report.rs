@@ -631,8 +631,8 @@ async fn main() {
          machine): \
          local processes on loopback for this table, containers for the next one; the last \
          column of each row says which. Store columns use the library (lease with watchdog, TTL 500 ms or the \
-         store's minimum; etcd rounds to whole seconds); the last column runs the alternatives \
-         the source documents discuss. Bold marks the failure each scenario demonstrates.",
+         store's minimum; etcd rounds to whole seconds); the Alternatives columns run the \
+         alternatives the source documents discuss. Bold marks the failure each scenario demonstrates.",
         if soak > 0 {
             format!(" --soak {soak}")
         } else {
