@@ -46,11 +46,12 @@ if docker info >/dev/null 2>&1 && [ -z "${LEASE_TEST_SOURCE:-}" ]; then
 fi
 
 # Every test server prints one "lease test server: ..." line naming its source; the run
-# ends with how many servers came from each (scripts/count-test-servers.sh).
+# ends with how many servers and tests came from each (scripts/count-test-servers.sh).
+# --no-fail-fast: a failure in one test binary does not hide the results of the others.
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
-cargo test --workspace --exclude lease-bench 2>&1 | tee "$log"
+cargo test --workspace --exclude lease-bench --no-fail-fast 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
 bash scripts/count-test-servers.sh "$log"

@@ -150,13 +150,18 @@ async fn holder_killed_then_waiting_exec_runs_after_the_ttl(url: &str) {
         "-c",
         "echo $LEASE_FENCING_TOKEN",
     ]);
+    // The waiter's own account (with timestamps), shown if it is late.
+    b.env("LEASE_LOG", "lease=debug,lease_core=debug,lease_etcd=debug,lease_redis=debug,lease_postgres=debug,lease_mysql=debug");
     let (code, out, err) = output(b).await;
     let took = killed_at.elapsed();
     assert_eq!(code, 0, "{err}");
     assert!(!out.trim().is_empty());
     // Free after the rest of the TTL: at most ttl (2 s) after the kill, plus tolerance for
     // Redis's expiry cycle and process start-up on a loaded machine.
-    assert!(took <= Duration::from_millis(2000 + 1500), "took {took:?}");
+    assert!(
+        took <= Duration::from_millis(2000 + 1500),
+        "took {took:?}; the waiter's log:\n{err}"
+    );
     eprintln!("waiting exec ran {took:?} after the holder was killed (ttl 2 s)");
 }
 

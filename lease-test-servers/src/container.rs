@@ -29,7 +29,7 @@ pub(crate) struct Spec {
     /// The official image (tried first), the project's own (built from Debian's packages
     /// by `scripts/build-test-images.sh`, tried when the official one does not start),
     /// and the environment variable that names the one image to use instead of both.
-    pub(crate) images: &'static super::docker::Images,
+    pub(crate) images: &'static super::engine::Images,
     pub(crate) port: u16,
     /// Lines the server prints when it is ready, and whether each goes to stderr (all
     /// must appear).
@@ -43,7 +43,7 @@ pub(crate) struct Running {
     #[cfg(feature = "containers")]
     container: Option<testcontainers::ContainerAsync<testcontainers::GenericImage>>,
     /// Removes the container when this handle drops or the test process exits.
-    _cleanup: super::docker::Cleanup,
+    _cleanup: super::engine::Cleanup,
     pub(crate) host: String,
     pub(crate) port: u16,
     pub(crate) description: String,
@@ -84,7 +84,7 @@ pub(crate) async fn try_start(spec: Spec) -> Option<Running> {
         return None;
     }
     // Containers of test processes that no longer run (interrupted runs), once.
-    let _ = tokio::task::spawn_blocking(super::docker::remove_stale).await;
+    let _ = tokio::task::spawn_blocking(super::engine::remove_stale).await;
     let candidates: Vec<String> = match std::env::var(spec.images.var) {
         Ok(image) if !image.trim().is_empty() => vec![image.trim().to_owned()],
         _ => vec![
@@ -300,7 +300,7 @@ async fn start(spec: &Spec, image_ref: &str) -> Result<Running, String> {
             .map_or(host.clone(), |a| a.ip().to_string()),
     };
     let description = format!("{image_ref} {}", container.id());
-    let cleanup = super::docker::Cleanup::container(container.id()).map_err(|e| e.to_string())?;
+    let cleanup = super::engine::Cleanup::container(container.id()).map_err(|e| e.to_string())?;
     Ok(Running {
         container: Some(container),
         _cleanup: cleanup,
@@ -327,7 +327,7 @@ mod tests {
             eprintln!("no Docker engine: nothing to check");
             return;
         }
-        static NONE: super::super::docker::Images = super::super::docker::Images {
+        static NONE: super::super::engine::Images = super::super::engine::Images {
             official: "lease-test.invalid/no-such-image:0",
             local: "lease-test.invalid/no-such-image:1",
             var: "LEASE_TEST_NO_SUCH_IMAGE",
@@ -364,7 +364,7 @@ mod tests {
         }
         let started = std::time::Instant::now();
         let r = try_start(Spec {
-            images: &super::super::docker::REDIS_IMAGES,
+            images: &super::super::engine::REDIS_IMAGES,
             port: 6379,
             ready: vec![("Ready to accept connections", false)],
             env: Vec::new(),

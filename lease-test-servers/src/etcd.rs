@@ -191,7 +191,7 @@ impl EtcdServer {
             });
         }
         let spec = super::container::Spec {
-            images: &super::docker::ETCD_IMAGES,
+            images: &super::engine::ETCD_IMAGES,
             port: 2379,
             ready: vec![("ready to serve client requests", true)],
             env: Vec::new(),

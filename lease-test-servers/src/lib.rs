@@ -29,6 +29,7 @@ use std::path::{Path, PathBuf};
 pub mod clock;
 mod container;
 pub mod docker;
+mod engine;
 pub mod netns;
 pub mod pgbouncer;
 mod process;

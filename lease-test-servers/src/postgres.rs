@@ -719,7 +719,7 @@ const SHARED_SERVER_FLAGS: &[&str] = &[
 /// an error when it is forced (`LEASE_TEST_SOURCE=containers`) and no container started.
 async fn start_container(flags: &[&str]) -> Result<Option<PostgresServer>, HarnessError> {
     let spec = super::container::Spec {
-        images: &super::docker::POSTGRES_IMAGES,
+        images: &super::engine::POSTGRES_IMAGES,
         port: 5432,
         // The image's first server (initialisation) logs to stdout, the final one to
         // stderr.

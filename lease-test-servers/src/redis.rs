@@ -89,7 +89,7 @@ impl RedisServer {
             });
         }
         let spec = super::container::Spec {
-            images: &super::docker::REDIS_IMAGES,
+            images: &super::engine::REDIS_IMAGES,
             port: 6379,
             ready: vec![("Ready to accept connections", false)],
             env: Vec::new(),
