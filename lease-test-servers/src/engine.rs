@@ -237,22 +237,12 @@ impl Cleanup {
     }
 
     fn spawn(script: &str, arg: &str) -> Result<Cleanup, HarnessError> {
-        let mut command = Command::new("/bin/sh");
-        command
-            .arg("-c")
-            .arg(script)
-            .arg("lease-docker-cleanup")
-            .arg(arg)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        // Its own process group: a Ctrl-C to the test run must not kill it before it has
-        // cleaned up.
-        std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        let mut child = command
-            .spawn()
-            .map_err(|e| HarnessError::io("spawning a container cleanup watcher (/bin/sh)", e))?;
-        let pipe = child.stdin.take();
+        let (child, pipe) = super::process::spawn_watcher(
+            script,
+            "lease-docker-cleanup",
+            &[std::ffi::OsStr::new(arg)],
+            "a container cleanup watcher",
+        )?;
         Ok(Cleanup {
             child: Some(child),
             pipe,

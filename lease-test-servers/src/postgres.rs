@@ -123,23 +123,12 @@ struct Watcher {
 
 impl Watcher {
     fn spawn(data_dir: &Path, dir: &Path) -> Result<Watcher, HarnessError> {
-        let mut command = Command::new("/bin/sh");
-        command
-            .arg("-c")
-            .arg(WATCHER_SCRIPT)
-            .arg("lease-postgres-watcher")
-            .arg(data_dir)
-            .arg(dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        // Its own process group: a Ctrl-C to the test run must not kill the watcher
-        // before it has cleaned up.
-        std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        let mut child = command
-            .spawn()
-            .map_err(|e| HarnessError::io("spawning the postgres cleanup watcher (/bin/sh)", e))?;
-        let pipe = child.stdin.take();
+        let (child, pipe) = super::process::spawn_watcher(
+            WATCHER_SCRIPT,
+            "lease-postgres-watcher",
+            &[data_dir.as_os_str(), dir.as_os_str()],
+            "the postgres cleanup watcher",
+        )?;
         Ok(Watcher { child, pipe })
     }
 }

@@ -197,25 +197,42 @@ pub(crate) struct DirWatcher {
 
 impl DirWatcher {
     pub(crate) fn spawn(dir: &std::path::Path) -> Result<Self, HarnessError> {
-        let mut command = Command::new("/bin/sh");
-        command
-            .arg("-c")
-            .arg(DIR_WATCHER_SCRIPT)
-            // `sh -c SCRIPT NAME ARG`: NAME is $0, ARG is $1.
-            .arg("lease-dir-watcher")
-            .arg(dir)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        // Its own process group: a Ctrl-C to the test run must not kill the watcher
-        // before it has cleaned up.
-        std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        let mut child = command
-            .spawn()
-            .map_err(|e| HarnessError::io("spawning the cleanup watcher (/bin/sh)", e))?;
-        let pipe = child.stdin.take();
+        let (child, pipe) = spawn_watcher(
+            DIR_WATCHER_SCRIPT,
+            "lease-dir-watcher",
+            &[dir.as_os_str()],
+            "the cleanup watcher",
+        )?;
         Ok(DirWatcher { child, pipe })
     }
+}
+
+/// Spawns a watcher: `/bin/sh -c SCRIPT NAME ARGS...` (NAME is `$0`, ARGS are `$1`...)
+/// with a pipe on its standard input that the test process holds. The script's first
+/// `read` returns when the pipe closes: when the handle drops, or when the test process
+/// dies in any way. It runs in its own process group, so a Ctrl-C to the test run does
+/// not kill it before it has cleaned up. `what` names it in errors.
+pub(crate) fn spawn_watcher(
+    script: &str,
+    name: &str,
+    args: &[&std::ffi::OsStr],
+    what: &str,
+) -> Result<(Child, Option<std::process::ChildStdin>), HarnessError> {
+    let mut command = Command::new("/bin/sh");
+    command
+        .arg("-c")
+        .arg(script)
+        .arg(name)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    std::os::unix::process::CommandExt::process_group(&mut command, 0);
+    let mut child = command
+        .spawn()
+        .map_err(|e| HarnessError::io(format!("spawning {what} (/bin/sh)"), e))?;
+    let pipe = child.stdin.take();
+    Ok((child, pipe))
 }
 
 impl Drop for DirWatcher {
