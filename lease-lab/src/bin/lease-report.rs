@@ -386,6 +386,63 @@ const ROWS: &[(&str, &str)] = &[
     ("restart", "Store restarted: fencing tokens before → after"),
 ];
 
+/// How a store's alternatives column names the fixed-TTL cases.
+struct FixedTtlLabels {
+    fixed: &'static str,
+    short: &'static str,
+    long: &'static str,
+    no_keep_for: &'static str,
+}
+
+/// The fixed-TTL alternatives on `backend` (the watchdog and keep-for off): seed 004's
+/// many tasks, seed 002's lockAtMostFor dilemma, seed 003's fast job.
+async fn fixed_ttl_cells(col: &mut Column, backend: Arc<dyn LeaseBackend>, l: FixedTtlLabels) {
+    let b = backend.clone();
+    col.cells.push((
+        "fixed-ttl",
+        cell(scenarios::fixed_ttl_vs_watchdog(b, 1000, false), move |r| {
+            format!(
+                "{}: **{} acquired, {} at once**",
+                l.fixed, r.acquired, r.max_concurrent
+            )
+        })
+        .await,
+    ));
+    let (b1, b2) = (backend.clone(), backend.clone());
+    col.cells.push((
+        "dilemma",
+        cell(
+            async move {
+                (
+                    scenarios::lock_at_most_for_dilemma(b1, DilemmaMode::ShortFixedTtl).await,
+                    scenarios::lock_at_most_for_dilemma(b2, DilemmaMode::LongFixedTtl).await,
+                )
+            },
+            move |(short, long)| {
+                format!(
+                    "{}: {}; {}: recovery after {}",
+                    l.short,
+                    if short.duplicated {
+                        "**duplicated**"
+                    } else {
+                        "no duplicate"
+                    },
+                    l.long,
+                    secs(long.recovery)
+                )
+            },
+        )
+        .await,
+    ));
+    col.cells.push((
+        "at-least-for",
+        cell(scenarios::lock_at_least_for(backend, false, 4), move |s| {
+            format!("{}: **{} runs** in 4 periods", l.no_keep_for, s.ran)
+        })
+        .await,
+    ));
+}
+
 async fn alternatives(redis_url: &str, pg_url: &str) -> Column {
     let mut col = Column {
         name: "Alternatives (store)",
@@ -408,49 +465,17 @@ async fn alternatives(redis_url: &str, pg_url: &str) -> Column {
     .await;
     col.cells.push(("room", room));
     let backend = lease::connect(redis_url).await.unwrap();
-    let b = backend.clone();
-    col.cells.push((
-        "fixed-ttl",
-        cell(scenarios::fixed_ttl_vs_watchdog(b, 1000, false), |r| {
-            format!(
-                "fixed TTL, no watchdog (Redis): **{} acquired, {} at once**",
-                r.acquired, r.max_concurrent
-            )
-        })
-        .await,
-    ));
-    let (b1, b2) = (backend.clone(), backend.clone());
-    col.cells.push((
-        "dilemma",
-        cell(
-            async move {
-                (
-                    scenarios::lock_at_most_for_dilemma(b1, DilemmaMode::ShortFixedTtl).await,
-                    scenarios::lock_at_most_for_dilemma(b2, DilemmaMode::LongFixedTtl).await,
-                )
-            },
-            |(short, long)| {
-                format!(
-                    "short fixed TTL (Redis): {}; long fixed TTL: recovery after {}",
-                    if short.duplicated {
-                        "**duplicated**"
-                    } else {
-                        "no duplicate"
-                    },
-                    secs(long.recovery)
-                )
-            },
-        )
-        .await,
-    ));
-    let b = backend.clone();
-    col.cells.push((
-        "at-least-for",
-        cell(scenarios::lock_at_least_for(b, false, 4), |s| {
-            format!("no keep-for (Redis): **{} runs** in 4 periods", s.ran)
-        })
-        .await,
-    ));
+    fixed_ttl_cells(
+        &mut col,
+        backend,
+        FixedTtlLabels {
+            fixed: "fixed TTL, no watchdog (Redis)",
+            short: "short fixed TTL (Redis)",
+            long: "long fixed TTL",
+            no_keep_for: "no keep-for (Redis)",
+        },
+    )
+    .await;
     let pg = pg_url.to_owned();
     col.cells.push((
         "stuck",
@@ -482,49 +507,17 @@ async fn mysql_alternatives(url: &str) -> Column {
         ..Column::default()
     };
     let backend = lease::connect(url).await.unwrap();
-    let b = backend.clone();
-    col.cells.push((
-        "fixed-ttl",
-        cell(scenarios::fixed_ttl_vs_watchdog(b, 1000, false), |r| {
-            format!(
-                "ShedLock's fixed TTL, no watchdog: **{} acquired, {} at once**",
-                r.acquired, r.max_concurrent
-            )
-        })
-        .await,
-    ));
-    let (b1, b2) = (backend.clone(), backend.clone());
-    col.cells.push((
-        "dilemma",
-        cell(
-            async move {
-                (
-                    scenarios::lock_at_most_for_dilemma(b1, DilemmaMode::ShortFixedTtl).await,
-                    scenarios::lock_at_most_for_dilemma(b2, DilemmaMode::LongFixedTtl).await,
-                )
-            },
-            |(short, long)| {
-                format!(
-                    "ShedLock, short lockAtMostFor: {}; long: recovery after {}",
-                    if short.duplicated {
-                        "**duplicated**"
-                    } else {
-                        "no duplicate"
-                    },
-                    secs(long.recovery)
-                )
-            },
-        )
-        .await,
-    ));
-    let b = backend.clone();
-    col.cells.push((
-        "at-least-for",
-        cell(scenarios::lock_at_least_for(b, false, 4), |s| {
-            format!("no lockAtLeastFor: **{} runs** in 4 periods", s.ran)
-        })
-        .await,
-    ));
+    fixed_ttl_cells(
+        &mut col,
+        backend,
+        FixedTtlLabels {
+            fixed: "ShedLock's fixed TTL, no watchdog",
+            short: "ShedLock, short lockAtMostFor",
+            long: "long",
+            no_keep_for: "no lockAtLeastFor",
+        },
+    )
+    .await;
     let u = url.to_owned();
     col.cells.push((
         "stuck",
