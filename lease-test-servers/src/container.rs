@@ -36,6 +36,8 @@ pub(crate) struct Spec {
     pub(crate) ready: Vec<(&'static str, bool)>,
     pub(crate) env: Vec<(&'static str, String)>,
     pub(crate) cmd: Vec<String>,
+    /// A path in the container mounted as a tmpfs (memory), for a store's data.
+    pub(crate) tmpfs: Option<&'static str>,
 }
 
 /// A running container; removed on drop.
@@ -279,6 +281,9 @@ async fn start(spec: &Spec, image_ref: &str) -> Result<Running, String> {
     if !spec.cmd.is_empty() {
         request = request.with_cmd(spec.cmd.clone());
     }
+    if let Some(path) = spec.tmpfs {
+        request = request.with_mount(testcontainers::core::Mount::tmpfs_mount(path));
+    }
     let container = request.start().await.map_err(|e| e.to_string())?;
     let port = container
         .get_host_port_ipv4(spec.port)
@@ -338,6 +343,7 @@ mod tests {
             ready: Vec::new(),
             env: Vec::new(),
             cmd: Vec::new(),
+            tmpfs: None,
         };
         let before = START_ATTEMPTS.load(std::sync::atomic::Ordering::Relaxed);
         // Eight at once, as the tests of a binary begin: one attempt.
@@ -369,6 +375,7 @@ mod tests {
             ready: vec![("Ready to accept connections", false)],
             env: Vec::new(),
             cmd: Vec::new(),
+            tmpfs: None,
         })
         .await;
         assert!(r.is_none());

@@ -719,6 +719,7 @@ async fn start_container(flags: &[&str]) -> Result<Option<PostgresServer>, Harne
         env: vec![("POSTGRES_HOST_AUTH_METHOD", "trust".to_owned())],
         // Both images run `postgres` with arguments that start with a dash.
         cmd: flags.iter().map(|f| (*f).to_owned()).collect(),
+        tmpfs: None,
     };
     let started = super::container::try_start(spec).await;
     if started.is_none() && super::container::forced() {

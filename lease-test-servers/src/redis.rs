@@ -105,6 +105,7 @@ impl RedisServer {
             ]
             .map(String::from)
             .to_vec(),
+            tmpfs: None,
         };
         let started = super::container::try_start(spec).await;
         if started.is_none() && super::container::forced() {
