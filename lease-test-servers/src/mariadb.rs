@@ -273,9 +273,16 @@ fn start_blocking(fast: bool) -> Result<MariaDbServer, HarnessError> {
     let data = dir.path().join("data");
     let as_root = nix::unistd::Uid::effective().is_root();
     let started = Instant::now();
+    // A temp dir of its own: the bootstrap names its temporary tables after its thread
+    // ids, so two bootstraps sharing /tmp at once removed each other's files ("Could not
+    // remove temporary table", then "Unknown table 'mysql.tmp_user_sys'").
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir_all(&tmp)
+        .map_err(|e| HarnessError::io("creating the mariadbd tmpdir", e))?;
     let mut init = Command::new(&install);
     init.arg("--no-defaults")
         .arg(format!("--datadir={}", data.display()))
+        .arg(format!("--tmpdir={}", tmp.display()))
         .args(["--auth-root-authentication-method=normal", "--skip-test-db"]);
     if as_root {
         init.arg("--user=root");
@@ -360,6 +367,7 @@ fn server_args(
     let mut args: Vec<OsString> = vec![
         "--no-defaults".into(),
         format!("--datadir={}", data.display()).into(),
+        format!("--tmpdir={}", dir.join("tmp").display()).into(),
         format!("--port={port}").into(),
         "--bind-address=127.0.0.1".into(),
         format!("--socket={}", dir.join("mariadbd.sock").display()).into(),
