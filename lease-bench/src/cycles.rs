@@ -12,6 +12,7 @@ use lease_core::{
     OwnerToken, TryAcquire,
 };
 use lease_etcd::etcd_client::{self, Compare, CompareOp, PutOptions, Txn, TxnOp};
+use lease_mysql::sqlx::MySqlPool;
 use lease_postgres::sqlx::{self, PgPool};
 
 /// A boxed cycle loop: `(prefix, cycles)`; each task gets a prefix of its own, so tasks
@@ -486,6 +487,178 @@ pub fn etcd_lock_service(client: etcd_client::Client, lease: i64) -> Case {
                         .await
                         .expect("etcd lock");
                     client.unlock(r.key()).await.expect("etcd unlock");
+                }
+            }
+        },
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// MySQL / MariaDB: the bare statements, ShedLock's statements, and the library's sent raw.
+
+/// The tables of the bare floor and of ShedLock's statements.
+pub async fn mysql_bare_tables(pool: &MySqlPool) {
+    for ddl in [
+        "CREATE TABLE IF NOT EXISTS bare_locks (name VARBINARY(255) PRIMARY KEY, \
+         owner_token BINARY(16) NULL, lock_until DATETIME(6) NOT NULL) ENGINE=InnoDB",
+        // ShedLock's documented MySQL table.
+        "CREATE TABLE IF NOT EXISTS shedlock (name VARCHAR(64) NOT NULL, \
+         lock_until TIMESTAMP(3) NOT NULL, locked_at TIMESTAMP(3) NOT NULL \
+         DEFAULT CURRENT_TIMESTAMP(3), locked_by VARCHAR(255) NOT NULL, PRIMARY KEY (name)) \
+         ENGINE=InnoDB",
+    ] {
+        lease_mysql::sqlx::query(ddl)
+            .execute(pool)
+            .await
+            .expect("create a benchmark table");
+    }
+}
+
+/// The least a lock on a MySQL table takes, deciding on the database's clock: an
+/// `UPDATE` that takes the row only if it has expired, and an owner-checked `UPDATE` that
+/// frees it (a name's row is inserted once, by its first cycle, as ShedLock does). No
+/// fencing token, no holder label, no reply beyond the row count.
+pub fn mysql_bare(pool: MySqlPool) -> Case {
+    Case::new(
+        "bare UPDATE-if-expired + release statements",
+        move |prefix, n| {
+            let pool = pool.clone();
+            async move {
+                for i in 0..n {
+                    let name = format!("{prefix}:{}", i % 64);
+                    let token = *uuid::Uuid::new_v4().as_bytes();
+                    let taken = lease_mysql::sqlx::query(
+                        "UPDATE bare_locks SET owner_token = ?, \
+                         lock_until = NOW(6) + INTERVAL 30 SECOND \
+                         WHERE name = ? AND lock_until <= NOW(6)",
+                    )
+                    .bind(&token[..])
+                    .bind(name.as_bytes())
+                    .execute(&pool)
+                    .await
+                    .expect("update")
+                    .rows_affected();
+                    if taken == 0 {
+                        let r = lease_mysql::sqlx::query(
+                            "INSERT IGNORE INTO bare_locks (name, owner_token, lock_until) \
+                             VALUES (?, ?, NOW(6) + INTERVAL 30 SECOND)",
+                        )
+                        .bind(name.as_bytes())
+                        .bind(&token[..])
+                        .execute(&pool)
+                        .await
+                        .expect("insert");
+                        assert_eq!(r.rows_affected(), 1, "{name} taken");
+                    }
+                    let r = lease_mysql::sqlx::query(
+                        "UPDATE bare_locks SET owner_token = NULL, lock_until = NOW(6) \
+                         WHERE name = ? AND owner_token = ?",
+                    )
+                    .bind(name.as_bytes())
+                    .bind(&token[..])
+                    .execute(&pool)
+                    .await
+                    .expect("release");
+                    assert_eq!(r.rows_affected(), 1, "{name} not released");
+                }
+            }
+        },
+    )
+}
+
+/// ShedLock's MySQL statements with the database's time (`usingDbTime()`), on its table:
+/// the `UPDATE` of a name it has seen before, its `INSERT IGNORE` the first time, and its
+/// unlock. ShedLock is Java and cannot be run here; these are its statements, sent by the
+/// same client as the other rows. Its `locked_by` is a host name, so its unlock frees the
+/// lock for any holder on the same host; here it carries a token per cycle, so that the
+/// unlock is as selective as the other rows' (and a cycle that frees nothing fails).
+pub fn mysql_shedlock(pool: MySqlPool) -> Case {
+    Case::new(
+        "ShedLock's MySQL statements (usingDbTime; no fencing token)",
+        move |prefix, n| {
+            let pool = pool.clone();
+            async move {
+                for i in 0..n {
+                    let name = format!("{prefix}:{}", i % 64);
+                    let by = uuid::Uuid::new_v4().simple().to_string();
+                    let taken = lease_mysql::sqlx::query(
+                        "UPDATE shedlock SET lock_until = \
+                         TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(3)), \
+                         locked_at = UTC_TIMESTAMP(3), locked_by = ? \
+                         WHERE name = ? AND lock_until <= UTC_TIMESTAMP(3)",
+                    )
+                    .bind(30_000_000_i64)
+                    .bind(&by)
+                    .bind(&name)
+                    .execute(&pool)
+                    .await
+                    .expect("update")
+                    .rows_affected();
+                    if taken == 0 {
+                        let r = lease_mysql::sqlx::query(
+                            "INSERT IGNORE INTO shedlock (name, lock_until, locked_at, locked_by) \
+                             VALUES (?, TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(3)), \
+                             UTC_TIMESTAMP(3), ?)",
+                        )
+                        .bind(&name)
+                        .bind(30_000_000_i64)
+                        .bind(&by)
+                        .execute(&pool)
+                        .await
+                        .expect("insert");
+                        assert_eq!(r.rows_affected(), 1, "{name} taken");
+                    }
+                    let r = lease_mysql::sqlx::query(
+                        "UPDATE shedlock SET lock_until = IF(\
+                         TIMESTAMPADD(MICROSECOND, ?, locked_at) > UTC_TIMESTAMP(3), \
+                         TIMESTAMPADD(MICROSECOND, ?, locked_at), UTC_TIMESTAMP(3)) \
+                         WHERE name = ? AND locked_by = ?",
+                    )
+                    .bind(0_i64)
+                    .bind(0_i64)
+                    .bind(&name)
+                    .bind(&by)
+                    .execute(&pool)
+                    .await
+                    .expect("unlock");
+                    assert_eq!(r.rows_affected(), 1, "{name} not unlocked");
+                }
+            }
+        },
+    )
+}
+
+/// The library's own acquire and release statements, sent with the bare floor's client
+/// code (no trait, no timeout, no reply checks beyond the token).
+pub fn mysql_library_statements_raw(pool: MySqlPool, acquire: String, release: String) -> Case {
+    let (acquire, release): (Arc<str>, Arc<str>) = (acquire.into(), release.into());
+    Case::new(
+        "diagnostic: the library's statements sent raw",
+        move |prefix, n| {
+            let (pool, acquire, release) = (pool.clone(), acquire.clone(), release.clone());
+            async move {
+                for i in 0..n {
+                    let name = format!("raw:{prefix}:{}", i % 64);
+                    let token = *uuid::Uuid::new_v4().as_bytes();
+                    let r =
+                        lease_mysql::sqlx::query(lease_mysql::sqlx::AssertSqlSafe(acquire.clone()))
+                            .bind(name.as_bytes())
+                            .bind(&token[..])
+                            .bind("bench")
+                            .bind(30_000_000_i64)
+                            .execute(&pool)
+                            .await
+                            .expect("acquire statement");
+                    assert!(r.last_insert_id() > 0, "{name} taken");
+                    let r =
+                        lease_mysql::sqlx::query(lease_mysql::sqlx::AssertSqlSafe(release.clone()))
+                            .bind(0_i64)
+                            .bind(name.as_bytes())
+                            .bind(&token[..])
+                            .execute(&pool)
+                            .await
+                            .expect("release statement");
+                    assert_eq!(r.rows_affected(), 1, "{name} not released");
                 }
             }
         },

@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run --release -p lease-bench -- [--out BENCHMARKS.md] [--svg docs/benchmarks.svg]
-//!     [--notes docs/benchmark-notes.md] [--only redis,postgres,etcd] [--quick]
+//!     [--notes docs/benchmark-notes.md] [--only redis,postgres,etcd,mysql] [--quick]
 //! ```
 //!
 //! Without `--out` the report goes to standard output. `--quick` runs fewer rounds and
@@ -23,9 +23,10 @@ use std::time::Duration;
 
 use lease_core::LeaseBackend;
 use lease_etcd::EtcdBackend;
+use lease_mysql::MysqlBackend;
 use lease_postgres::{AdvisoryLockBackend, PostgresBackend};
 use lease_redis::RedisBackend;
-use lease_test_servers::{EtcdServer, PostgresServer, RedisServer};
+use lease_test_servers::{EtcdServer, MariaDbServer, PostgresServer, RedisServer};
 
 use crate::cycles::{Case, Plan};
 use crate::report::StoreResult;
@@ -40,14 +41,19 @@ struct Args {
 }
 
 const USAGE: &str = "usage: lease-bench [--out FILE] [--svg FILE] [--notes FILE] \
-                     [--only redis,postgres,etcd] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS";
+                     [--only redis,postgres,etcd,mysql] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS";
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let mut a = Args {
         out: None,
         svg: None,
         notes: "docs/benchmark-notes.md".into(),
-        stores: vec!["redis".into(), "postgres".into(), "etcd".into()],
+        stores: vec![
+            "redis".into(),
+            "postgres".into(),
+            "etcd".into(),
+            "mysql".into(),
+        ],
         quick: false,
         cycles_only: false,
     };
@@ -63,7 +69,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
                 if let Some(bad) = a
                     .stores
                     .iter()
-                    .find(|s| !matches!(s.as_str(), "redis" | "postgres" | "etcd"))
+                    .find(|s| !matches!(s.as_str(), "redis" | "postgres" | "etcd" | "mysql"))
                 {
                     return Err(format!("unknown store {bad:?}"));
                 }
@@ -454,6 +460,89 @@ async fn etcd_store(mode: Mode) -> StoreResult {
     r
 }
 
+async fn mysql_store(mode: Mode) -> StoreResult {
+    // A local server with the default durability (`innodb_flush_log_at_trx_commit=1`, a
+    // log flush per commit), as PostgreSQL runs with fsync on.
+    let server = MariaDbServer::start()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let url = server.url();
+    // As for PostgreSQL: ten concurrent 10,000-lease renewals may take more than the
+    // default 5 s call timeout on this machine.
+    let config = || lease_mysql::MysqlConfig {
+        call_timeout: Duration::from_secs(30),
+        ..lease_mysql::MysqlConfig::default()
+    };
+    let my = MysqlBackend::connect_with(&url, config())
+        .await
+        .expect("mysql backend");
+    let pool = my.pool().clone();
+    let (version, flush): (String, i64) = lease_mysql::sqlx::query_as(
+        "SELECT VERSION(), CAST(@@innodb_flush_log_at_trx_commit AS SIGNED)",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("version");
+    cycles::mysql_bare_tables(&pool).await;
+    // A table per case, as for PostgreSQL.
+    let on_table = |table: &str| {
+        MysqlBackend::from_pool(
+            pool.clone(),
+            lease_mysql::MysqlConfig {
+                table: table.to_owned(),
+                ..config()
+            },
+        )
+    };
+    let client_my = on_table("lease_locks_client").await.expect("mysql backend");
+    let raw_my = on_table("lease_locks_raw").await.expect("mysql backend");
+    let (acquire_sql, release_sql) = raw_my.cycle_statements();
+    let raw = cycles::mysql_library_statements_raw(
+        pool.clone(),
+        acquire_sql.to_owned(),
+        release_sql.to_owned(),
+    );
+    let backend: Arc<dyn LeaseBackend> = Arc::new(my);
+    let client_backend: Arc<dyn LeaseBackend> = Arc::new(client_my);
+    let cases = vec![
+        cycles::mysql_bare(pool.clone()),
+        cycles::backend_case("library backend acquire + release", backend.clone()),
+        cycles::client_case("library LeaseClient try_acquire + release", client_backend),
+        cycles::mysql_shedlock(pool.clone()),
+        raw,
+    ];
+    // Round trips of a renewal tick, counted by the server: every renew call runs one
+    // UPDATE (with its SET and SELECT, in one round trip).
+    let admin = pool.clone();
+    let counter: scale::Counter = Box::new(move || {
+        let admin = admin.clone();
+        Box::pin(async move {
+            let (_, n): (String, String) =
+                lease_mysql::sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Com_update'")
+                    .fetch_one(&admin)
+                    .await
+                    .expect("Com_update");
+            n.parse().expect("Com_update is a number")
+        })
+    });
+    let s = sizes(mode, 120, 15, 101);
+    let setup = Setup {
+        store: "MySQL",
+        server: format!(
+            "MariaDB {version} ({}, innodb_flush_log_at_trx_commit={flush}; pool of {} \
+             connections)",
+            server.source(),
+            pool.options().get_max_connections()
+        ),
+        url,
+        cases,
+        backend,
+        counter: Some(counter),
+        round_trip_source: "UPDATE statements, Com_update",
+    };
+    common(setup, &s).await
+}
+
 #[tokio::main]
 async fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -490,6 +579,7 @@ async fn main() {
         results.push(match store.as_str() {
             "redis" => redis_store(mode).await,
             "postgres" => postgres_store(mode).await,
+            "mysql" => mysql_store(mode).await,
             _ => etcd_store(mode).await,
         });
     }

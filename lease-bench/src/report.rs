@@ -12,7 +12,7 @@ pub const TARGET: f64 = 0.9;
 
 /// Everything measured on one store.
 pub struct StoreResult {
-    /// "Redis", "PostgreSQL", "etcd".
+    /// "Redis", "PostgreSQL", "etcd", "MySQL".
     pub store: &'static str,
     /// Server version and where it came from.
     pub server: String,
