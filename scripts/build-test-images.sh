@@ -8,6 +8,7 @@
 #   lease-test/redis:7          redis-server         (Debian package redis-server)
 #   lease-test/postgres:15      initdb + postgres    (Debian package postgresql-15)
 #   lease-test/etcd:3.4         etcd                 (Debian package etcd-server)
+#   lease-test/mariadb:10.11    mariadbd             (Debian package mariadb-server)
 #
 # An image that exists already is kept (the tags are the cache); --force builds again.
 # Without a Docker engine that answers, this does nothing and exits 0.
@@ -119,4 +120,47 @@ EOF
     -c 'USER postgres' -c 'ENTRYPOINT ["/entrypoint.sh"]' \
     -c "ENV PATH=$pgbin:/usr/bin:/bin" -c 'EXPOSE 5432' - lease-test/postgres:15 >/dev/null
   echo "build-test-images: built lease-test/postgres:15 ($("$pgbin/postgres" --version))"
+fi
+
+if wanted lease-test/mariadb:10.11; then
+  if ! command -v mariadbd >/dev/null 2>&1 && [ ! -x /usr/sbin/mariadbd ]; then
+    echo "build-test-images: no mariadbd (apt-get install mariadb-server); lease-test/mariadb:10.11 not built"
+  else
+    root=$work/mariadb
+    base "$root"
+    mariadbd=$(command -v mariadbd || echo /usr/sbin/mariadbd)
+    copy_with_libs "$root" "$mariadbd" /bin/sh
+    # Error messages and character sets (the server's lc-messages-dir and
+    # character-sets-dir).
+    mkdir -p "$root/usr/share"
+    cp -a /usr/share/mysql "$root/usr/share/"
+    # The system tables are made here, by the same server, so the image needs no
+    # bootstrap tools: root without a password, no test database.
+    mkdir -p "$root/var/lib/mysql" "$root/run/mysqld" "$work/mariadb-tmp"
+    mariadb-install-db --no-defaults --datadir="$root/var/lib/mysql" --tmpdir="$work/mariadb-tmp" \
+      --auth-root-authentication-method=normal --skip-test-db --user="$(id -un)" >/dev/null
+    # Clients come from other addresses (the host through a published port, other
+    # containers): root from anywhere, as the official image's MARIADB_ROOT_HOST=%
+    # does, and the database `lease`, as its MARIADB_DATABASE=lease does.
+    cat >"$root/init.sql" <<'EOF2'
+CREATE USER IF NOT EXISTS 'root'@'%';
+GRANT ALL PRIVILEGES ON *.* TO 'root'@'%' WITH GRANT OPTION;
+CREATE DATABASE IF NOT EXISTS lease;
+EOF2
+    # Like the official image: arguments that start with a dash go to the server; the
+    # server says "ready for connections" with its port on stderr.
+    cat >"$root/entrypoint.sh" <<'EOF2'
+#!/bin/sh
+set -e
+exec /usr/sbin/mariadbd --no-defaults --user=root --datadir=/var/lib/mysql \
+  --socket=/run/mysqld/mysqld.sock --port=3306 --bind-address=0.0.0.0 \
+  --skip-name-resolve --init-file=/init.sql --max-connections=500 \
+  --innodb-buffer-pool-size=64M --innodb-log-file-size=16M "$@"
+EOF2
+    chmod 755 "$root/entrypoint.sh"
+    tar -C "$root" -c . | docker import \
+      -c 'ENTRYPOINT ["/entrypoint.sh"]' -c 'ENV PATH=/usr/sbin:/usr/bin:/bin' \
+      -c 'EXPOSE 3306' - lease-test/mariadb:10.11 >/dev/null
+    echo "build-test-images: built lease-test/mariadb:10.11 ($("$mariadbd" --version))"
+  fi
 fi

@@ -50,7 +50,12 @@ pub const ROWS: [(&str, &str); 8] = [
 ];
 
 /// The stores the rows run on.
-pub const KINDS: [StoreKind; 3] = [StoreKind::Redis, StoreKind::Postgres, StoreKind::Etcd];
+pub const KINDS: [StoreKind; 4] = [
+    StoreKind::Redis,
+    StoreKind::Postgres,
+    StoreKind::Etcd,
+    StoreKind::Mysql,
+];
 
 /// A private network and one store of `kind` on it.
 pub async fn store(kind: StoreKind) -> Result<(Arc<DockerNetwork>, DockerStore), HarnessError> {

@@ -76,7 +76,12 @@ macro_rules! per_store {
     )*};
 }
 
-per_store!(redis => StoreKind::Redis, postgres => StoreKind::Postgres, etcd => StoreKind::Etcd);
+per_store!(
+    redis => StoreKind::Redis,
+    postgres => StoreKind::Postgres,
+    etcd => StoreKind::Etcd,
+    mysql => StoreKind::Mysql
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_cluster_in_containers_leader_stopped() {

@@ -30,8 +30,8 @@ use super::HarnessError;
 
 pub use super::engine::{CALL_BOUND, available, remove_stale, remove_stale_now};
 use super::engine::{
-    Cleanup, ETCD_IMAGES, Images, POSTGRES_IMAGES, REDIS_IMAGES, docker, docker_blocking, labels,
-    strings,
+    Cleanup, ETCD_IMAGES, Images, MARIADB_IMAGES, POSTGRES_IMAGES, REDIS_IMAGES, docker,
+    docker_blocking, labels, strings,
 };
 use super::etcd::{CLUSTER_TIMING, SINGLE_TIMING};
 
@@ -448,6 +448,9 @@ pub enum StoreKind {
     Postgres,
     /// etcd, with the local process's raft timing.
     Etcd,
+    /// MariaDB 10.11, `root` without a password, database `lease`, default durability
+    /// (`innodb_flush_log_at_trx_commit=1`).
+    Mysql,
 }
 
 impl StoreKind {
@@ -456,6 +459,7 @@ impl StoreKind {
             StoreKind::Redis => 6379,
             StoreKind::Postgres => 5432,
             StoreKind::Etcd => 2379,
+            StoreKind::Mysql => 3306,
         }
     }
 
@@ -464,6 +468,7 @@ impl StoreKind {
             StoreKind::Redis => &REDIS_IMAGES,
             StoreKind::Postgres => &POSTGRES_IMAGES,
             StoreKind::Etcd => &ETCD_IMAGES,
+            StoreKind::Mysql => &MARIADB_IMAGES,
         }
     }
 
@@ -473,6 +478,7 @@ impl StoreKind {
             StoreKind::Redis => format!("redis://{addr}/"),
             StoreKind::Postgres => format!("postgres://postgres@{addr}/postgres?sslmode=disable"),
             StoreKind::Etcd => format!("etcd://{addr}"),
+            StoreKind::Mysql => format!("mysql://root@{addr}/lease"),
         }
     }
 }
@@ -483,6 +489,7 @@ impl fmt::Display for StoreKind {
             StoreKind::Redis => "redis",
             StoreKind::Postgres => "postgres",
             StoreKind::Etcd => "etcd",
+            StoreKind::Mysql => "mysql",
         })
     }
 }
@@ -515,6 +522,7 @@ impl DockerStore {
                 "no",
             ]),
             StoreKind::Postgres => strings(&["-c", "max_connections=300"]),
+            StoreKind::Mysql => super::mariadb::container_flags(false),
         };
         Self::run(kind, network, ip, cmd).await
     }
@@ -570,6 +578,10 @@ impl DockerStore {
                 StoreKind::Postgres => {
                     vec![("POSTGRES_HOST_AUTH_METHOD".into(), "trust".into())]
                 }
+                StoreKind::Mysql => super::mariadb::CONTAINER_ENV
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
                 _ => Vec::new(),
             },
             publish: Some(kind.port()),
@@ -743,6 +755,7 @@ fn answers(kind: StoreKind, port: u16) -> bool {
         StoreKind::Etcd => super::etcd::health(port) == Some(true),
         StoreKind::Postgres => super::postgres::run_sql(port, "postgres", "SELECT 1").is_ok(),
         StoreKind::Redis => redis_ping(port),
+        StoreKind::Mysql => super::mariadb::answers(port),
     }
 }
 

@@ -44,6 +44,13 @@ pub(crate) const ETCD_IMAGES: Images = Images {
     var: "LEASE_TEST_ETCD_IMAGE",
 };
 
+/// MariaDB 10.11 (the MySQL protocol).
+pub(crate) const MARIADB_IMAGES: Images = Images {
+    official: "mariadb:10.11",
+    local: "lease-test/mariadb:10.11",
+    var: "LEASE_TEST_MYSQL_IMAGE",
+};
+
 /// Whether a Docker engine answers the command line (asked once per process).
 pub fn available() -> Result<(), String> {
     static ANSWER: OnceLock<Result<(), String>> = OnceLock::new();

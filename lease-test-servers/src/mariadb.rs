@@ -1,5 +1,7 @@
-//! MariaDB test servers (the MySQL protocol): a throwaway local `mariadbd` from Debian's
-//! `mariadb-server`, or a server from `LEASE_TEST_MYSQL_URL`.
+//! MariaDB test servers (the MySQL protocol): a server from `LEASE_TEST_MYSQL_URL`, a
+//! `mariadb:10.11` container (or the project's own `lease-test/mariadb:10.11`, built by
+//! `scripts/build-test-images.sh`) when a Docker engine answers, or a throwaway local
+//! `mariadbd` from Debian's `mariadb-server`.
 //!
 //! A spawned server gets a fresh data directory (`mariadb-install-db`), listens on
 //! 127.0.0.1 on a free port, and lets `root` in from any address without a password (an
@@ -35,13 +37,28 @@ const PORT_ATTEMPTS: usize = 5;
 pub struct MariaDbServer {
     source: Source,
     url: String,
+    /// Where the harness sends its own SQL (spawned servers and containers).
+    admin: Option<Admin>,
     local: Option<Local>,
+    _container: Option<super::container::Running>,
+}
+
+/// The command-line client and the address it reaches the server at, as `root`.
+#[derive(Clone, Debug)]
+struct Admin {
+    client: PathBuf,
+    host: String,
+    port: u16,
+}
+
+impl Admin {
+    fn sql(&self, sql: &str) -> Result<Vec<String>, String> {
+        run_sql(&self.client, &self.host, self.port, sql)
+    }
 }
 
 #[derive(Debug)]
 struct Local {
-    port: u16,
-    client: PathBuf,
     // Declared in drop order: the process, its watcher, then its directory.
     process: ChildProcess,
     _watcher: DirWatcher,
@@ -49,7 +66,9 @@ struct Local {
 }
 
 impl MariaDbServer {
-    /// A server from `LEASE_TEST_MYSQL_URL`, or a throwaway local `mariadbd`.
+    /// A server from the first source that works: `LEASE_TEST_MYSQL_URL`; a container
+    /// when a Docker engine answers (default durability settings); a throwaway local
+    /// `mariadbd` (default durability settings).
     pub async fn start() -> Result<MariaDbServer, HarnessError> {
         if let Some(url) = env_nonempty(URL_VAR) {
             super::announce(format_args!(
@@ -59,8 +78,13 @@ impl MariaDbServer {
             return Ok(MariaDbServer {
                 source: Source::Env,
                 url,
+                admin: None,
                 local: None,
+                _container: None,
             });
+        }
+        if let Some(server) = start_container(false).await? {
+            return Ok(server);
         }
         Self::start_local().await
     }
@@ -98,17 +122,17 @@ impl MariaDbServer {
 
     /// The port of a spawned server.
     pub fn port(&self) -> Option<u16> {
-        self.local.as_ref().map(|l| l.port)
+        self.local.as_ref().and(self.admin.as_ref()).map(|a| a.port)
     }
 
-    /// Runs `sql` as `root` (a spawned server only) and returns its output rows, tab-
-    /// separated, without a header.
+    /// Runs `sql` as `root` (a spawned server or a container) and returns its output
+    /// rows, tab-separated, without a header.
     pub fn sql(&self, sql: &str) -> Result<Vec<String>, HarnessError> {
-        let local = self.local.as_ref().ok_or(HarnessError::NotOwned {
+        let admin = self.admin.as_ref().ok_or(HarnessError::NotOwned {
             operation: "run SQL on",
             source: self.source,
         })?;
-        run_sql(&local.client, local.port, sql).map_err(HarnessError::Start)
+        admin.sql(sql).map_err(HarnessError::Start)
     }
 
     /// Whether the harness started (and so controls) the server.
@@ -145,8 +169,11 @@ impl MariaDbServer {
             source,
         })?;
         local.process.respawn()?;
-        let (client, port) = (local.client.clone(), local.port);
-        let ready = tokio::task::spawn_blocking(move || wait_ready(&client, port))
+        let admin = self.admin.clone().ok_or(HarnessError::NotOwned {
+            operation: "start again",
+            source,
+        })?;
+        let ready = tokio::task::spawn_blocking(move || wait_ready(&admin))
             .await
             .map_err(|e| HarnessError::Start(format!("waiting for mariadbd: {e}")))?;
         ready.map_err(|why| {
@@ -157,46 +184,52 @@ impl MariaDbServer {
         })
     }
 
-    /// A fresh database on the test binary's shared server (a fast server as with
-    /// [`MariaDbServer::start_fast`], started once per process, removed with its
-    /// directory when the process exits), dropped again when the handle drops. With
-    /// `LEASE_TEST_MYSQL_URL` set, that URL is returned as is.
+    /// A fresh database on the test binary's shared server, dropped again when the handle
+    /// drops. The server is started once per process, with the settings of
+    /// [`MariaDbServer::start_fast`]: a container when a Docker engine answers, else a
+    /// local process; it is removed when the process exits. With `LEASE_TEST_MYSQL_URL`
+    /// set, that URL is returned as is.
     pub async fn shared() -> Result<MariaDbDatabase, HarnessError> {
         if let Some(url) = env_nonempty(URL_VAR) {
             return Ok(MariaDbDatabase {
                 url,
                 source: Source::Env,
                 name: None,
-                client: None,
+                admin: None,
             });
         }
         static SHARED: tokio::sync::OnceCell<Result<MariaDbServer, String>> =
             tokio::sync::OnceCell::const_new();
         let server = SHARED
-            .get_or_init(|| async { Self::start_fast().await.map_err(|e| e.to_string()) })
+            .get_or_init(|| async {
+                match start_container(true).await {
+                    Ok(Some(server)) => Ok(server),
+                    Ok(None) => Self::start_fast().await.map_err(|e| e.to_string()),
+                    Err(e) => Err(e.to_string()),
+                }
+            })
             .await
             .as_ref()
             .map_err(|e| HarnessError::Start(format!("shared mariadb server: {e}")))?;
-        let local = server
-            .local
-            .as_ref()
-            .ok_or_else(|| HarnessError::Start("the shared mariadb server is not local".into()))?;
-        let (client, port) = (local.client.clone(), local.port);
+        let admin = server.admin.clone().ok_or_else(|| {
+            HarnessError::Start("the shared mariadb server takes no SQL from the harness".into())
+        })?;
         let name = format!("test_{}", uuid::Uuid::new_v4().simple());
         let create = format!("CREATE DATABASE {name}");
-        let c = client.clone();
-        tokio::task::spawn_blocking(move || run_sql(&c, port, &create))
+        let a = admin.clone();
+        tokio::task::spawn_blocking(move || a.sql(&create))
             .await
             .map_err(|e| HarnessError::Start(format!("creating a database: {e}")))?
             .map_err(HarnessError::Start)?;
+        let source = server.source;
         super::announce(format_args!(
-            "lease test server: mysql database {name} on the shared mariadb server, from a local process"
+            "lease test server: mysql database {name} on the shared mariadb server, from a {source}"
         ));
         Ok(MariaDbDatabase {
-            url: format!("mysql://root@127.0.0.1:{port}/{name}"),
-            source: Source::LocalProcess,
+            url: format!("mysql://root@{}:{}/{name}", admin.host, admin.port),
+            source,
             name: Some(name),
-            client: Some((client, port)),
+            admin: Some(admin),
         })
     }
 }
@@ -207,7 +240,7 @@ pub struct MariaDbDatabase {
     url: String,
     source: Source,
     name: Option<String>,
-    client: Option<(PathBuf, u16)>,
+    admin: Option<Admin>,
 }
 
 impl MariaDbDatabase {
@@ -229,10 +262,10 @@ impl MariaDbDatabase {
     /// Runs `sql` as `root` in this database (shared local server only); rows
     /// tab-separated.
     pub fn sql(&self, sql: &str) -> Result<Vec<String>, HarnessError> {
-        match (&self.client, &self.name) {
-            (Some((client, port)), Some(name)) => {
-                run_sql(client, *port, &format!("USE {name}; {sql}")).map_err(HarnessError::Start)
-            }
+        match (&self.admin, &self.name) {
+            (Some(admin), Some(name)) => admin
+                .sql(&format!("USE {name}; {sql}"))
+                .map_err(HarnessError::Start),
             _ => Err(HarnessError::NotOwned {
                 operation: "run SQL on",
                 source: self.source,
@@ -243,8 +276,8 @@ impl MariaDbDatabase {
 
 impl Drop for MariaDbDatabase {
     fn drop(&mut self) {
-        if let (Some((client, port)), Some(name)) = (&self.client, &self.name) {
-            let _ = run_sql(client, *port, &format!("DROP DATABASE IF EXISTS {name}"));
+        if let (Some(admin), Some(name)) = (&self.admin, &self.name) {
+            let _ = admin.sql(&format!("DROP DATABASE IF EXISTS {name}"));
         }
     }
 }
@@ -316,7 +349,12 @@ fn start_blocking(fast: bool) -> Result<MariaDbServer, HarnessError> {
             server_args(dir.path(), &data, &init_file, port, as_root, fast),
             log_path.clone(),
         )?;
-        match wait_ready(&client, port) {
+        let admin = Admin {
+            client: client.clone(),
+            host: "127.0.0.1".into(),
+            port,
+        };
+        match wait_ready(&admin) {
             Ok(()) => {
                 super::announce(format_args!(
                     "lease test server: mariadb at 127.0.0.1:{port} (local process {}, pid {}, \
@@ -330,13 +368,13 @@ fn start_blocking(fast: bool) -> Result<MariaDbServer, HarnessError> {
                 return Ok(MariaDbServer {
                     source: Source::LocalProcess,
                     url: format!("mysql://root@127.0.0.1:{port}/lease"),
+                    admin: Some(admin),
                     local: Some(Local {
-                        port,
-                        client,
                         process,
                         _watcher: watcher,
                         _dir: dir,
                     }),
+                    _container: None,
                 });
             }
             Err(why) => {
@@ -388,10 +426,10 @@ fn server_args(
     args
 }
 
-fn wait_ready(client: &Path, port: u16) -> Result<(), String> {
+fn wait_ready(admin: &Admin) -> Result<(), String> {
     let start = Instant::now();
     loop {
-        match run_sql(client, port, "SELECT 1") {
+        match admin.sql("SELECT 1") {
             Ok(_) => return Ok(()),
             Err(why) if start.elapsed() > READY_TIMEOUT => {
                 return Err(format!("not answering within {READY_TIMEOUT:?}: {why}"));
@@ -403,13 +441,13 @@ fn wait_ready(client: &Path, port: u16) -> Result<(), String> {
 
 /// `sql` through the command-line client as `root` over TCP; output rows without a
 /// header, tab-separated.
-fn run_sql(client: &Path, port: u16, sql: &str) -> Result<Vec<String>, String> {
+fn run_sql(client: &Path, host: &str, port: u16, sql: &str) -> Result<Vec<String>, String> {
     let out = Command::new(client)
         .args([
             "--no-defaults",
             "--protocol=tcp",
             "-h",
-            "127.0.0.1",
+            host,
             "-P",
             &port.to_string(),
             "-u",
@@ -430,4 +468,93 @@ fn run_sql(client: &Path, port: u16, sql: &str) -> Result<Vec<String>, String> {
     } else {
         Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
     }
+}
+
+/// The settings a container's server runs with: the defaults, or with `fast` those of
+/// [`MariaDbServer::start_fast`]; room for parallel tests either way.
+pub(crate) fn container_flags(fast: bool) -> Vec<String> {
+    let mut flags = vec!["--max-connections=500".to_owned()];
+    if fast {
+        flags.push("--innodb-flush-log-at-trx-commit=0".to_owned());
+        flags.push("--innodb-doublewrite=0".to_owned());
+    }
+    flags
+}
+
+/// A MariaDB container, when the container source is usable: `Ok(None)` when it is not
+/// (said once) or when no command-line client is installed to reach it (the harness
+/// creates databases and users through it); an error when the source is forced
+/// (`LEASE_TEST_SOURCE=containers`) and no container started.
+async fn start_container(fast: bool) -> Result<Option<MariaDbServer>, HarnessError> {
+    let Some(client) = find_binary("mariadb", DIRS).or_else(|| find_binary("mysql", DIRS)) else {
+        if super::container::forced() {
+            return Err(HarnessError::Unavailable(format!(
+                "LEASE_TEST_SOURCE=containers, and no mariadb command-line client to reach a \
+                 container with: {INSTALL_HINT}"
+            )));
+        }
+        return Ok(None);
+    };
+    let spec = super::container::Spec {
+        images: &super::engine::MARIADB_IMAGES,
+        port: 3306,
+        // The official image's first server (initialisation) listens on no port
+        // ("port: 0"); the final one, like the project's image, names 3306.
+        ready: vec![("port: 3306", true)],
+        env: CONTAINER_ENV
+            .iter()
+            .map(|(k, v)| (*k, (*v).to_owned()))
+            .collect(),
+        // Both images pass arguments that start with a dash to the server.
+        cmd: container_flags(fast),
+        tmpfs: None,
+    };
+    let started = super::container::try_start(spec).await;
+    if started.is_none() && super::container::forced() {
+        return Err(super::container::forced_failure("mariadb"));
+    }
+    let Some(c) = started else {
+        return Ok(None);
+    };
+    let admin = Admin {
+        client,
+        host: c.host.clone(),
+        port: c.port,
+    };
+    let a = admin.clone();
+    tokio::task::spawn_blocking(move || wait_ready(&a))
+        .await
+        .map_err(|e| HarnessError::Start(format!("waiting for the mariadb container: {e}")))?
+        .map_err(|why| {
+            HarnessError::Start(format!("the mariadb container {}: {why}", c.description))
+        })?;
+    super::announce(format_args!(
+        "lease test server: mariadb at {}:{} (container {}{})",
+        c.host,
+        c.port,
+        c.description,
+        if fast { ", fast: not crash-safe" } else { "" }
+    ));
+    Ok(Some(MariaDbServer {
+        source: Source::Container,
+        url: format!("mysql://root@{}:{}/lease", c.host, c.port),
+        admin: Some(admin),
+        local: None,
+        _container: Some(c),
+    }))
+}
+
+/// The environment of a container: what the official image needs for the server the
+/// project's image makes (`root` without a password, from any address; database `lease`).
+pub(crate) const CONTAINER_ENV: &[(&str, &str)] = &[
+    ("MARIADB_ALLOW_EMPTY_ROOT_PASSWORD", "1"),
+    ("MARIADB_DATABASE", "lease"),
+];
+
+/// Whether a server answers as `root` on 127.0.0.1:`port` (false without a client).
+pub(crate) fn answers(port: u16) -> bool {
+    let Some(client) = find_binary("mariadb", DIRS).or_else(|| find_binary("mysql", DIRS)) else {
+        return false;
+    };
+    run_sql(&client, "127.0.0.1", port, "SELECT 1").is_ok()
 }

@@ -115,6 +115,7 @@ async fn container_columns(m: &Matrix) -> Vec<Column> {
                 StoreKind::Redis => "Redis",
                 StoreKind::Postgres => "PostgreSQL",
                 StoreKind::Etcd => "etcd",
+                StoreKind::Mysql => "MySQL",
             },
             ..Column::default()
         };
