@@ -1,6 +1,6 @@
 //! The README's "Production connections" table through the `lease` command: TLS, mutual
 //! TLS (`--tls-ca`, `--tls-cert`, `--tls-key` and their environment variables), passwords,
-//! ACL users and least-privilege roles on real Redis, PostgreSQL and etcd servers, with
+//! ACL users and least-privilege roles on real Redis, PostgreSQL, etcd and MariaDB servers, with
 //! certificates made at test time; wrong credentials exit 77, TLS failures 78, and no
 //! password is ever printed.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
@@ -9,7 +9,9 @@ use std::path::Path;
 use std::process::Stdio;
 
 use lease_test_servers::redis::{LEASE_USER_ACL, tls_args};
-use lease_test_servers::{EtcdServer, PostgresServer, RedisServer, TestCerts, free_port};
+use lease_test_servers::{
+    EtcdServer, MariaDbServer, PostgresServer, RedisServer, TestCerts, free_port,
+};
 use tokio::process::Command;
 
 const LEASE: &str = env!("CARGO_BIN_EXE_lease");
@@ -464,4 +466,91 @@ async fn etcd_tls_mtls_password_and_prefix_role() {
         "not-it",
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_tls_mtls_password_and_least_privilege() {
+    let certs = TestCerts::generate().unwrap_or_else(|e| panic!("{e}"));
+    let server = MariaDbServer::start_tls(&certs)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    // The DDL the README gives for migrations, and two users with only SELECT, INSERT and
+    // UPDATE on the table: one with a password that must use TLS, one whose client
+    // certificate is its login.
+    let ddl = lease::mysql::schema_sql("lease.lease_locks").unwrap();
+    server
+        .sql(&format!(
+            "{ddl}; \
+             CREATE USER 'lease_app'@'%' IDENTIFIED BY 'app-pw' REQUIRE SSL; \
+             CREATE USER 'lease_client'@'%' REQUIRE SUBJECT '/CN=lease_client'; \
+             GRANT SELECT, INSERT, UPDATE ON lease.lease_locks TO 'lease_app'@'%', 'lease_client'@'%';"
+        ))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let port = server.port().unwrap();
+    let (ca, other, cert, key) = (
+        s(&certs.ca),
+        s(&certs.other_ca),
+        s(&certs.client_cert),
+        s(&certs.client_key),
+    );
+    let app = format!("mysql://lease_app:app-pw@127.0.0.1:{port}/lease?create_table=false");
+    // TLS: a CA given and no ssl-mode means VERIFY_IDENTITY; the driver's parameters work
+    // too.
+    exec_ok(&app, &["--tls-ca", &ca], &[]).await;
+    exec_ok(&app, &[], &[("LEASE_TLS_CA", &ca)]).await;
+    exec_ok(
+        &format!("{app}&ssl-mode=VERIFY_IDENTITY&ssl-ca={ca}"),
+        &[],
+        &[],
+    )
+    .await;
+    status_fails(
+        &app,
+        &["--tls-ca", &other],
+        &[],
+        EXIT_TLS,
+        "not signed by a CA you trust",
+        "app-pw",
+    )
+    .await;
+    let localhost = format!("mysql://lease_app:app-pw@localhost:{port}/lease?create_table=false");
+    status_fails(
+        &localhost,
+        &["--tls-ca", &ca],
+        &[],
+        EXIT_TLS,
+        "not valid for the host name",
+        "app-pw",
+    )
+    .await;
+    // A user that must use TLS, without it: the server says "Access denied".
+    status_fails(
+        &format!("{app}&ssl-mode=DISABLED"),
+        &[],
+        &[],
+        EXIT_AUTH,
+        "Access denied",
+        "app-pw",
+    )
+    .await;
+    // Mutual TLS: the certificate is the login of lease_client.
+    let client = format!("mysql://lease_client@127.0.0.1:{port}/lease?create_table=false");
+    exec_ok(
+        &client,
+        &["--tls-ca", &ca, "--tls-cert", &cert, "--tls-key", &key],
+        &[],
+    )
+    .await;
+    status_fails(
+        &client,
+        &["--tls-ca", &ca],
+        &[],
+        EXIT_AUTH,
+        "Access denied",
+        "no secret",
+    )
+    .await;
+    // A wrong password: exit 77, not printed.
+    let wrong = format!("mysql://lease_app:not-it@127.0.0.1:{port}/lease?ssl-ca={ca}");
+    status_fails(&wrong, &[], &[], EXIT_AUTH, "Access denied", "not-it").await;
 }

@@ -415,7 +415,7 @@ pub fn tls_failure_for(
     let why = if has("invalid peer certificate") {
         if has("UnknownIssuer") {
             "the server's certificate is not signed by a CA you trust: give the CA file that \
-             signed it (--tls-ca, LEASE_TLS_CA, tls_ca= or sslrootcert=)"
+             signed it (--tls-ca, LEASE_TLS_CA, tls_ca=, sslrootcert= or ssl-ca=)"
         } else if has("NotValidForName") || has("not valid for name") {
             "the server's certificate is not valid for the host name you connect to (connect \
              by a name or address the certificate lists)"

@@ -67,8 +67,9 @@ use std::time::Duration;
 use lease_core::{
     AcquireOutcome, Capabilities, Error, Fencing, FencingToken, HeldBy, InvalidInput, LeaseBackend,
     LeaseInfo, LeaseName, Owner, OwnerToken, ReleaseOutcome, RenewItem, RenewOutcome, Result,
+    TlsFiles,
 };
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlSslMode};
 use sqlx::{AssertSqlSafe, Row};
 
 mod error;
@@ -116,6 +117,14 @@ pub struct MysqlConfig {
     /// Whether fencing tokens survive a crash of the server. `None` (default): ask the
     /// server at connect (durable only with `innodb_flush_log_at_trx_commit = 1`).
     pub persistent_fencing: Option<bool>,
+    /// TLS files (feature `tls`): a CA bundle, a client certificate and its key. The URL
+    /// parameters `ssl-ca`, `ssl-cert` and `ssl-key` (or `sslca`, `sslcert`, `sslkey`)
+    /// set them too; the same file given twice with different paths is an error. When
+    /// any file is given and the URL sets no `ssl-mode`, the mode is `VERIFY_IDENTITY`
+    /// (the server's certificate must be signed by the CA and name the host), as with
+    /// libpq's `verify-full`. Each file is read and checked at connect, so a missing or
+    /// malformed one is an [`Error::Tls`] naming it.
+    pub tls: TlsFiles,
 }
 
 impl Default for MysqlConfig {
@@ -126,6 +135,7 @@ impl Default for MysqlConfig {
             call_timeout: Duration::from_secs(5),
             max_connections: 10,
             persistent_fencing: None,
+            tls: TlsFiles::default(),
         }
     }
 }
@@ -183,19 +193,50 @@ impl fmt::Debug for MysqlBackend {
     }
 }
 
-/// Splits this crate's own parameters (`table`, `create_table`) off `url`; the rest is
-/// for the driver. `mariadb://` is read as `mysql://`.
-fn split_own_params(url: &str, config: &mut MysqlConfig) -> Result<String> {
+/// What [`split_own_params`] learned about TLS from the URL.
+struct UrlTls {
+    /// The URL sets `ssl-mode` (or `sslmode`).
+    mode_given: bool,
+}
+
+/// Splits this crate's own parameters (`table`, `create_table`) and the TLS files
+/// (`ssl-ca`, `ssl-cert`, `ssl-key`, merged into `config.tls`) off `url`; the rest is for
+/// the driver. `mariadb://` is read as `mysql://`.
+fn split_own_params(url: &str, config: &mut MysqlConfig) -> Result<(String, UrlTls)> {
     let url = match url.strip_prefix("mariadb://") {
         Some(rest) => format!("mysql://{rest}"),
         None => url.to_owned(),
     };
+    let mut url_tls = UrlTls { mode_given: false };
     let Some((base, query)) = url.split_once('?') else {
-        return Ok(url);
+        return Ok((url, url_tls));
     };
+    let malformed = |why: String| -> Error {
+        InvalidInput::MalformedUrl(format!("{}: {why}", lease_core::redact_url(&url))).into()
+    };
+    let mut files = TlsFiles::default();
     let mut kept = Vec::new();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let slot = match k {
+            "ssl-ca" | "sslca" => Some(&mut files.ca),
+            "ssl-cert" | "sslcert" => Some(&mut files.cert),
+            "ssl-key" | "sslkey" => Some(&mut files.key),
+            _ => None,
+        };
+        if let Some(slot) = slot {
+            let path = percent_decode(v).map_err(|e| malformed(format!("{k}: {e}")))?;
+            if path.is_empty() {
+                return Err(malformed(format!("{k} is empty")));
+            }
+            if slot.replace(path.into()).is_some() {
+                return Err(malformed(format!("{k} given twice")));
+            }
+            continue;
+        }
+        if matches!(k, "ssl-mode" | "sslmode") {
+            url_tls.mode_given = true;
+        }
         match k {
             "table" => config.table = v.to_owned(),
             "create_table" => {
@@ -213,11 +254,42 @@ fn split_own_params(url: &str, config: &mut MysqlConfig) -> Result<String> {
             _ => kept.push(pair),
         }
     }
-    Ok(if kept.is_empty() {
+    config.tls = config.tls.merged(&files)?;
+    let rest = if kept.is_empty() {
         base.to_owned()
     } else {
         format!("{base}?{}", kept.join("&"))
-    })
+    };
+    Ok((rest, url_tls))
+}
+
+/// `%XX` decoding of a URL query value (`+` is a space), as the driver reads it.
+fn percent_decode(s: &str) -> std::result::Result<String, &'static str> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        match b {
+            b'%' => {
+                let hex = bytes
+                    .get(i + 1..i + 3)
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+                    .ok_or("a % not followed by two hexadecimal digits")?;
+                out.push(hex);
+                i += 3;
+            }
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            _ => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8(out).map_err(|_| "not UTF-8 once decoded")
 }
 
 impl MysqlBackend {
@@ -230,20 +302,55 @@ impl MysqlBackend {
     }
 
     /// Connects to `url` (`mysql://user:password@host:port/database?params`, or
-    /// `mariadb://`; the driver's parameters such as `ssl-mode` and `ssl-ca` pass
-    /// through), probes the durability settings and creates the table if missing and
-    /// allowed.
+    /// `mariadb://`; the driver's parameters such as `ssl-mode` pass through; the TLS
+    /// files `ssl-ca`, `ssl-cert`, `ssl-key` join [`MysqlConfig::tls`]), probes the
+    /// durability settings and creates the table if missing and allowed.
     ///
-    /// Errors: [`Error::InvalidInput`] for a malformed URL or config; [`Error::Auth`] for
-    /// refused credentials; [`Error::Unavailable`] when the server cannot be reached
-    /// within the call timeout; [`Error::Rejected`] when the table is missing and cannot
-    /// be created. Cancel safe: a dropped call leaves at most a table it created.
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lease_core::Error> {
+    /// use lease_core::TlsFiles;
+    /// use lease_mysql::{MysqlBackend, MysqlConfig};
+    /// // Mutual TLS, the server verified against a CA of your own (VERIFY_IDENTITY).
+    /// let config = MysqlConfig {
+    ///     tls: TlsFiles::default()
+    ///         .with_ca("/etc/lease/ca.pem")
+    ///         .with_client("/etc/lease/client.pem", "/etc/lease/client.key"),
+    ///     ..MysqlConfig::default()
+    /// };
+    /// let backend = MysqlBackend::connect_with("mysql://lease_client@db.internal/app", config).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Errors: [`Error::InvalidInput`] for a malformed URL or config; [`Error::Tls`] for a
+    /// TLS file that is missing or not PEM, a server certificate that does not verify, a
+    /// server without TLS under `ssl-mode=REQUIRED` or stricter, or TLS asked of a build
+    /// without the `tls` feature; [`Error::Auth`] for refused credentials (also what the
+    /// server answers to a user that must use TLS, or a client certificate, connecting
+    /// without: MySQL and MariaDB say "Access denied" for both); [`Error::Unavailable`]
+    /// when the server cannot be reached within the call timeout; [`Error::Rejected`] when
+    /// the table is missing and cannot be created. Cancel safe: a dropped call leaves at
+    /// most a table it created.
     pub async fn connect_with(url: &str, mut config: MysqlConfig) -> Result<Self> {
-        let driver_url = split_own_params(url, &mut config)?;
+        let (driver_url, url_tls) = split_own_params(url, &mut config)?;
         config.validate()?;
-        let options = MySqlConnectOptions::from_str(&driver_url).map_err(|e| {
+        // The files must be there and be PEM: say which one is not, before the driver
+        // tries them on every connection.
+        config.tls.load(BACKEND)?;
+        let mut options = MySqlConnectOptions::from_str(&driver_url).map_err(|e| {
             InvalidInput::MalformedUrl(format!("{}: {e}", lease_core::redact_url(&driver_url)))
         })?;
+        if let Some(ca) = &config.tls.ca {
+            options = options.ssl_ca(ca);
+        }
+        if let Some(cert) = &config.tls.cert {
+            options = options.ssl_client_cert(cert);
+        }
+        if let Some(key) = &config.tls.key {
+            options = options.ssl_client_key(key);
+        }
+        if !config.tls.is_empty() && !url_tls.mode_given {
+            options = options.ssl_mode(MySqlSslMode::VerifyIdentity);
+        }
         // UTC sessions: DATETIME deadlines must not move with a session's time zone.
         let options = options.timezone(Some("+00:00".to_owned()));
         let pool = MySqlPoolOptions::new()
@@ -255,11 +362,20 @@ impl MysqlBackend {
     }
 
     /// A backend on a pool of your own (its connections must use `time_zone = '+00:00'`;
-    /// `MySqlConnectOptions` sets that by default).
+    /// `MySqlConnectOptions` sets that by default). The pool's options carry its TLS
+    /// settings: a non-empty [`MysqlConfig::tls`] is an [`Error::InvalidInput`] here.
     ///
     /// Cancel safe, as [`MysqlBackend::connect_with`].
     pub async fn from_pool(pool: MySqlPool, config: MysqlConfig) -> Result<Self> {
         config.validate()?;
+        if !config.tls.is_empty() {
+            return Err(InvalidInput::Other(
+                "MysqlConfig::tls is for connect_with; a pool of your own takes its TLS files \
+                 from its MySqlConnectOptions (ssl_ca, ssl_client_cert, ssl_client_key)"
+                    .into(),
+            )
+            .into());
+        }
         Self::build(pool, config, "(a pool of the caller's)".into()).await
     }
 
@@ -578,15 +694,49 @@ mod tests {
     #[test]
     fn own_url_parameters_are_split_off() {
         let mut c = MysqlConfig::default();
-        let url = split_own_params(
+        let (url, tls) = split_own_params(
             "mariadb://u:p@h:3306/db?table=ops.locks&ssl-mode=REQUIRED&create_table=false",
             &mut c,
         )
         .expect("valid");
         assert_eq!(url, "mysql://u:p@h:3306/db?ssl-mode=REQUIRED");
+        assert!(tls.mode_given);
         assert_eq!(c.table, "ops.locks");
         assert!(!c.create_table);
         assert!(split_own_params("mysql://h/db?create_table=maybe", &mut c).is_err());
+    }
+
+    #[test]
+    fn tls_files_leave_the_url_for_the_config() {
+        let mut c = MysqlConfig::default();
+        let (url, tls) = split_own_params(
+            "mysql://h/db?ssl-ca=%2Fetc%2Fca.pem&sslcert=/c.pem&ssl-key=/k%20x.pem&charset=utf8mb4",
+            &mut c,
+        )
+        .expect("valid");
+        assert_eq!(url, "mysql://h/db?charset=utf8mb4");
+        assert!(!tls.mode_given);
+        assert_eq!(
+            c.tls,
+            TlsFiles::default()
+                .with_ca("/etc/ca.pem")
+                .with_client("/c.pem", "/k x.pem")
+        );
+        for bad in [
+            "mysql://h/db?ssl-ca=",
+            "mysql://h/db?ssl-ca=/a&sslca=/a",
+            "mysql://h/db?ssl-ca=%zz",
+        ] {
+            let mut c = MysqlConfig::default();
+            assert!(split_own_params(bad, &mut c).is_err(), "{bad}");
+        }
+        // The same file in the config and the URL is fine; two different ones are not.
+        let mut c = MysqlConfig {
+            tls: TlsFiles::default().with_ca("/a.pem"),
+            ..MysqlConfig::default()
+        };
+        assert!(split_own_params("mysql://h/db?ssl-ca=/a.pem", &mut c).is_ok());
+        assert!(split_own_params("mysql://h/db?ssl-ca=/b.pem", &mut c).is_err());
     }
 
     #[test]

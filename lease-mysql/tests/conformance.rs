@@ -1,5 +1,5 @@
 //! The conformance suite against a real MariaDB: each check gets a fresh database on the
-//! test binary's shared server (a throwaway local `mariadbd`), or the server of
+//! test binary's shared server (a container, or a throwaway local `mariadbd`), or the server of
 //! `LEASE_TEST_MYSQL_URL` with a table of its own.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 

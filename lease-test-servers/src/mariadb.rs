@@ -102,11 +102,30 @@ impl MariaDbServer {
         Self::start_local_with(true).await
     }
 
-    async fn start_local_with(fast: bool) -> Result<MariaDbServer, HarnessError> {
+    /// A throwaway local `mariadbd` (settings of [`MariaDbServer::start_fast`]) that also
+    /// accepts TLS, with `certs`' server certificate (`IP:127.0.0.1`) and its CA for
+    /// client certificates. Plain connections stay allowed (the harness's own client
+    /// uses them); make a user need TLS with `REQUIRE SSL`, `REQUIRE X509` or
+    /// `REQUIRE SUBJECT`.
+    pub async fn start_tls(certs: &super::TestCerts) -> Result<MariaDbServer, HarnessError> {
+        let extra = vec![
+            format!("--ssl-ca={}", certs.ca.display()).into(),
+            format!("--ssl-cert={}", certs.server_cert.display()).into(),
+            format!("--ssl-key={}", certs.server_key.display()).into(),
+        ];
         let test = super::current_test();
-        tokio::task::spawn_blocking(move || super::for_test(test, || start_blocking(fast)))
+        tokio::task::spawn_blocking(move || super::for_test(test, || start_blocking(true, extra)))
             .await
             .map_err(|e| HarnessError::Start(format!("starting mariadbd: {e}")))?
+    }
+
+    async fn start_local_with(fast: bool) -> Result<MariaDbServer, HarnessError> {
+        let test = super::current_test();
+        tokio::task::spawn_blocking(move || {
+            super::for_test(test, || start_blocking(fast, Vec::new()))
+        })
+        .await
+        .map_err(|e| HarnessError::Start(format!("starting mariadbd: {e}")))?
     }
 
     /// The URL of database `lease` as `root`:
@@ -282,7 +301,7 @@ impl Drop for MariaDbDatabase {
     }
 }
 
-fn start_blocking(fast: bool) -> Result<MariaDbServer, HarnessError> {
+fn start_blocking(fast: bool, extra: Vec<OsString>) -> Result<MariaDbServer, HarnessError> {
     let missing = |what: &str| {
         HarnessError::Unavailable(format!(
             "no {what} on PATH or in {}: {INSTALL_HINT}",
@@ -344,11 +363,9 @@ fn start_blocking(fast: bool) -> Result<MariaDbServer, HarnessError> {
     let mut last_error = String::new();
     for _ in 0..PORT_ATTEMPTS {
         let port = free_port()?;
-        let mut process = ChildProcess::spawn(
-            server.clone(),
-            server_args(dir.path(), &data, &init_file, port, as_root, fast),
-            log_path.clone(),
-        )?;
+        let mut args = server_args(dir.path(), &data, &init_file, port, as_root, fast);
+        args.extend(extra.iter().cloned());
+        let mut process = ChildProcess::spawn(server.clone(), args, log_path.clone())?;
         let admin = Admin {
             client: client.clone(),
             host: "127.0.0.1".into(),

@@ -179,15 +179,13 @@ async fn connect_etcd(url: &str, _: &ConnectOptions) -> Result<Arc<dyn LeaseBack
 
 #[cfg(feature = "mysql")]
 async fn connect_mysql(url: &str, options: &ConnectOptions) -> Result<Arc<dyn LeaseBackend>> {
-    if !options.tls.is_empty() {
-        return Err(InvalidInput::Other(format!(
-            "{}: for mysql:// the TLS files go in the URL (ssl-mode=VERIFY_IDENTITY&ssl-ca=...\
-             &ssl-cert=...&ssl-key=...)",
-            redact_url(url)
-        ))
-        .into());
-    }
-    Ok(Arc::new(lease_mysql::MysqlBackend::connect(url).await?))
+    let config = lease_mysql::MysqlConfig {
+        tls: options.tls.clone(),
+        ..lease_mysql::MysqlConfig::default()
+    };
+    Ok(Arc::new(
+        lease_mysql::MysqlBackend::connect_with(url, config).await?,
+    ))
 }
 
 #[cfg(not(feature = "mysql"))]
