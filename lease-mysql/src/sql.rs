@@ -11,7 +11,10 @@
 //!   transaction: a lock statement inside a caller's open transaction still decides on
 //!   the time the statement began, not when the transaction began
 //!   (`now_is_per_statement_inside_a_transaction` shows it). The binary log carries each
-//!   statement's `NOW()` (`SET TIMESTAMP`), so replicas apply the same value.
+//!   statement's `NOW()` (`SET TIMESTAMP`), so replicas apply the same value
+//!   (`tests/replication.rs`: with a replica applying the statements half a second late
+//!   under `binlog_format=STATEMENT`, the rows of acquire and renew are identical on
+//!   both, while a `SYSDATE(6)` deadline is half a second later on the replica).
 //! - The columns are `DATETIME(6)` in UTC: the backend's connections set `time_zone` to
 //!   `+00:00`, so no session time zone or daylight-saving change moves a deadline. SQL of
 //!   your own against the table must do the same.

@@ -102,6 +102,17 @@ impl MariaDbServer {
         Self::start_local_with(true).await
     }
 
+    /// A throwaway local `mariadbd` with the default durability settings and the server
+    /// options `options` added (`--log-bin=binlog`, `--server-id=2`, ...), for tests of
+    /// settings such as replication.
+    pub async fn start_with_options(options: &[&str]) -> Result<MariaDbServer, HarnessError> {
+        let extra: Vec<OsString> = options.iter().map(OsString::from).collect();
+        let test = super::current_test();
+        tokio::task::spawn_blocking(move || super::for_test(test, || start_blocking(false, extra)))
+            .await
+            .map_err(|e| HarnessError::Start(format!("starting mariadbd: {e}")))?
+    }
+
     /// A throwaway local `mariadbd` (settings of [`MariaDbServer::start_fast`]) that also
     /// accepts TLS, with `certs`' server certificate (`IP:127.0.0.1`) and its CA for
     /// client certificates. Plain connections stay allowed (the harness's own client
