@@ -9,7 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use lease::{Error, HolderLabel, LeaseBackend, LeaseClient, LeaseName, LeaseOptions};
+use lease::{
+    Error, HolderLabel, LeaseBackend, LeaseClient, LeaseGuard, LeaseName, LeaseOptions, Semaphore,
+};
 use nix::sys::signal::Signal;
 use nix::unistd::getpgrp;
 use tokio::process::Command;
@@ -52,6 +54,9 @@ Examples:
   lease exec --wait 10m deploy-db-migrations -- ./migrate.sh
   lease status nightly-report --json
   lease release --force nightly-report
+  # at most 3 copies at once across hosts (a semaphore), waiting for a permit:
+  lease exec --permits 3 --wait 1h thumbnails -- ./thumbnails.sh
+  lease status --permits 3 thumbnails
   # over TLS, with a client certificate (mutual TLS):
   lease --backend etcds://etcd-1:2379/app --tls-ca ca.pem --tls-cert me.pem --tls-key me.key status job";
 
@@ -99,6 +104,10 @@ enum Cmd {
         /// Print JSON (one object per name).
         #[arg(long)]
         json: bool,
+        /// The names are semaphores of N permits (as `exec --permits N`): show the
+        /// permits held.
+        #[arg(long, value_name = "N")]
+        permits: Option<u32>,
     },
     /// Free a lease whoever holds it (an operator's manual release).
     Release {
@@ -143,6 +152,12 @@ struct ExecArgs {
     /// Holder label stored with the lease (default hostname:pid).
     #[arg(long)]
     label: Option<String>,
+    /// Run at most N copies at once across hosts: NAME is a semaphore of N permits, and
+    /// the command runs while holding one (every host must give the same N). The command
+    /// also gets LEASE_PERMIT, its permit's slot (0 to N-1); its fencing token is that
+    /// slot's.
+    #[arg(long, value_name = "N")]
+    permits: Option<u32>,
     /// Lease name.
     name: String,
     /// The command and its arguments (after `--`).
@@ -297,7 +312,16 @@ async fn run(cli: Cli) -> Result<u8, Fail> {
     };
     match cli.command {
         Cmd::Exec(args) => exec(&store, args).await,
-        Cmd::Status { names, json } => status(&store, &names, json).await,
+        Cmd::Status {
+            names,
+            json,
+            permits: None,
+        } => status(&store, &names, json).await,
+        Cmd::Status {
+            names,
+            json,
+            permits: Some(n),
+        } => status_permits(&store, &names, n, json).await,
         Cmd::Supervise { .. } => Err(Fail::usage("__supervise is internal to lease exec")),
         Cmd::Release { force, name } => {
             if !force {
@@ -369,6 +393,93 @@ async fn status(store: &Store, names: &[String], json: bool) -> Result<u8, Fail>
     Ok(0)
 }
 
+/// `lease status --permits N`: the permits held of each semaphore.
+async fn status_permits(store: &Store, names: &[String], n: u32, json: bool) -> Result<u8, Fail> {
+    let backend = store.connect().await?;
+    let client = LeaseClient::new(backend);
+    let mut semaphores = Vec::new();
+    for name in names {
+        semaphores.push(Semaphore::new(client.clone(), name, n)?);
+    }
+    for sem in &semaphores {
+        let held = bounded(sem.holders()).await?;
+        let name = sem.name().to_string_lossy();
+        if json {
+            let permits: Vec<_> = held
+                .iter()
+                .map(|p| {
+                    serde_json::json!({
+                        "permit": p.slot,
+                        "holder": p.info.holder,
+                        "fencing_token": p.info.fencing.map(|f| f.get()),
+                        "remaining_ms": p.info.remaining.map(|r| u64::try_from(r.as_millis()).unwrap_or(u64::MAX)),
+                    })
+                })
+                .collect();
+            println!(
+                "{}",
+                serde_json::json!({ "name": name, "permits": n, "held": permits })
+            );
+        } else {
+            println!("{name}: {} of {n} permits held", held.len());
+            for p in &held {
+                println!(
+                    "  permit {}: held by {} (fencing token {}, {} left)",
+                    p.slot,
+                    p.info.holder.as_deref().unwrap_or("unknown"),
+                    p.info.fencing.map_or("-".into(), |f| f.to_string()),
+                    p.info.remaining.map_or("no ttl".into(), |r| {
+                        humantime::format_duration(round_ms(r)).to_string()
+                    }),
+                );
+            }
+        }
+    }
+    Ok(0)
+}
+
+/// Takes the lease `name`, or with `permits` one permit of the semaphore `name`: the guard
+/// and the permit's slot. `Ok(None)`: held (all permits held) until the wait ran out.
+async fn take(
+    client: &LeaseClient,
+    name: &LeaseName,
+    permits: Option<u32>,
+    opts: &LeaseOptions,
+) -> Result<Option<(LeaseGuard, Option<u32>)>, Fail> {
+    let taken = match permits {
+        None => client.acquire(name, opts).await.map(|g| (g, None)),
+        Some(n) => {
+            let sem = Semaphore::new(client.clone(), name, n)?;
+            sem.acquire(opts).await.map(|p| {
+                let slot = p.slot();
+                (p.into_guard(), Some(slot))
+            })
+        }
+    };
+    match taken {
+        Ok(t) => Ok(Some(t)),
+        Err(Error::StillHeld { holder, waited, .. }) => {
+            let what = match permits {
+                None => format!(
+                    "{name} is held by {}",
+                    holder.as_deref().unwrap_or("another holder")
+                ),
+                Some(n) => format!("all {n} permits of {name} are held"),
+            };
+            eprintln!(
+                "lease: {what}{}; not running the command",
+                if waited.is_zero() {
+                    String::new()
+                } else {
+                    format!(" (waited {})", humantime::format_duration(round_ms(waited)))
+                }
+            );
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
 async fn exec(store: &Store, args: ExecArgs) -> Result<u8, Fail> {
     let name = LeaseName::new(&args.name).map_err(Error::from)?;
     let opts = LeaseOptions::builder(args.ttl)
@@ -386,23 +497,10 @@ async fn exec(store: &Store, args: ExecArgs) -> Result<u8, Fail> {
     };
     let backend: Arc<dyn LeaseBackend> = store.connect().await?;
     let client = LeaseClient::with_label(backend, label.clone());
-    let guard = match client.acquire(&name, &opts).await {
-        Ok(g) => g,
-        Err(Error::StillHeld { holder, waited, .. }) => {
-            eprintln!(
-                "lease: {name} is held by {}{}; not running the command",
-                holder.as_deref().unwrap_or("another holder"),
-                if waited.is_zero() {
-                    String::new()
-                } else {
-                    format!(" (waited {})", humantime::format_duration(round_ms(waited)))
-                }
-            );
-            return Ok(EXIT_HELD);
-        }
-        Err(e) => return Err(e.into()),
+    let Some((guard, permit)) = take(&client, &name, args.permits, &opts).await? else {
+        return Ok(EXIT_HELD);
     };
-    tracing::info!(lease = %name, fencing = guard.fencing().get(), holder = %label, "acquired; starting the command");
+    tracing::info!(lease = %name, permit, fencing = guard.fencing().get(), holder = %label, "acquired; starting the command");
     // Orphans below us are re-parented to us, so the whole tree stays in reach (see
     // supervise.rs).
     if let Err(e) = supervise::become_subreaper() {
@@ -432,7 +530,11 @@ async fn exec(store: &Store, args: ExecArgs) -> Result<u8, Fail> {
             });
         }
     };
-    let mut child = match Command::new(exe)
+    let mut command = Command::new(exe);
+    if let Some(slot) = permit {
+        command.env("LEASE_PERMIT", slot.to_string());
+    }
+    let mut child = match command
         .arg(supervise::SUBCOMMAND)
         .arg("--parent")
         .arg(std::process::id().to_string())

@@ -86,6 +86,95 @@ async fn child_sees_name_and_fencing_token_and_its_exit_code_is_passed_on(url: &
     assert!(second > first, "fencing token grows per acquisition");
 }
 
+/// Thirty `lease exec --permits 3 --wait` at once on one name: at most three commands
+/// run at the same time, and every one runs. Each command counts the marker files of the
+/// commands running with it (its own included): a fourth concurrent command would see 4.
+/// `lease status --permits 3` shows a held permit.
+async fn thirty_execs_with_three_permits(url: &str) {
+    let dir = tempdir();
+    let name = format!("permits-{}", uuid::Uuid::new_v4().simple());
+    // One holder first, for `status`.
+    let stop = dir.join("stop");
+    let mut first = lease(url);
+    first.args([
+        "exec",
+        "--permits",
+        "3",
+        &name,
+        "--",
+        "sh",
+        "-c",
+        &format!(
+            "echo held > {d}/first; while [ ! -e {s} ]; do sleep 0.05; done",
+            d = dir.display(),
+            s = stop.display()
+        ),
+    ]);
+    let first = tokio::spawn(output(first));
+    wait_for_file(&dir.join("first"), Duration::from_secs(30)).await;
+    let mut status = lease(url);
+    status.args(["status", "--permits", "3", &name]);
+    let (code, out, err) = output(status).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("1 of 3 permits held"), "{out}");
+    std::fs::write(&stop, "").unwrap();
+    assert_eq!(first.await.unwrap().0, 0);
+
+    let log = dir.join("log");
+    let script = format!(
+        "touch {d}/run.$$; n=$(ls {d} | grep -c '^run\\.'); \
+         echo \"$n $LEASE_PERMIT $LEASE_FENCING_TOKEN\" >> {log}; sleep 0.3; rm {d}/run.$$",
+        d = dir.display(),
+        log = log.display()
+    );
+    let runs: Vec<_> = (0..30)
+        .map(|_| {
+            let mut c = lease(url);
+            c.args([
+                "exec",
+                "--permits",
+                "3",
+                "--wait",
+                "120s",
+                "--ttl",
+                "10s",
+                &name,
+                "--",
+                "sh",
+                "-c",
+                &script,
+            ]);
+            output(c)
+        })
+        .collect();
+    for (code, _, err) in futures::future::join_all(runs).await {
+        assert_eq!(code, 0, "{err}");
+    }
+    let lines = std::fs::read_to_string(&log).unwrap();
+    let seen: Vec<(usize, u32)> = lines
+        .lines()
+        .map(|l| {
+            let mut f = l.split_whitespace();
+            let n = f.next().unwrap().parse().unwrap();
+            let permit = f.next().unwrap().parse().unwrap();
+            (n, permit)
+        })
+        .collect();
+    assert_eq!(seen.len(), 30, "every command runs: {lines}");
+    let most = seen.iter().map(|(n, _)| *n).max().unwrap();
+    assert!(
+        most <= 3,
+        "{most} commands at once under 3 permits: {lines}"
+    );
+    assert!(most >= 2, "the permits were never shared: {lines}");
+    assert!(seen.iter().all(|(_, p)| *p < 3), "{lines}");
+    let mut status = lease(url);
+    status.args(["status", "--permits", "3", "--json", &name]);
+    let (code, out, err) = output(status).await;
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("\"held\":[]"), "{out}");
+}
+
 async fn two_at_once_run_the_command_exactly_once(url: &str) {
     let dir = tempdir();
     let marker = dir.join("runs");
@@ -653,6 +742,12 @@ macro_rules! store_tests {
             async fn two_at_once_run_exactly_once() {
                 let s = $start.await;
                 super::two_at_once_run_the_command_exactly_once(&s.url()).await;
+            }
+
+            #[tokio::test]
+            async fn thirty_execs_with_three_permits() {
+                let s = $start.await;
+                super::thirty_execs_with_three_permits(&s.url()).await;
             }
 
             #[tokio::test]

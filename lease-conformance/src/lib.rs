@@ -144,7 +144,14 @@ macro_rules! conformance_suite {
             stalled_heartbeat_bounds_lost_and_release,
             lost_token_fires_when_the_run_ends,
             scheduled_job_defaults_once_per_period,
-            scheduled_job_validates_keep_for
+            scheduled_job_validates_keep_for,
+            semaphore_never_more_than_n,
+            semaphore_fencing_grows_per_permit,
+            semaphore_crashed_permit_expires,
+            semaphore_lost_before_permit_taken_over,
+            election_one_leader_at_a_time_terms_grow,
+            election_moves_when_the_leader_dies,
+            election_deposed_leader_knows_first
         );
     };
     (@checks $factory:path; $($check:ident),* $(,)?) => {

@@ -406,8 +406,25 @@ impl LeaseClient {
     }
 
     async fn acquire_name(&self, name: &LeaseName, opts: &LeaseOptions) -> Result<LeaseGuard> {
+        self.acquire_waiting(name, opts, Some(opts.wait())).await
+    }
+
+    /// [`LeaseClient::acquire`] with the wait given apart from the options: `None` waits
+    /// until the lease is taken or an error that is not retryable comes (elections).
+    pub(crate) async fn acquire_waiting(
+        &self,
+        name: &LeaseName,
+        opts: &LeaseOptions,
+        wait: Option<Duration>,
+    ) -> Result<LeaseGuard> {
+        // "Forever" in steps of an hour: each step's sleeps are bounded by it.
+        const STEP: Duration = Duration::from_secs(3600);
         let start = Instant::now();
-        let deadline = start + opts.wait();
+        let deadline = match wait {
+            Some(w) => start + w,
+            None => start + STEP,
+        };
+        let mut deadline = deadline;
         let mut attempt = 0u32;
         loop {
             let held = match self.try_acquire_name(name, opts).await {
@@ -417,6 +434,9 @@ impl LeaseClient {
                 Err(e) => return Err(e),
             };
             let now = Instant::now();
+            if now >= deadline && wait.is_none() {
+                deadline = now + STEP;
+            }
             if now >= deadline {
                 return match held {
                     Ok(by) => Err(Error::StillHeld {

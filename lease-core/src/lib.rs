@@ -3,11 +3,13 @@
 mod backend;
 mod client;
 mod connection;
+mod election;
 mod error;
 mod guard;
 mod heartbeat;
 mod memory;
 mod schedule;
+mod semaphore;
 mod shared;
 mod types;
 mod util;
@@ -18,10 +20,12 @@ pub use client::{LeaseClient, LeaseContext, RunOutcome, TryAcquire};
 pub use connection::{
     TlsFiles, TlsPem, error_chain_text, find_cause, redact_url, tls_failure, tls_failure_for,
 };
+pub use election::{Election, Leader, Leadership};
 pub use error::{BoxError, Error, InvalidInput, Result};
 pub use guard::LeaseGuard;
 pub use memory::MemoryBackend;
 pub use schedule::{JobRun, JobStats, ScheduledJob};
+pub use semaphore::{MAX_PERMITS, Permit, PermitHolder, Semaphore, TryPermit};
 pub use shared::LossReason;
 pub use tokio_util::sync::CancellationToken;
 pub use types::{

@@ -20,8 +20,12 @@ use tokio::time::Instant;
 
 use crate::faulty::{Fault, FaultyBackend, Op};
 
+mod election;
 mod failure;
+mod semaphore;
+pub use election::*;
 pub use failure::*;
+pub use semaphore::*;
 
 /// Extra time allowed, beyond the TTL, for a lease to be seen expired on the store: covers
 /// store-side expiry granularity (Redis expires lazily or in its 10 Hz cycle; etcd checks

@@ -1,0 +1,182 @@
+//! Checks of [`Election`] on the backend under test: one leader at a time, terms that
+//! grow, leadership that moves when a leader dies, a leader that learns it was deposed
+//! before the next one leads, and an observer that sees the changes in order.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lease_core::{Election, Fencing, LeaseBackend, LeaseOptions};
+use tokio::time::Instant;
+
+use super::{EXPIRY_TOLERANCE, base_ttl, client, name, namespace, owner, raw_acquire};
+use crate::faulty::{Fault, FaultyBackend, Op};
+
+fn opts(ttl: Duration) -> LeaseOptions {
+    LeaseOptions::new(ttl).expect("valid options")
+}
+
+/// Five candidates each run a term of work with `run_while_leader`: never two leaders at
+/// once, and each term is higher than the one before (where the backend issues tokens).
+pub async fn election_one_leader_at_a_time_terms_grow(backend: Arc<dyn LeaseBackend>) {
+    let fenced = backend.capabilities().fencing != Fencing::None;
+    let ns = namespace();
+    let n = name(&ns, "leader");
+    let ttl = base_ttl(&*backend) * 5;
+    let inside = Arc::new(AtomicUsize::new(0));
+    let max_inside = Arc::new(AtomicUsize::new(0));
+    let terms = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for c in 0..5 {
+        let election = Election::new(client(&backend, &format!("c{c}")), &n).expect("election");
+        let (inside, max_inside, terms) = (inside.clone(), max_inside.clone(), terms.clone());
+        let o = opts(ttl);
+        tasks.push(tokio::spawn(async move {
+            election
+                .run_while_leader(&o, |ctx| {
+                    let (inside, max_inside, terms) =
+                        (inside.clone(), max_inside.clone(), terms.clone());
+                    async move {
+                        let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                        max_inside.fetch_max(now, Ordering::SeqCst);
+                        terms.lock().expect("lock").push(ctx.fencing.get());
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                    }
+                })
+                .await
+                .expect("run_while_leader");
+        }));
+    }
+    for t in tasks {
+        t.await.expect("candidate");
+    }
+    assert_eq!(max_inside.load(Ordering::SeqCst), 1, "two leaders at once");
+    let terms = terms.lock().expect("lock").clone();
+    assert_eq!(terms.len(), 5, "every candidate led once: {terms:?}");
+    assert!(
+        !fenced || terms.windows(2).all(|w| w[0] < w[1]),
+        "terms did not grow with each leadership: {terms:?}"
+    );
+}
+
+/// A leader that dies (its lease never renewed again) is replaced within its TTL plus the
+/// store's expiry tolerance, with a higher term, and an observer sees the old leader,
+/// then the new one (terms where the backend issues tokens; holders where it reports
+/// them).
+pub async fn election_moves_when_the_leader_dies(backend: Arc<dyn LeaseBackend>) {
+    let caps = backend.capabilities();
+    if !caps.expires || caps.fencing == Fencing::None {
+        // Without terms the observer cannot tell one leadership from the next; the
+        // other election checks cover such a backend.
+        return;
+    }
+    let ns = namespace();
+    let n = name(&ns, "leader");
+    let ttl = base_ttl(&*backend);
+    let observer = Election::new(client(&backend, "observer"), &n).expect("election");
+    let mut watch = observer.observe(Duration::from_millis(20));
+    let died_at = Instant::now();
+    let dead_term = raw_acquire(&*backend, &n, &owner("dead-leader"), ttl).await;
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let observing = {
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            while watch.changed().await.is_ok() {
+                let leader = watch.borrow_and_update().clone();
+                if let Some(l) = leader {
+                    let term = l.term.map(|t| t.get());
+                    seen.lock().expect("lock").push((l.holder, term));
+                }
+            }
+        })
+    };
+    let candidate = Election::new(client(&backend, "next-leader"), &n).expect("election");
+    let leadership = candidate.campaign(&opts(ttl)).await.expect("campaign");
+    let took = died_at.elapsed();
+    assert!(
+        took >= ttl,
+        "a new leader after {took:?}, before the dead leader's TTL {ttl:?}"
+    );
+    let bound = ttl + ttl / 3 + EXPIRY_TOLERANCE;
+    assert!(
+        took <= bound,
+        "leadership took {took:?} to move (bound {bound:?})"
+    );
+    let term = leadership.term();
+    assert!(term > dead_term, "term {term} after {dead_term}");
+    // The observer catches up with the new leader.
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let latest = seen.lock().expect("lock").last().cloned();
+        if latest.as_ref().and_then(|l| l.1) == Some(term.get()) {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "the observer never saw the new leader: {latest:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    observing.abort();
+    let seen = seen.lock().expect("lock").clone();
+    let terms: Vec<u64> = seen.iter().filter_map(|s| s.1).collect();
+    if backend.capabilities().holder_info {
+        assert_eq!(
+            seen.first().and_then(|s| s.0.as_deref()),
+            Some("dead-leader"),
+            "{seen:?}"
+        );
+    }
+    assert_eq!(terms.first(), Some(&dead_term.get()), "{seen:?}");
+    assert!(
+        terms.windows(2).all(|w| w[0] < w[1]),
+        "terms out of order: {seen:?}"
+    );
+    leadership.resign().await.expect("resign");
+}
+
+/// A leader whose renewals fail (paused, cut off) learns it lost leadership before the
+/// next candidate leads.
+pub async fn election_deposed_leader_knows_first(backend: Arc<dyn LeaseBackend>) {
+    if !backend.capabilities().expires {
+        return;
+    }
+    let ns = namespace();
+    let n = name(&ns, "leader");
+    let ttl = base_ttl(&*backend);
+    let faulty = Arc::new(FaultyBackend::new(backend.clone()));
+    faulty.set(Op::Renew, Fault::Fail);
+    let doomed = Election::new(
+        client(&(faulty.clone() as Arc<dyn LeaseBackend>), "doomed"),
+        &n,
+    )
+    .expect("election");
+    let leadership = doomed.campaign(&opts(ttl)).await.expect("campaign");
+    let lost_at = Arc::new(Mutex::new(None));
+    let watching = {
+        let lost_at = lost_at.clone();
+        tokio::spawn(async move {
+            leadership.lost().await;
+            *lost_at.lock().expect("lock") = Some(Instant::now());
+            leadership.guard().is_held()
+        })
+    };
+    let next = Election::new(client(&backend, "next"), &n).expect("election");
+    let taken = tokio::time::timeout(ttl * 2 + EXPIRY_TOLERANCE * 2, next.campaign(&opts(ttl)))
+        .await
+        .expect("no new leader within 2x TTL")
+        .expect("campaign");
+    let led_at = Instant::now();
+    let still_held = watching.await.expect("watcher");
+    assert!(!still_held, "is_held after the lost signal");
+    let lost = lost_at
+        .lock()
+        .expect("lock")
+        .expect("the deposed leader never learned it");
+    assert!(
+        lost < led_at,
+        "a new leader before the old one knew it was deposed"
+    );
+    taken.resign().await.expect("resign");
+}
