@@ -187,6 +187,9 @@ fn full_sizes(quick: bool, cycles_one: usize, cycles_per_task: usize, rounds: us
     }
 }
 
+/// The label of the semaphore row, the same on every store.
+const SEMAPHORE_ROW: &str = "library Semaphore (3 permits) try_acquire + release";
+
 /// What one store brings to the common measurements.
 struct Setup {
     store: &'static str,
@@ -231,7 +234,8 @@ async fn common(setup: Setup, s: &Sizes) -> StoreResult {
         server,
         plan: s.plan,
         peer: 3,
-        extra_pairs: Vec::new(),
+        // The semaphore (the last case) against the mutex through LeaseClient.
+        extra_pairs: vec![(rows.len().saturating_sub(1), 2)],
         rows,
         scale,
         round_trip_source,
@@ -274,6 +278,7 @@ async fn redis_store(mode: Mode) -> StoreResult {
         cycles::client_case("library LeaseClient try_acquire + release", backend.clone()),
         cycles::redis_rslock(&url),
         cycles::redis_library_scripts_raw(conn),
+        cycles::semaphore_case(SEMAPHORE_ROW, backend.clone()),
     ];
     let counter: scale::Counter = Box::new(move || {
         let mut admin = admin.clone();
@@ -387,6 +392,7 @@ async fn postgres_store(mode: Mode) -> StoreResult {
         cycles::postgres_sqlx_advisory(pool.clone()),
         cycles::backend_case("library advisory mode: backend acquire + release", advisory),
         raw,
+        cycles::semaphore_case(SEMAPHORE_ROW, backend.clone()),
     ];
     let s = sizes(mode, 120, 15, 101);
     let setup = Setup {
@@ -403,7 +409,7 @@ async fn postgres_store(mode: Mode) -> StoreResult {
         round_trip_source: "",
     };
     let mut r = common(setup, &s).await;
-    r.extra_pairs = vec![(4, 3)];
+    r.extra_pairs.push((4, 3));
     r
 }
 
@@ -440,6 +446,7 @@ async fn etcd_store(mode: Mode) -> StoreResult {
         cycles::backend_case("library backend acquire + release", backend.clone()),
         cycles::client_case("library LeaseClient try_acquire + release", backend.clone()),
         cycles::etcd_lock_service(bare.clone(), lease),
+        cycles::semaphore_case(SEMAPHORE_ROW, backend.clone()),
     ];
     let counter: scale::Counter = Box::new(move || {
         let etcd = etcd.clone();
@@ -510,6 +517,7 @@ async fn mysql_store(mode: Mode) -> StoreResult {
         cycles::client_case("library LeaseClient try_acquire + release", client_backend),
         cycles::mysql_shedlock(pool.clone()),
         raw,
+        cycles::semaphore_case(SEMAPHORE_ROW, backend.clone()),
     ];
     // Round trips of a renewal tick, counted by the server: every renew call runs one
     // UPDATE (with its SET and SELECT, in one round trip).

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use lease_core::{
     AcquireOutcome, CancellationToken, HolderLabel, JobStats, LeaseBackend, LeaseClient, LeaseName,
-    LeaseOptions, Owner, RunOutcome, ScheduledJob, TryAcquire,
+    LeaseOptions, Owner, RunOutcome, ScheduledJob, Semaphore, TryAcquire, TryPermit,
 };
 use tokio::time::Instant;
 
@@ -97,6 +97,50 @@ pub async fn room_with_lease(
         joined: count.load(Ordering::SeqCst),
         capacity,
     }
+}
+
+/// The room as a semaphore of `capacity` permits: each joiner takes a permit (a seat) and
+/// keeps it while in the room; a joiner that finds every permit taken is turned away.
+/// No check-then-act and no mutex around a head count: the store's per-slot mutual
+/// exclusion is the capacity. Joiners stay until all have tried, so `joined` is the
+/// number of seats taken at once; the answer also says how long the 30 attempts took.
+pub async fn room_with_semaphore(
+    backend: Arc<dyn LeaseBackend>,
+    joiners: usize,
+    capacity: usize,
+) -> (RoomResult, Duration) {
+    let room = unique("room-semaphore");
+    let client = LeaseClient::with_label(backend.clone(), label("joiner"));
+    let permits = u32::try_from(capacity).expect("capacity");
+    let sem = Semaphore::new(client, &room, permits).expect("semaphore");
+    let ttl = backend.capabilities().effective_ttl(Duration::from_secs(5));
+    let opts = LeaseOptions::new(ttl).expect("options");
+    let all_tried = Arc::new(tokio::sync::Barrier::new(joiners));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..joiners {
+        let (sem, opts, all_tried) = (sem.clone(), opts.clone(), all_tried.clone());
+        tasks.push(tokio::spawn(async move {
+            let seat = match sem.try_acquire(&opts).await {
+                Ok(TryPermit::Acquired(p)) => Some(p),
+                Ok(TryPermit::Full(_)) => None,
+                Err(e) => panic!("a joiner's try failed: {e}"),
+            };
+            all_tried.wait().await;
+            let joined = seat.is_some();
+            if let Some(p) = seat {
+                p.release().await.expect("leave the room");
+            }
+            joined
+        }));
+    }
+    let mut joined = 0;
+    for t in tasks {
+        if t.await.expect("joiner") {
+            joined += 1;
+        }
+    }
+    (RoomResult { joined, capacity }, started.elapsed())
 }
 
 /// Duplicate holders over a run: how many tasks held at once at most, and how many

@@ -23,9 +23,13 @@ async fn room_capacity() {
     );
     let memory = scenarios::room_with_lease(Arc::new(MemoryBackend::new()), 30, 3).await;
     assert_eq!(memory.joined, 3);
+    let (seats, _) = scenarios::room_with_semaphore(Arc::new(MemoryBackend::new()), 30, 3).await;
+    assert_eq!(seats.joined, 3);
     let (server, backend) = redis().await;
-    let with_lease = scenarios::room_with_lease(backend, 30, 3).await;
+    let with_lease = scenarios::room_with_lease(backend.clone(), 30, 3).await;
     assert_eq!(with_lease.joined, 3);
+    let (seats, _) = scenarios::room_with_semaphore(backend, 30, 3).await;
+    assert_eq!(seats.joined, 3, "a semaphore of 3 permits seats 3");
     let (watch, aborted) = scenarios::room_with_watch_multi(&server.url(), 30, 3)
         .await
         .unwrap();
@@ -108,6 +112,8 @@ mod postgres {
         let backend = lease::connect(&db.url()).await.unwrap();
         let room = scenarios::room_with_lease(backend.clone(), 30, 3).await;
         assert_eq!(room.joined, 3);
+        let (seats, _) = scenarios::room_with_semaphore(backend.clone(), 30, 3).await;
+        assert_eq!(seats.joined, 3);
         let fixed = scenarios::fixed_ttl_vs_watchdog(backend.clone(), 1000, false).await;
         assert!(fixed.max_concurrent > 1, "{fixed:?}");
         let watchdog = scenarios::fixed_ttl_vs_watchdog(backend.clone(), 1000, true).await;

@@ -188,6 +188,19 @@ async fn store_column(kind: &'static str, m: &Matrix) -> Column {
     ));
     let b = backend.clone();
     col.cells.push((
+        "room-semaphore",
+        cell(scenarios::room_with_semaphore(b, 30, 3), |(r, took)| {
+            format!(
+                "{} seated, {} turned away, in {} ms",
+                r.joined,
+                30 - r.joined,
+                took.as_millis()
+            )
+        })
+        .await,
+    ));
+    let b = backend.clone();
+    col.cells.push((
         "fixed-ttl",
         cell(scenarios::fixed_ttl_vs_watchdog(b, 1000, true), |r| {
             format!(
@@ -357,6 +370,10 @@ async fn store_column(kind: &'static str, m: &Matrix) -> Column {
 
 const ROWS: &[(&str, &str)] = &[
     ("room", "Room capacity 3, 30 concurrent joiners (seed 001)"),
+    (
+        "room-semaphore",
+        "Room capacity 3 as a 3-permit `Semaphore`, 30 concurrent joiners (seed 001)",
+    ),
     (
         "fixed-ttl",
         "1,000 tasks, 100 ms TTL, 1 s of work (seed 004)",
