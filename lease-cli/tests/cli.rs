@@ -175,6 +175,92 @@ async fn thirty_execs_with_three_permits(url: &str) {
     assert!(out.contains("\"held\":[]"), "{out}");
 }
 
+/// Three `lease exec --permits 3` hold every permit; one is SIGKILLed (with its
+/// command). A fourth, waiting, runs only once the killed holder's permit lapses at its
+/// TTL, and the two survivors are still running when it does: never four believers.
+async fn killed_permit_holder_frees_its_permit_at_the_ttl(url: &str) {
+    let dir = tempdir();
+    let name = format!("permits-killed-{}", uuid::Uuid::new_v4().simple());
+    let stop = dir.join("stop");
+    let mut holders = Vec::new();
+    for i in 0..3 {
+        let pidfile = dir.join(format!("pid{i}"));
+        let mut c = lease(url);
+        c.args([
+            "exec",
+            "--permits",
+            "3",
+            "--ttl",
+            "2s",
+            "--wait",
+            "20s",
+            &name,
+            "--",
+            "sh",
+            "-c",
+            &format!(
+                "echo $$ > {p}; while [ ! -e {s} ]; do sleep 0.05; done",
+                p = pidfile.display(),
+                s = stop.display()
+            ),
+        ]);
+        let child: Child = c.spawn().unwrap();
+        let pid: u32 = wait_for_file(&pidfile, Duration::from_secs(20))
+            .await
+            .trim()
+            .parse()
+            .unwrap();
+        holders.push((child, pid));
+    }
+    let (mut victim, victim_cmd) = holders.remove(0);
+    kill(victim.id().unwrap(), nix::sys::signal::Signal::SIGKILL);
+    kill(victim_cmd, nix::sys::signal::Signal::SIGKILL);
+    let _ = victim.wait().await;
+    let killed_at = Instant::now();
+    let mut waiter = lease(url);
+    waiter.args([
+        "exec",
+        "--permits",
+        "3",
+        "--ttl",
+        "2s",
+        "--wait",
+        "20s",
+        &name,
+        "--",
+        "sh",
+        "-c",
+        "echo permit=$LEASE_PERMIT",
+    ]);
+    let (code, out, err) = output(waiter).await;
+    let took = killed_at.elapsed();
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("permit="), "{out}");
+    // Not before the rest of the killed holder's TTL could have run out (its last
+    // renewal was at most TTL/3 before the kill), and not long after the TTL (Redis's
+    // expiry cycle, process start-up on a loaded machine).
+    assert!(
+        took >= Duration::from_millis(2000 * 2 / 3 - 100),
+        "the killed holder's permit was taken after {took:?}, before its lease could lapse"
+    );
+    assert!(
+        took <= Duration::from_millis(2000 + 1500),
+        "took {took:?}: {err}"
+    );
+    for (child, pid) in &mut holders {
+        assert!(alive(*pid), "a surviving holder's command stopped");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "a surviving holder exited"
+        );
+    }
+    std::fs::write(&stop, "").unwrap();
+    for (mut child, _) in holders {
+        assert!(child.wait().await.unwrap().success());
+    }
+    eprintln!("waiting exec got the killed holder's permit {took:?} after the kill (ttl 2 s)");
+}
+
 async fn two_at_once_run_the_command_exactly_once(url: &str) {
     let dir = tempdir();
     let marker = dir.join("runs");
@@ -748,6 +834,12 @@ macro_rules! store_tests {
             async fn thirty_execs_with_three_permits() {
                 let s = $start.await;
                 super::thirty_execs_with_three_permits(&s.url()).await;
+            }
+
+            #[tokio::test]
+            async fn killed_permit_holder_frees_its_permit_at_the_ttl() {
+                let s = $start.await;
+                super::killed_permit_holder_frees_its_permit_at_the_ttl(&s.url()).await;
             }
 
             #[tokio::test]
