@@ -154,8 +154,8 @@ struct ExecArgs {
     label: Option<String>,
     /// Run at most N copies at once across hosts: NAME is a semaphore of N permits, and
     /// the command runs while holding one (every host must give the same N). The command
-    /// also gets LEASE_PERMIT, its permit's slot (0 to N-1); its fencing token is that
-    /// slot's.
+    /// also gets LEASE_PERMIT, its permit's slot (0 to N-1), and LEASE_PERMIT_NAME, the
+    /// slot's lease (NAME/permit/SLOT), whose fencing token LEASE_FENCING_TOKEN is.
     #[arg(long, value_name = "N")]
     permits: Option<u32>,
     /// Lease name.
@@ -402,7 +402,8 @@ async fn status_permits(store: &Store, names: &[String], n: u32, json: bool) -> 
         semaphores.push(Semaphore::new(client.clone(), name, n)?);
     }
     for sem in &semaphores {
-        let held = bounded(sem.holders()).await?;
+        // One inspect per permit, each bounded by the client (5 s).
+        let held = sem.holders().await?;
         let name = sem.name().to_string_lossy();
         if json {
             let permits: Vec<_> = held
@@ -532,7 +533,9 @@ async fn exec(store: &Store, args: ExecArgs) -> Result<u8, Fail> {
     };
     let mut command = Command::new(exe);
     if let Some(slot) = permit {
-        command.env("LEASE_PERMIT", slot.to_string());
+        command
+            .env("LEASE_PERMIT", slot.to_string())
+            .env("LEASE_PERMIT_NAME", guard.name().to_string_lossy());
     }
     let mut child = match command
         .arg(supervise::SUBCOMMAND)

@@ -454,7 +454,11 @@ impl LeaseClient {
                 Ok(by) if self.inner.caps.release_notification => {
                     // Sleep until a release notification, the holder's expiry or our
                     // deadline, whichever is first.
-                    let max = by.remaining.map_or(left, |r| r.min(left));
+                    // At least the minimum backoff: a holder at its expiry reports no time
+                    // left, and the store's wait then returns at once.
+                    let max = by
+                        .remaining
+                        .map_or(left, |r| r.max(opts.backoff_min()).min(left));
                     let waited = call(
                         self.inner.caps.backend,
                         "wait_released",

@@ -18,8 +18,8 @@ use crate::client::{LeaseClient, LeaseContext, RunOutcome, run_with_guard};
 use crate::error::Result;
 use crate::guard::LeaseGuard;
 use crate::shared::LossReason;
-use crate::types::{FencingToken, LeaseName, LeaseOptions};
-use crate::util::backoff_delay;
+use crate::types::{Fencing, FencingToken, LeaseName, LeaseOptions};
+use crate::util::call;
 
 /// An election: the instances that campaign on the same name, through their own clients.
 ///
@@ -87,24 +87,12 @@ impl Election {
     /// store granted as the future was dropped is released by its owner token in the
     /// background (see [`LeaseClient::try_acquire`]).
     pub async fn campaign(&self, opts: &LeaseOptions) -> Result<Leadership> {
-        let mut attempt = 0u32;
-        loop {
-            // Waits for the leader's release (notification) or expiry (its remaining
-            // time), with backoff, as `LeaseClient::acquire` does, but without an end.
-            match self.client.acquire_waiting(&self.name, opts, None).await {
-                Ok(guard) => {
-                    tracing::info!(election = %self.name, term = guard.fencing().get(), "leading");
-                    return Ok(Leadership { guard });
-                }
-                Err(e) if e.is_retryable() => {
-                    tracing::warn!(election = %self.name, error = %e, "campaign: store error; retrying");
-                    let pause = backoff_delay(opts.backoff_min(), opts.backoff_max(), attempt);
-                    attempt = attempt.saturating_add(1);
-                    tokio::time::sleep(pause).await;
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        // Waits for the leader's release (notification) or expiry (its remaining time),
+        // with backoff, as `LeaseClient::acquire` does, but without an end; store errors
+        // that may be retried are retried there.
+        let guard = self.client.acquire_waiting(&self.name, opts, None).await?;
+        tracing::info!(election = %self.name, term = guard.fencing().get(), "leading");
+        Ok(Leadership { guard })
     }
 
     /// The current leader, or `None` when nobody leads (one inspect, bounded by 5 s).
@@ -118,29 +106,36 @@ impl Election {
     }
 
     /// A watch of the leader: a background task reads the leader every `poll` (and at
-    /// once when the store notifies a release, where it can) and publishes each change.
-    /// Terms only grow along the published values: a leader is never followed by one of
-    /// a lower term. Changes that come and go between two readings are not seen (the
-    /// receiver holds the latest leader, not a log). The task stops when every receiver
-    /// is dropped. Needs a tokio runtime.
+    /// once when the store notifies a release, where it can) and publishes each change,
+    /// in order. With durable fencing, terms only grow along the published values (a
+    /// stale reading is dropped); with volatile fencing a store restart may start terms
+    /// again at 1, and such a leader is published too. Changes that come and go between
+    /// two readings are not seen (the receiver holds the latest leader, not a log; the
+    /// gap between two terms tells how many leaderships were missed, on stores whose
+    /// tokens count acquisitions). The task stops when every receiver is dropped. Needs
+    /// a tokio runtime.
     pub fn observe(&self, poll: Duration) -> watch::Receiver<Option<Leader>> {
         let (tx, rx) = watch::channel(None);
         let election = self.clone();
         let poll = poll.max(Duration::from_millis(1));
         tokio::spawn(async move {
-            let notify = election.client.capabilities().release_notification;
+            let caps = election.client.capabilities().clone();
+            // Terms can start again at 1 after a store restart unless fencing is durable:
+            // only then does a lower term mean a stale reading.
+            let durable = caps.fencing == Fencing::Durable;
             let mut last_term: Option<FencingToken> = None;
             loop {
                 let reading = tokio::select! {
                     r = election.leader() => r,
                     () = tx.closed() => return,
                 };
+                let led = matches!(reading, Ok(Some(_)));
                 if let Ok(leader) = reading {
-                    let newer = match (&leader, last_term) {
-                        (Some(Leader { term: Some(t), .. }), Some(last)) => *t > last,
-                        _ => true,
+                    let stale = match (&leader, last_term) {
+                        (Some(Leader { term: Some(t), .. }), Some(last)) => durable && *t <= last,
+                        _ => false,
                     };
-                    if newer {
+                    if !stale {
                         if let Some(Leader { term: Some(t), .. }) = &leader {
                             last_term = Some(*t);
                         }
@@ -154,20 +149,23 @@ impl Election {
                         });
                     }
                 }
+                let started = Instant::now();
                 let wait = async {
-                    if notify {
-                        let started = Instant::now();
+                    // Woken early by a release only while someone leads: on a free lease
+                    // the store's wait returns at once, and looping on it would spin.
+                    if caps.release_notification && led {
                         let backend = election.client.backend().clone();
-                        let woke = tokio::time::timeout(
+                        let _ = call(
+                            caps.backend,
+                            "wait_released",
                             poll * 2,
                             backend.wait_released(&election.name, poll),
                         )
                         .await;
-                        if !matches!(woke, Ok(Ok(()))) {
-                            tokio::time::sleep_until(started + poll).await;
-                        }
+                        // At least a millisecond between readings, whatever the wait did.
+                        tokio::time::sleep_until(started + Duration::from_millis(1)).await;
                     } else {
-                        tokio::time::sleep(poll).await;
+                        tokio::time::sleep_until(started + poll).await;
                     }
                 };
                 tokio::select! {
@@ -218,7 +216,8 @@ impl Leadership {
         self.guard.is_held()
     }
 
-    /// Resolves when leadership is lost: before the store can elect anyone else.
+    /// Resolves when leadership is lost: before the store can elect anyone else (unless
+    /// an operator frees the lease by force, which the next renewal reports).
     ///
     /// Cancel safety: cancel-safe; it only waits.
     pub async fn lost(&self) -> LossReason {
@@ -228,6 +227,11 @@ impl Leadership {
     /// The lease guard of the leadership.
     pub fn guard(&self) -> &LeaseGuard {
         &self.guard
+    }
+
+    /// The lease guard, for the functions that take one.
+    pub fn into_guard(self) -> LeaseGuard {
+        self.guard
     }
 
     /// Steps down: renewal stops and the lease is released, so another candidate can lead

@@ -21,8 +21,12 @@
 //! Round trips: a try takes one acquire per slot it tries, starting at a random slot (so
 //! that contenders spread over the slots) and stopping at the first free one: 1 when
 //! permits are plentiful, N when all are taken. A wait is woken by the store's release
-//! notification of any slot where the capabilities offer one, and polls with backoff
-//! otherwise.
+//! notification of the slot that expires soonest or one other (where the capabilities
+//! offer notification; each watched slot costs the store a subscription or a waiter
+//! mark), and is never longer than the soonest expiry; otherwise it polls with backoff.
+//!
+//! A plain lease of the semaphore's own name and its permits do not exclude each other:
+//! `jobs` and `jobs/permit/0` are different leases.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -35,7 +39,7 @@ use crate::error::{Error, InvalidInput, Result};
 use crate::guard::LeaseGuard;
 use crate::shared::LossReason;
 use crate::types::{FencingToken, HeldBy, LeaseInfo, LeaseName, LeaseOptions};
-use crate::util::backoff_delay;
+use crate::util::{backoff_delay, call};
 
 /// Most permits a [`Semaphore`] may have. A full semaphore costs one round trip per
 /// permit to try, so large counts are better served by a store's own counter.
@@ -72,7 +76,17 @@ pub struct Semaphore {
     slots: Vec<LeaseName>,
 }
 
+/// How many held slots a waiter watches for a release at once.
+const WATCHED_SLOTS: usize = 2;
+
+/// [`Semaphore::try_slots`]' answer: the permit, or each held slot with its holder.
+enum Tried {
+    Acquired(Permit),
+    Full(Vec<(usize, HeldBy)>),
+}
+
 /// A held permit: the lease of one slot, with its guard.
+#[must_use = "dropping the permit releases it"]
 #[derive(Debug)]
 pub struct Permit {
     slot: u32,
@@ -80,6 +94,7 @@ pub struct Permit {
 }
 
 /// The answer of [`Semaphore::try_acquire`].
+#[must_use = "dropping an acquired permit releases it"]
 #[derive(Debug)]
 pub enum TryPermit {
     /// A permit was free and is now held.
@@ -139,12 +154,19 @@ impl Semaphore {
     /// Tries once to take a permit: each slot at most once, starting at a random one; does
     /// not wait.
     ///
-    /// Errors: the first error that is not retryable; a retryable error only when no slot
-    /// could be tried without one (a slot that failed is skipped, the others are tried).
+    /// Errors: the first error that is not retryable; a retryable error when some slot
+    /// could not be asked and none of the others was free (then "full" would be a guess).
     ///
     /// Cancel safety: cancel-safe, as [`LeaseClient::try_acquire`]: a dropped call leaves
     /// no permit held without a guard beyond the call timeout plus one round trip.
     pub async fn try_acquire(&self, opts: &LeaseOptions) -> Result<TryPermit> {
+        Ok(match self.try_slots(opts).await? {
+            Tried::Acquired(p) => TryPermit::Acquired(p),
+            Tried::Full(held) => TryPermit::Full(held.into_iter().map(|(_, by)| by).collect()),
+        })
+    }
+
+    async fn try_slots(&self, opts: &LeaseOptions) -> Result<Tried> {
         let n = self.slots.len();
         let start = fastrand::usize(0..n);
         let mut held = Vec::with_capacity(n);
@@ -156,20 +178,19 @@ impl Semaphore {
             };
             match self.client.try_acquire(slot, opts).await {
                 Ok(TryAcquire::Acquired(guard)) => {
-                    return Ok(TryPermit::Acquired(Permit {
+                    return Ok(Tried::Acquired(Permit {
                         slot: u32::try_from(i).unwrap_or(u32::MAX),
                         guard,
                     }));
                 }
-                Ok(TryAcquire::Held(by)) => held.push(by),
+                Ok(TryAcquire::Held(by)) => held.push((i, by)),
                 Err(e) if e.is_retryable() => failed = Some(e),
                 Err(e) => return Err(e),
             }
         }
         match failed {
-            // Some slot could not be asked: "full" would be a guess.
             Some(e) => Err(e),
-            None => Ok(TryPermit::Full(held)),
+            None => Ok(Tried::Full(held)),
         }
     }
 
@@ -189,19 +210,19 @@ impl Semaphore {
         let deadline = start + opts.wait();
         let mut attempt = 0u32;
         loop {
-            let full = match self.try_acquire(opts).await {
-                Ok(TryPermit::Acquired(p)) => return Ok(p),
-                Ok(TryPermit::Full(by)) => Ok(by),
+            let full = match self.try_slots(opts).await {
+                Ok(Tried::Acquired(p)) => return Ok(p),
+                Ok(Tried::Full(held)) => Ok(held),
                 Err(e) if e.is_retryable() => Err(e),
                 Err(e) => return Err(e),
             };
             let now = Instant::now();
             if now >= deadline {
                 return match full {
-                    Ok(by) => Err(Error::StillHeld {
+                    Ok(held) => Err(Error::StillHeld {
                         name: self.name.to_string_lossy(),
                         waited: now - start,
-                        holder: by.into_iter().find_map(|b| b.holder),
+                        holder: held.into_iter().find_map(|(_, b)| b.holder),
                     }),
                     Err(e) => Err(e),
                 };
@@ -210,38 +231,75 @@ impl Semaphore {
             let pause = backoff_delay(opts.backoff_min(), opts.backoff_max(), attempt).min(left);
             attempt = attempt.saturating_add(1);
             let soonest = match &full {
-                Ok(by) => by.iter().filter_map(|b| b.remaining).min(),
+                Ok(held) => held
+                    .iter()
+                    .filter_map(|(i, b)| b.remaining.map(|r| (r, *i)))
+                    .min(),
                 Err(_) => None,
             };
-            if full.is_ok() && self.client.capabilities().release_notification {
-                let max = soonest.map_or(left, |r| r.min(left));
-                if !self.wait_any_released(max, opts.call_timeout()).await {
+            match &full {
+                Ok(held) if self.client.capabilities().release_notification => {
+                    // At least the minimum backoff: a holder at its expiry reports no time
+                    // left, and the store's wait then returns at once.
+                    let max = soonest
+                        .map_or(left, |(r, _)| r.max(opts.backoff_min()))
+                        .min(left);
+                    if !self.wait_some_released(held, soonest, max, opts).await {
+                        tokio::time::sleep(pause).await;
+                    }
+                }
+                Ok(_) => {
+                    let pause =
+                        soonest.map_or(pause, |(r, _)| pause.min(r.max(opts.backoff_min())));
                     tokio::time::sleep(pause).await;
                 }
-            } else {
-                let pause = soonest.map_or(pause, |r| pause.min(r.max(opts.backoff_min())));
-                tokio::time::sleep(pause).await;
+                Err(_) => tokio::time::sleep(pause).await,
             }
         }
     }
 
-    /// Waits until any slot is released or `max` passes; false when the store's waits
-    /// failed (the caller then backs off).
-    async fn wait_any_released(&self, max: Duration, call_timeout: Duration) -> bool {
-        let backend = self.client.backend().clone();
-        let waits: Vec<Pin<Box<dyn Future<Output = Result<()>> + Send>>> = self
-            .slots
+    /// Waits until one of at most [`WATCHED_SLOTS`] held slots is released, or `max`
+    /// passes: the slot that expires soonest and others picked at random (each watched
+    /// slot costs the store a subscription or a waiter mark, so a full semaphore of many
+    /// permits with many waiters must not watch them all; a release elsewhere is seen at
+    /// the next try, at most `max` later). False when the store's waits failed.
+    async fn wait_some_released(
+        &self,
+        held: &[(usize, HeldBy)],
+        soonest: Option<(Duration, usize)>,
+        max: Duration,
+        opts: &LeaseOptions,
+    ) -> bool {
+        let mut watched: Vec<usize> = soonest.map(|(_, i)| i).into_iter().collect();
+        let mut others: Vec<usize> = held
             .iter()
+            .map(|(i, _)| *i)
+            .filter(|i| !watched.contains(i))
+            .collect();
+        fastrand::shuffle(&mut others);
+        let room = WATCHED_SLOTS.saturating_sub(watched.len());
+        watched.extend(others.into_iter().take(room));
+        let backend = self.client.backend().clone();
+        let name = self.client.capabilities().backend;
+        let bound = max + opts.call_timeout();
+        // Each wait as the client makes every call: bounded, a panic an error.
+        let waits: Vec<Pin<Box<dyn Future<Output = Result<()>> + Send>>> = watched
+            .iter()
+            .filter_map(|i| self.slots.get(*i).cloned())
             .map(|slot| {
                 let backend = backend.clone();
-                let slot = slot.clone();
-                Box::pin(async move { backend.wait_released(&slot, max).await })
-                    as Pin<Box<dyn Future<Output = Result<()>> + Send>>
+                Box::pin(async move {
+                    call(
+                        name,
+                        "wait_released",
+                        bound,
+                        backend.wait_released(&slot, max),
+                    )
+                    .await
+                }) as Pin<Box<dyn Future<Output = Result<()>> + Send>>
             })
             .collect();
-        tokio::time::timeout(max + call_timeout, futures_select_ok(waits))
-            .await
-            .unwrap_or_default()
+        first_ok(waits).await
     }
 
     /// The permits held now, by slot, read from the store (one inspect per slot, bounded
@@ -263,9 +321,7 @@ impl Semaphore {
 }
 
 /// Resolves when the first future succeeds (true), or when all have failed (false).
-async fn futures_select_ok(
-    mut waits: Vec<Pin<Box<dyn Future<Output = Result<()>> + Send>>>,
-) -> bool {
+async fn first_ok(mut waits: Vec<Pin<Box<dyn Future<Output = Result<()>> + Send>>>) -> bool {
     while !waits.is_empty() {
         let (result, _, rest) = futures::future::select_all(waits).await;
         if result.is_ok() {

@@ -153,30 +153,28 @@ pub async fn election_deposed_leader_knows_first(backend: Arc<dyn LeaseBackend>)
     )
     .expect("election");
     let leadership = doomed.campaign(&opts(ttl)).await.expect("campaign");
-    let lost_at = Arc::new(Mutex::new(None));
-    let watching = {
-        let lost_at = lost_at.clone();
-        tokio::spawn(async move {
-            leadership.lost().await;
-            *lost_at.lock().expect("lock") = Some(Instant::now());
-            leadership.guard().is_held()
-        })
-    };
+    // The deposed leader's guard stays alive and never releases: the next leader can
+    // only come after the store lets the lease lapse. Its belief ends at its deadline
+    // (read off the guard, not the time a task woke to see it).
+    let watching = tokio::spawn(async move {
+        leadership.lost().await;
+        let deadline = leadership.guard().deadline();
+        let believed = leadership.is_leading();
+        (leadership, deadline, believed)
+    });
     let next = Election::new(client(&backend, "next"), &n).expect("election");
     let taken = tokio::time::timeout(ttl * 2 + EXPIRY_TOLERANCE * 2, next.campaign(&opts(ttl)))
         .await
         .expect("no new leader within 2x TTL")
         .expect("campaign");
     let led_at = Instant::now();
-    let still_held = watching.await.expect("watcher");
-    assert!(!still_held, "is_held after the lost signal");
-    let lost = lost_at
-        .lock()
-        .expect("lock")
-        .expect("the deposed leader never learned it");
+    let (deposed, deadline, believed) = watching.await.expect("watcher");
+    assert!(!believed, "is_leading after the lost signal");
     assert!(
-        lost < led_at,
-        "a new leader before the old one knew it was deposed"
+        deadline < led_at,
+        "a new leader {:?} before the old one's belief ended",
+        deadline - led_at
     );
+    deposed.into_guard().disarm();
     taken.resign().await.expect("resign");
 }

@@ -51,7 +51,7 @@ pub async fn semaphore_never_more_than_n(backend: Arc<dyn LeaseBackend>) {
                 let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
                 max_inside.fetch_max(now, Ordering::SeqCst);
                 wins.fetch_add(1, Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(5)).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
                 inside.fetch_sub(1, Ordering::SeqCst);
                 assert!(permit.is_held(), "permit lost while held");
                 permit.release().await.expect("release");
@@ -160,28 +160,24 @@ pub async fn semaphore_lost_before_permit_taken_over(backend: Arc<dyn LeaseBacke
     let doomed = Semaphore::new(doomed_client, &n, 1).expect("semaphore");
     let waiter = Semaphore::new(client(&backend, "waiter"), &n, 1).expect("semaphore");
     let permit = take(&doomed, &waiting(ttl, Duration::ZERO)).await;
-    let lost_at = Arc::new(std::sync::Mutex::new(None));
-    let signal = {
-        let lost_at = lost_at.clone();
-        let guard_lost = async move {
-            permit.lost().await;
-            *lost_at.lock().expect("lock") = Some(Instant::now());
-            permit.into_guard().disarm();
-        };
-        tokio::spawn(guard_lost)
-    };
+    // The doomed holder's guard stays alive and never releases; its belief ends at its
+    // deadline (read off the guard, not the time a task woke to see it).
+    let signal = tokio::spawn(async move {
+        permit.lost().await;
+        let deadline = permit.guard().deadline();
+        let believed = permit.is_held();
+        (permit, deadline, believed)
+    });
     let opts = waiting(ttl, ttl * 2 + EXPIRY_TOLERANCE * 2);
     let taken = waiter.acquire(&opts).await.expect("the permit frees");
     let taken_at = Instant::now();
-    signal.await.expect("lost signal task");
-    let lost = lost_at
-        .lock()
-        .expect("lock")
-        .expect("the doomed holder never signalled loss");
+    let (doomed_permit, deadline, believed) = signal.await.expect("lost signal task");
+    assert!(!believed, "is_held after the lost signal");
     assert!(
-        lost < taken_at,
-        "the permit was taken {:?} before its old holder signalled loss",
-        lost - taken_at
+        deadline < taken_at,
+        "the permit was taken {:?} before its old holder's belief ended",
+        deadline - taken_at
     );
+    doomed_permit.into_guard().disarm();
     taken.release().await.expect("release");
 }
