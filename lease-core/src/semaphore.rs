@@ -239,11 +239,21 @@ impl Semaphore {
             };
             match &full {
                 Ok(held) if self.client.capabilities().release_notification => {
-                    // At least the minimum backoff: a holder at its expiry reports no time
-                    // left, and the store's wait then returns at once.
-                    let max = soonest
+                    // Watching every held slot, the wait may last until the soonest expiry
+                    // (at least the minimum backoff: a holder at its expiry reports no
+                    // time left, and the store's wait then returns at once). Watching only
+                    // some, a release or an expiry of another slot is seen only at the
+                    // next try: then the wait lasts no longer than the backoff pause (a
+                    // store that does not report other holders' remaining time, such as
+                    // etcd, would otherwise wait out the whole `wait` on the wrong slots).
+                    let until_expiry = soonest
                         .map_or(left, |(r, _)| r.max(opts.backoff_min()))
                         .min(left);
+                    let max = if held.len() <= WATCHED_SLOTS {
+                        until_expiry
+                    } else {
+                        until_expiry.min(pause)
+                    };
                     if !self.wait_some_released(held, soonest, max, opts).await {
                         tokio::time::sleep(pause).await;
                     }
