@@ -23,7 +23,8 @@
 //! permits are plentiful, N when all are taken. A wait is woken by the store's release
 //! notification of the slot that expires soonest or one other (where the capabilities
 //! offer notification; each watched slot costs the store a subscription or a waiter
-//! mark), and is never longer than the soonest expiry; otherwise it polls with backoff.
+//! mark); it is never longer than the soonest expiry, nor, when more slots are held than
+//! it watches, than the backoff pause. Without notification it polls with backoff.
 //!
 //! A plain lease of the semaphore's own name and its permits do not exclude each other:
 //! `jobs` and `jobs/permit/0` are different leases.
