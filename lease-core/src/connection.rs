@@ -228,7 +228,17 @@ fn read_pem(path: &Path, what: &str, kind: PemKind) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
-fn percent_decode(s: &str) -> Result<String, &'static str> {
+/// Decodes a URL query value: `%XX` escapes, and `+` as a space. For the backends that
+/// read parameters of their own out of a store URL.
+///
+/// ```
+/// assert_eq!(lease_core::percent_decode("%2Fetc%2Fca.pem").as_deref(), Ok("/etc/ca.pem"));
+/// assert!(lease_core::percent_decode("%zz").is_err());
+/// ```
+///
+/// Errors: a `%` not followed by two hexadecimal digits, or bytes that are not UTF-8
+/// once decoded.
+pub fn percent_decode(s: &str) -> Result<String, &'static str> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;

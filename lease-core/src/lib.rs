@@ -18,7 +18,8 @@ pub use async_trait::async_trait;
 pub use backend::LeaseBackend;
 pub use client::{LeaseClient, LeaseContext, RunOutcome, TryAcquire};
 pub use connection::{
-    TlsFiles, TlsPem, error_chain_text, find_cause, redact_url, tls_failure, tls_failure_for,
+    TlsFiles, TlsPem, error_chain_text, find_cause, percent_decode, redact_url, tls_failure,
+    tls_failure_for,
 };
 pub use election::{Election, Leader, Leadership};
 pub use error::{BoxError, Error, InvalidInput, Result};

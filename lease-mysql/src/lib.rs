@@ -225,7 +225,7 @@ fn split_own_params(url: &str, config: &mut MysqlConfig) -> Result<(String, UrlT
             _ => None,
         };
         if let Some(slot) = slot {
-            let path = percent_decode(v).map_err(|e| malformed(format!("{k}: {e}")))?;
+            let path = lease_core::percent_decode(v).map_err(|e| malformed(format!("{k}: {e}")))?;
             if path.is_empty() {
                 return Err(malformed(format!("{k} is empty")));
             }
@@ -261,35 +261,6 @@ fn split_own_params(url: &str, config: &mut MysqlConfig) -> Result<(String, UrlT
         format!("{base}?{}", kept.join("&"))
     };
     Ok((rest, url_tls))
-}
-
-/// `%XX` decoding of a URL query value (`+` is a space), as the driver reads it.
-fn percent_decode(s: &str) -> std::result::Result<String, &'static str> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while let Some(&b) = bytes.get(i) {
-        match b {
-            b'%' => {
-                let hex = bytes
-                    .get(i + 1..i + 3)
-                    .and_then(|h| std::str::from_utf8(h).ok())
-                    .and_then(|h| u8::from_str_radix(h, 16).ok())
-                    .ok_or("a % not followed by two hexadecimal digits")?;
-                out.push(hex);
-                i += 3;
-            }
-            b'+' => {
-                out.push(b' ');
-                i += 1;
-            }
-            _ => {
-                out.push(b);
-                i += 1;
-            }
-        }
-    }
-    String::from_utf8(out).map_err(|_| "not UTF-8 once decoded")
 }
 
 impl MysqlBackend {
