@@ -92,14 +92,14 @@ impl MariaDbServer {
     /// Always a throwaway local `mariadbd` with the default durability settings, for
     /// tests that stop, kill or restart it.
     pub async fn start_local() -> Result<MariaDbServer, HarnessError> {
-        Self::start_local_with(false).await
+        Self::start_local_with(false, Vec::new()).await
     }
 
     /// Like [`MariaDbServer::start_local`], but with `innodb_flush_log_at_trx_commit=0`
     /// and `innodb_doublewrite=0`: faster, and not crash-safe (a killed server may lose
     /// its last second of commits, fencing counters included).
     pub async fn start_fast() -> Result<MariaDbServer, HarnessError> {
-        Self::start_local_with(true).await
+        Self::start_local_with(true, Vec::new()).await
     }
 
     /// A throwaway local `mariadbd` with the default durability settings and the server
@@ -107,10 +107,7 @@ impl MariaDbServer {
     /// settings such as replication.
     pub async fn start_with_options(options: &[&str]) -> Result<MariaDbServer, HarnessError> {
         let extra: Vec<OsString> = options.iter().map(OsString::from).collect();
-        let test = super::current_test();
-        tokio::task::spawn_blocking(move || super::for_test(test, || start_blocking(false, extra)))
-            .await
-            .map_err(|e| HarnessError::Start(format!("starting mariadbd: {e}")))?
+        Self::start_local_with(false, extra).await
     }
 
     /// A throwaway local `mariadbd` (settings of [`MariaDbServer::start_fast`]) that also
@@ -124,19 +121,19 @@ impl MariaDbServer {
             format!("--ssl-cert={}", certs.server_cert.display()).into(),
             format!("--ssl-key={}", certs.server_key.display()).into(),
         ];
-        let test = super::current_test();
-        tokio::task::spawn_blocking(move || super::for_test(test, || start_blocking(true, extra)))
-            .await
-            .map_err(|e| HarnessError::Start(format!("starting mariadbd: {e}")))?
+        Self::start_local_with(true, extra).await
     }
 
-    async fn start_local_with(fast: bool) -> Result<MariaDbServer, HarnessError> {
+    /// A throwaway local `mariadbd` (fast: the settings of [`MariaDbServer::start_fast`])
+    /// with the server options `extra` added.
+    async fn start_local_with(
+        fast: bool,
+        extra: Vec<OsString>,
+    ) -> Result<MariaDbServer, HarnessError> {
         let test = super::current_test();
-        tokio::task::spawn_blocking(move || {
-            super::for_test(test, || start_blocking(fast, Vec::new()))
-        })
-        .await
-        .map_err(|e| HarnessError::Start(format!("starting mariadbd: {e}")))?
+        tokio::task::spawn_blocking(move || super::for_test(test, || start_blocking(fast, extra)))
+            .await
+            .map_err(|e| HarnessError::Start(format!("starting mariadbd: {e}")))?
     }
 
     /// The URL of database `lease` as `root`:
