@@ -151,6 +151,7 @@ macro_rules! conformance_suite {
             semaphore_lost_before_permit_taken_over,
             election_one_leader_at_a_time_terms_grow,
             election_moves_when_the_leader_dies,
+            election_observer_sees_every_leadership_in_order,
             election_deposed_leader_knows_first
         );
     };

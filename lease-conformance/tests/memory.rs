@@ -24,3 +24,16 @@ mod forwarded {
 
     lease_conformance::conformance_suite!(boxed);
 }
+
+/// The observer check can fail: an observer that reads less often than leaderships last
+/// misses some of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[should_panic(expected = "the observer's leaders are not the leaderships in order")]
+async fn the_observer_check_fails_for_an_observer_slower_than_a_leadership() {
+    let backend: Arc<dyn LeaseBackend> = Arc::new(MemoryBackend::new());
+    lease_conformance::suite::election_observer_check(
+        backend,
+        std::time::Duration::from_millis(400),
+    )
+    .await;
+}

@@ -109,11 +109,18 @@ impl Election {
     /// once when the store notifies a release, where it can) and publishes each change,
     /// in order. With durable fencing, terms only grow along the published values (a
     /// stale reading is dropped); with volatile fencing a store restart may start terms
-    /// again at 1, and such a leader is published too. Changes that come and go between
-    /// two readings are not seen (the receiver holds the latest leader, not a log; the
-    /// gap between two terms tells how many leaderships were missed, on stores whose
-    /// tokens count acquisitions). The task stops when every receiver is dropped. Needs
-    /// a tokio runtime.
+    /// again at 1, and such a leader is published too.
+    ///
+    /// What it sees: readings are at most `poll` plus one read apart while the store
+    /// answers, so every leadership that lasts longer than that is published, once, in
+    /// the order they led (the conformance check
+    /// `election_observer_sees_every_leadership_in_order` holds every store to it). A
+    /// leadership shorter than that may come and go between two readings and not be
+    /// seen: the receiver holds the latest leader, not a log. The gap between two terms
+    /// tells that leaderships were missed (and how many, on stores whose tokens count
+    /// acquisitions: Redis, PostgreSQL, MySQL, memory; etcd's are revisions). While the
+    /// store does not answer, nothing is published. The task stops when every receiver
+    /// is dropped. Needs a tokio runtime.
     pub fn observe(&self, poll: Duration) -> watch::Receiver<Option<Leader>> {
         let (tx, rx) = watch::channel(None);
         let election = self.clone();

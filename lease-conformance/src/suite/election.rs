@@ -1,6 +1,6 @@
 //! Checks of [`Election`] on the backend under test: one leader at a time, terms that
 //! grow, leadership that moves when a leader dies, a leader that learns it was deposed
-//! before the next one leads, and an observer that sees the changes in order.
+//! before the next one leads, and an observer that sees every leadership, in order.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -134,6 +134,105 @@ pub async fn election_moves_when_the_leader_dies(backend: Arc<dyn LeaseBackend>)
         "terms out of order: {seen:?}"
     );
     leadership.resign().await.expect("resign");
+}
+
+/// Six leaderships in a row, handed on by resigning (to a candidate that campaigns
+/// after, and to one already waiting): an observer polling every 20 ms sees each of them,
+/// once, in the order they led, and nothing else; each lasts 150 ms, longer than the
+/// observer's poll plus a read, which is what the observer promises to see.
+pub async fn election_observer_sees_every_leadership_in_order(backend: Arc<dyn LeaseBackend>) {
+    election_observer_check(backend, Duration::from_millis(20)).await;
+}
+
+/// The body of `election_observer_sees_every_leadership_in_order`, with the observer's
+/// poll as a parameter (a poll longer than a leadership makes it fail).
+#[doc(hidden)]
+pub async fn election_observer_check(backend: Arc<dyn LeaseBackend>, poll: Duration) {
+    let caps = backend.capabilities();
+    if caps.fencing == Fencing::None && !caps.holder_info {
+        // Neither terms nor holders: one leadership cannot be told from the next.
+        return;
+    }
+    let ns = namespace();
+    let n = name(&ns, "leader");
+    let ttl = base_ttl(&*backend) * 5;
+    let hold = Duration::from_millis(150);
+    let observer = Election::new(client(&backend, "observer"), &n).expect("election");
+    let mut watch = observer.observe(poll);
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let observing = {
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            while watch.changed().await.is_ok() {
+                let leader = watch.borrow_and_update().clone();
+                seen.lock().expect("lock").push(leader);
+            }
+        })
+    };
+    // What each leadership looks like to the observer: its holder label where the
+    // store reports one, and its term where it issues one.
+    let key = |holder: Option<String>, term: Option<u64>| {
+        (
+            if caps.holder_info { holder } else { None },
+            if caps.fencing == Fencing::None {
+                None
+            } else {
+                term
+            },
+        )
+    };
+    let mut led = Vec::new();
+    let mut waiting: Option<tokio::task::JoinHandle<lease_core::Leadership>> = None;
+    for i in 0..6 {
+        let label = format!("leader-{i}");
+        let leadership = match waiting.take() {
+            Some(task) => task.await.expect("waiting candidate"),
+            None => Election::new(client(&backend, &label), &n)
+                .expect("election")
+                .campaign(&opts(ttl))
+                .await
+                .expect("campaign"),
+        };
+        led.push(key(Some(label), Some(leadership.term().get())));
+        if i % 2 == 0 && i < 5 {
+            // The next candidate waits while this one leads: the hand-off is direct.
+            let next = Election::new(client(&backend, &format!("leader-{}", i + 1)), &n)
+                .expect("election");
+            let o = opts(ttl);
+            waiting = Some(tokio::spawn(async move {
+                next.campaign(&o).await.expect("campaign")
+            }));
+        }
+        tokio::time::sleep(hold).await;
+        leadership.resign().await.expect("resign");
+    }
+    // The observer reads the last resignation within a poll and a read.
+    let until = Instant::now() + Duration::from_secs(5);
+    while seen
+        .lock()
+        .expect("lock")
+        .last()
+        .is_none_or(|l| l.is_some())
+    {
+        assert!(
+            Instant::now() < until,
+            "the observer never saw the last resignation: {:?}",
+            seen.lock().expect("lock")
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    observing.abort();
+    let seen = seen.lock().expect("lock").clone();
+    let mut leaders: Vec<_> = seen
+        .iter()
+        .flatten()
+        .map(|l| key(l.holder.clone(), l.term.map(|t| t.get())))
+        .collect();
+    leaders.dedup();
+    assert_eq!(
+        leaders, led,
+        "the observer's leaders are not the leaderships in order: seen {seen:?}"
+    );
 }
 
 /// A leader whose renewals fail (paused, cut off) learns it lost leadership before the
