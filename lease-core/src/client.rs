@@ -13,12 +13,13 @@ use crate::backend::LeaseBackend;
 use crate::error::{Error, Result};
 use crate::guard::{LeaseGuard, Store};
 use crate::heartbeat::{self, HeartbeatHandle, Registration};
+use crate::metrics::{self, Outcome};
 use crate::shared::{GuardShared, LossReason};
 use crate::types::{
     AcquireOutcome, Capabilities, FencingToken, HeldBy, HolderLabel, LeaseInfo, LeaseName,
     LeaseOptions, Owner, OwnerToken, ReleaseOutcome,
 };
-use crate::util::{backoff_delay, call};
+use crate::util::{Site, backoff_delay, call};
 
 /// Answer to [`LeaseClient::try_acquire`].
 #[derive(Debug)]
@@ -234,6 +235,7 @@ impl LeaseClient {
     /// A client with the given holder label.
     pub fn with_label(backend: Arc<dyn LeaseBackend>, label: HolderLabel) -> Self {
         let caps = backend.capabilities();
+        metrics::describe();
         LeaseClient {
             inner: Arc::new(ClientInner {
                 backend,
@@ -298,12 +300,12 @@ impl LeaseClient {
             };
             let sent_at = Instant::now();
             let reply = call(
-                inner.caps.backend,
-                "acquire",
+                Site::new(inner.caps.backend, "acquire", name).owner(&inner.label),
                 opts.call_timeout(),
                 inner.backend.acquire(name, &owner, opts.ttl()),
             )
             .await;
+            metrics::acquire(inner.caps.backend, name, reply.outcome(), sent_at.elapsed());
             match reply {
                 Err(e) => {
                     if !e.may_have_reached_the_store() {
@@ -350,6 +352,7 @@ impl LeaseClient {
         for _ in 0..2 {
             let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
             let shared = Arc::new(GuardShared::new(
+                inner.caps.backend,
                 granted.name.clone(),
                 granted.owner.token,
                 granted.fencing,
@@ -426,6 +429,8 @@ impl LeaseClient {
         };
         let mut deadline = deadline;
         let mut attempt = 0u32;
+        // Counted in `lease_waiters` from the first refusal until this call ends.
+        let mut waiting: Option<metrics::Waiting> = None;
         loop {
             let held = match self.try_acquire_name(name, opts).await {
                 Ok(TryAcquire::Acquired(g)) => return Ok(g),
@@ -447,6 +452,9 @@ impl LeaseClient {
                     Err(e) => Err(e),
                 };
             }
+            if waiting.is_none() {
+                waiting = Some(metrics::Waiting::new(self.inner.caps.backend, name));
+            }
             let left = deadline - now;
             let pause = backoff_delay(opts.backoff_min(), opts.backoff_max(), attempt).min(left);
             attempt = attempt.saturating_add(1);
@@ -460,8 +468,8 @@ impl LeaseClient {
                         .remaining
                         .map_or(left, |r| r.max(opts.backoff_min()).min(left));
                     let waited = call(
-                        self.inner.caps.backend,
-                        "wait_released",
+                        Site::new(self.inner.caps.backend, "wait_released", name)
+                            .owner(&self.inner.label),
                         max + opts.call_timeout(),
                         self.inner.backend.wait_released(name, max),
                     )
@@ -541,8 +549,7 @@ impl LeaseClient {
         timeout: Duration,
     ) -> Result<Option<LeaseInfo>> {
         call(
-            self.inner.caps.backend,
-            "inspect",
+            Site::new(self.inner.caps.backend, "inspect", name).owner(&self.inner.label),
             timeout,
             self.inner.backend.inspect(name),
         )

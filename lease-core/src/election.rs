@@ -19,7 +19,7 @@ use crate::error::Result;
 use crate::guard::LeaseGuard;
 use crate::shared::LossReason;
 use crate::types::{Fencing, FencingToken, LeaseName, LeaseOptions};
-use crate::util::call;
+use crate::util::{Site, call};
 
 /// An election: the instances that campaign on the same name, through their own clients.
 ///
@@ -163,8 +163,7 @@ impl Election {
                     if caps.release_notification && led {
                         let backend = election.client.backend().clone();
                         let _ = call(
-                            caps.backend,
-                            "wait_released",
+                            Site::new(caps.backend, "wait_released", &election.name),
                             poll * 2,
                             backend.wait_released(&election.name, poll),
                         )

@@ -174,6 +174,28 @@ impl Error {
         }
     }
 
+    /// What happened, as a short stable word: `invalid_input`, `unavailable`, `timeout`,
+    /// `unexpected_reply`, `rejected`, `tls`, `auth`, `backend`, `still_held`,
+    /// `unsupported`, `panicked`, `no_runtime` or `not_compiled_in`. Used as the
+    /// `outcome` of metrics and spans; stable across releases.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::InvalidInput(_) => "invalid_input",
+            Error::Unavailable { .. } => "unavailable",
+            Error::Timeout { .. } => "timeout",
+            Error::UnexpectedReply { .. } => "unexpected_reply",
+            Error::Rejected { .. } => "rejected",
+            Error::Tls { .. } => "tls",
+            Error::Auth { .. } => "auth",
+            Error::Backend { .. } => "backend",
+            Error::StillHeld { .. } => "still_held",
+            Error::Unsupported { .. } => "unsupported",
+            Error::Panicked { .. } => "panicked",
+            Error::NoRuntime => "no_runtime",
+            Error::NotCompiledIn { .. } => "not_compiled_in",
+        }
+    }
+
     /// Whether the store may have applied the call that failed with this error, so that
     /// something it took must be given back: `false` only for errors raised before
     /// anything was sent (bad input, a missing capability or runtime).

@@ -265,13 +265,14 @@ impl Store {
         keep_for: Duration,
         call_timeout: Duration,
     ) -> Result<ReleaseOutcome> {
-        crate::util::call(
-            self.name,
-            "release",
+        let outcome = crate::util::call(
+            crate::util::Site::new(self.name, "release", name),
             call_timeout,
             self.backend.release(name, token, keep_for),
         )
-        .await
+        .await;
+        crate::metrics::release(self.name, name, crate::metrics::Outcome::outcome(&outcome));
+        outcome
     }
 
     /// [`Store::release`] for releases nobody waits for (in the background): a failure a

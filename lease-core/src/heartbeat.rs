@@ -27,9 +27,10 @@ use tracing::Instrument;
 
 use crate::backend::LeaseBackend;
 use crate::error::Error;
+use crate::metrics;
 use crate::shared::{GuardShared, LossReason};
 use crate::types::{LeaseName, OwnerToken, RenewItem, RenewOutcome};
-use crate::util::{backoff_delay, call};
+use crate::util::{Site, backoff_delay, call};
 
 /// At most this many lease names are written into one log event about a batch.
 const NAMES_IN_LOG: usize = 5;
@@ -308,7 +309,7 @@ async fn run(
                 }
             }
             Some(done) = in_flight.next(), if !in_flight.is_empty() => {
-                finish(entries, done);
+                finish(backend_name, entries, done);
                 dirty = true;
             }
             _ = sleep_until_opt(wake) => dirty = true,
@@ -317,7 +318,7 @@ async fn run(
     // The client and all its guards are gone; let in-flight renewals finish so that
     // nothing is left running against the store.
     while let Some(done) = in_flight.next().await {
-        finish(entries, done);
+        finish(backend_name, entries, done);
     }
 }
 
@@ -519,13 +520,15 @@ fn start_due(
                 let sent_at = Instant::now();
                 // A panic inside the backend's future is caught here and counts as a
                 // failed renewal; it cannot take the heartbeat down.
-                let result = call(
-                    backend_name,
-                    "renew",
-                    call_timeout,
-                    backend.renew(&items, ttl),
-                )
-                .await;
+                let site = Site {
+                    backend: backend_name,
+                    operation: "renew",
+                    lease: None,
+                    owner: None,
+                    leases: Some(items.len()),
+                };
+                let result = call(site, call_timeout, backend.renew(&items, ttl)).await;
+                metrics::renew_call(backend_name, items.len(), sent_at.elapsed());
                 BatchResult {
                     ids,
                     sent_at,
@@ -536,7 +539,7 @@ fn start_due(
     }
 }
 
-fn finish(entries: &mut HashMap<u64, Entry>, done: BatchResult) {
+fn finish(backend: &'static str, entries: &mut HashMap<u64, Entry>, done: BatchResult) {
     let now = Instant::now();
     let BatchResult {
         ids,
@@ -585,6 +588,8 @@ fn finish(entries: &mut HashMap<u64, Entry>, done: BatchResult) {
         match &result {
             Ok(outcomes) => match outcomes.get(i) {
                 Some(RenewOutcome::Renewed) if now < e.deadline => {
+                    metrics::renewal(backend, &e.reg.name, "renewed");
+                    metrics::renewal_margin(backend, &e.reg.name, e.deadline - now);
                     e.attempt = 0;
                     e.deadline = sent_at + e.reg.ttl.saturating_sub(e.reg.margin);
                     e.reg.shared.set_deadline(e.deadline);
@@ -594,17 +599,20 @@ fn finish(entries: &mut HashMap<u64, Entry>, done: BatchResult) {
                 Some(RenewOutcome::Renewed) => {
                     // The reply came after the safety deadline: the lost signal was due
                     // then, and it stays given.
+                    metrics::renewal(backend, &e.reg.name, "lost");
                     e.lost = true;
                     e.reg.shared.mark_lost(LossReason::DeadlinePassed);
                     late.push(*id);
                 }
                 _ => {
+                    metrics::renewal(backend, &e.reg.name, "lost");
                     e.lost = true;
                     e.reg.shared.mark_lost(LossReason::NotOwner);
                     not_ours.push(*id);
                 }
             },
             Err(_) => {
+                metrics::renewal(backend, &e.reg.name, "error");
                 let (delay, failed) = retry.get_or_insert_with(|| {
                     (
                         backoff_delay(e.reg.backoff.0, e.reg.backoff.1, attempt),

@@ -8,6 +8,7 @@ mod error;
 mod guard;
 mod heartbeat;
 mod memory;
+pub mod metrics;
 mod schedule;
 mod semaphore;
 mod shared;

@@ -40,7 +40,7 @@ use crate::error::{Error, InvalidInput, Result};
 use crate::guard::LeaseGuard;
 use crate::shared::LossReason;
 use crate::types::{FencingToken, HeldBy, LeaseInfo, LeaseName, LeaseOptions};
-use crate::util::{backoff_delay, call};
+use crate::util::{Site, backoff_delay, call};
 
 /// Most permits a [`Semaphore`] may have. A full semaphore costs one round trip per
 /// permit to try, so large counts are better served by a store's own counter.
@@ -210,6 +210,9 @@ impl Semaphore {
         let start = Instant::now();
         let deadline = start + opts.wait();
         let mut attempt = 0u32;
+        // Counted in `lease_waiters` (under the semaphore's name) from the first refusal
+        // until this call ends.
+        let mut waiting: Option<crate::metrics::Waiting> = None;
         loop {
             let full = match self.try_slots(opts).await {
                 Ok(Tried::Acquired(p)) => return Ok(p),
@@ -227,6 +230,12 @@ impl Semaphore {
                     }),
                     Err(e) => Err(e),
                 };
+            }
+            if waiting.is_none() {
+                waiting = Some(crate::metrics::Waiting::new(
+                    self.client.capabilities().backend,
+                    &self.name,
+                ));
             }
             let left = deadline - now;
             let pause = backoff_delay(opts.backoff_min(), opts.backoff_max(), attempt).min(left);
@@ -301,8 +310,7 @@ impl Semaphore {
                 let backend = backend.clone();
                 Box::pin(async move {
                     call(
-                        name,
-                        "wait_released",
+                        Site::new(name, "wait_released", &slot),
                         bound,
                         backend.wait_released(&slot, max),
                     )

@@ -46,6 +46,8 @@ impl std::fmt::Display for LossReason {
 /// State shared between a guard, the heartbeat task and the guard's own deadline timer.
 #[derive(Debug)]
 pub(crate) struct GuardShared {
+    /// The backend's short name, for metrics.
+    backend: &'static str,
     name: LeaseName,
     token: OwnerToken,
     fencing: FencingToken,
@@ -63,14 +65,18 @@ pub(crate) struct GuardShared {
 }
 
 impl GuardShared {
+    /// Counted in the `lease_held` gauge until it is lost or released (or dropped).
     pub(crate) fn new(
+        backend: &'static str,
         name: LeaseName,
         token: OwnerToken,
         fencing: FencingToken,
         holder: HolderLabel,
         epoch: Instant,
     ) -> Self {
+        crate::metrics::held(backend, &name, 1.0);
         GuardShared {
+            backend,
             name,
             token,
             fencing,
@@ -146,6 +152,10 @@ impl GuardShared {
     pub(crate) fn mark_lost(&self, reason: LossReason) -> bool {
         let first = self.reason.set(reason).is_ok();
         self.lost.cancel();
+        if first {
+            crate::metrics::held(self.backend, &self.name, -1.0);
+            crate::metrics::loss(self.backend, &self.name, reason);
+        }
         first
     }
 
@@ -194,6 +204,15 @@ impl GuardShared {
             rt.spawn(async move {
                 shared.wait_lost().await;
             });
+        }
+    }
+}
+
+impl Drop for GuardShared {
+    fn drop(&mut self) {
+        // Never marked lost or released (a registration that did not take): uncount it.
+        if self.reason.get().is_none() {
+            crate::metrics::held(self.backend, &self.name, -1.0);
         }
     }
 }

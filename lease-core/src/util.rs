@@ -6,30 +6,106 @@ use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use futures::FutureExt;
+use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::error::{Error, Result};
+use crate::metrics::Outcome;
+use crate::types::{HolderLabel, LeaseName};
+
+/// Where a store call comes from, for its span: the backend, the operation, the lease
+/// (none for a renewal batch, which gives its size instead) and the owner's label.
+#[derive(Clone, Copy)]
+pub(crate) struct Site<'a> {
+    pub(crate) backend: &'static str,
+    pub(crate) operation: &'static str,
+    pub(crate) lease: Option<&'a LeaseName>,
+    pub(crate) owner: Option<&'a HolderLabel>,
+    pub(crate) leases: Option<usize>,
+}
+
+impl<'a> Site<'a> {
+    /// A call on one lease.
+    pub(crate) fn new(
+        backend: &'static str,
+        operation: &'static str,
+        lease: &'a LeaseName,
+    ) -> Self {
+        Site {
+            backend,
+            operation,
+            lease: Some(lease),
+            owner: None,
+            leases: None,
+        }
+    }
+
+    /// The same, made for `owner`.
+    pub(crate) fn owner(mut self, owner: &'a HolderLabel) -> Self {
+        self.owner = Some(owner);
+        self
+    }
+}
 
 /// One call to a backend, as the client makes every call: bounded by `timeout`, and with
 /// a panic inside the backend's future turned into [`Error::Panicked`] instead of
-/// unwinding through the caller (the heartbeat task above all).
+/// unwinding through the caller (the heartbeat task above all). Each call is a debug
+/// span `lease.store` with the fields `backend`, `op`, `lease`, `owner` (the holder
+/// label), `leases` (a renewal batch's size), and, when it ends, `outcome` (a reply's
+/// word, or the [error kind](Error::kind)) and `duration_ms`. No field carries a secret:
+/// names and labels are the caller's, never a URL or a credential.
 ///
 /// Cancel-safe in the sense that dropping it drops the backend's future; what the store
 /// may have applied by then is the caller's to clean up.
-pub(crate) async fn call<T>(
-    backend: &'static str,
-    operation: &'static str,
+pub(crate) async fn call<T: Outcome>(
+    site: Site<'_>,
+    timeout: Duration,
+    fut: impl Future<Output = Result<T>>,
+) -> Result<T> {
+    let span = tracing::debug_span!(
+        "lease.store",
+        backend = site.backend,
+        op = site.operation,
+        lease = tracing::field::Empty,
+        owner = tracing::field::Empty,
+        leases = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        duration_ms = tracing::field::Empty,
+    );
+    let started = Instant::now();
+    if !span.is_disabled() {
+        if let Some(lease) = site.lease {
+            span.record("lease", tracing::field::display(lease));
+        }
+        if let Some(owner) = site.owner {
+            span.record("owner", tracing::field::display(owner));
+        }
+        if let Some(n) = site.leases {
+            span.record("leases", n);
+        }
+    }
+    let reply = bounded(site, timeout, fut).instrument(span.clone()).await;
+    if !span.is_disabled() {
+        span.record("outcome", reply.outcome());
+        span.record("duration_ms", started.elapsed().as_secs_f64() * 1000.0);
+    }
+    reply
+}
+
+async fn bounded<T>(
+    site: Site<'_>,
     timeout: Duration,
     fut: impl Future<Output = Result<T>>,
 ) -> Result<T> {
     match tokio::time::timeout(timeout, AssertUnwindSafe(fut).catch_unwind()).await {
         Ok(Ok(reply)) => reply,
         Ok(Err(panic)) => Err(Error::Panicked {
-            backend,
-            operation,
+            backend: site.backend,
+            operation: site.operation,
             message: panic_message(&*panic),
         }),
         Err(_) => Err(Error::Timeout {
-            operation,
+            operation: site.operation,
             after: timeout,
         }),
     }
