@@ -83,6 +83,7 @@ impl ClientInner {
         Store {
             backend: self.backend.clone(),
             name: self.caps.backend,
+            owner: self.label.clone(),
         }
     }
 
@@ -104,6 +105,7 @@ impl ClientInner {
         let hb = Arc::new(heartbeat::spawn(
             self.backend.clone(),
             self.caps.backend,
+            self.label.clone(),
             self.caps.max_renew_batch,
             self.epoch,
         )?);

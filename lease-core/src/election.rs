@@ -163,7 +163,8 @@ impl Election {
                     if caps.release_notification && led {
                         let backend = election.client.backend().clone();
                         let _ = call(
-                            Site::new(caps.backend, "wait_released", &election.name),
+                            Site::new(caps.backend, "wait_released", &election.name)
+                                .owner(election.client.label()),
                             poll * 2,
                             backend.wait_released(&election.name, poll),
                         )

@@ -254,6 +254,8 @@ async fn wait_for_renewal(rx: oneshot::Receiver<()>, call_timeout: Duration) {
 pub(crate) struct Store {
     pub(crate) backend: Arc<dyn LeaseBackend>,
     pub(crate) name: &'static str,
+    /// The holder label of the client, for the spans of its calls.
+    pub(crate) owner: HolderLabel,
 }
 
 impl Store {
@@ -266,7 +268,7 @@ impl Store {
         call_timeout: Duration,
     ) -> Result<ReleaseOutcome> {
         let outcome = crate::util::call(
-            crate::util::Site::new(self.name, "release", name),
+            crate::util::Site::new(self.name, "release", name).owner(&self.owner),
             call_timeout,
             self.backend.release(name, token, keep_for),
         )

@@ -29,7 +29,7 @@ use crate::backend::LeaseBackend;
 use crate::error::Error;
 use crate::metrics;
 use crate::shared::{GuardShared, LossReason};
-use crate::types::{LeaseName, OwnerToken, RenewItem, RenewOutcome};
+use crate::types::{HolderLabel, LeaseName, OwnerToken, RenewItem, RenewOutcome};
 use crate::util::{Site, backoff_delay, call};
 
 /// At most this many lease names are written into one log event about a batch.
@@ -173,6 +173,7 @@ impl HeartbeatHandle {
 pub(crate) fn spawn(
     backend: Arc<dyn LeaseBackend>,
     backend_name: &'static str,
+    owner: HolderLabel,
     max_batch: usize,
     epoch: Instant,
 ) -> Result<HeartbeatHandle, Error> {
@@ -189,7 +190,7 @@ pub(crate) fn spawn(
         rx,
         queue: shared.clone(),
     };
-    handle.spawn(run(backend, backend_name, max_batch.max(1), state).instrument(span));
+    handle.spawn(run(backend, backend_name, owner, max_batch.max(1), state).instrument(span));
     Ok(HeartbeatHandle { tx, shared })
 }
 
@@ -253,6 +254,7 @@ fn names_for_log(names: &[&LeaseName]) -> String {
 async fn run(
     backend: Arc<dyn LeaseBackend>,
     backend_name: &'static str,
+    owner: HolderLabel,
     max_batch: usize,
     mut state: State,
 ) {
@@ -276,6 +278,7 @@ async fn run(
             start_due(
                 &backend,
                 backend_name,
+                &owner,
                 max_batch,
                 entries,
                 &mut in_flight,
@@ -463,6 +466,7 @@ fn joins_batch(next_due: Instant, now: Instant, renew_every: Duration) -> bool {
 fn start_due(
     backend: &Arc<dyn LeaseBackend>,
     backend_name: &'static str,
+    owner: &HolderLabel,
     max_batch: usize,
     entries: &mut HashMap<u64, Entry>,
     in_flight: &mut FuturesUnordered<BatchFuture>,
@@ -515,6 +519,7 @@ fn start_due(
                 continue;
             }
             let backend = backend.clone();
+            let owner = owner.clone();
             tracing::debug!(leases = items.len(), ?ttl, "renewing batch");
             in_flight.push(Box::pin(async move {
                 let sent_at = Instant::now();
@@ -524,7 +529,7 @@ fn start_due(
                     backend: backend_name,
                     operation: "renew",
                     lease: None,
-                    owner: None,
+                    owner: Some(&owner),
                     leases: Some(items.len()),
                 };
                 let result = call(site, call_timeout, backend.renew(&items, ttl)).await;

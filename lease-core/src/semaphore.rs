@@ -308,9 +308,10 @@ impl Semaphore {
             .filter_map(|i| self.slots.get(*i).cloned())
             .map(|slot| {
                 let backend = backend.clone();
+                let owner = self.client.label().clone();
                 Box::pin(async move {
                     call(
-                        Site::new(name, "wait_released", &slot),
+                        Site::new(name, "wait_released", &slot).owner(&owner),
                         bound,
                         backend.wait_released(&slot, max),
                     )
