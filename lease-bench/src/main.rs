@@ -15,6 +15,7 @@
 
 mod cycles;
 mod handoff;
+mod metered;
 mod report;
 mod scale;
 
@@ -190,6 +191,9 @@ fn full_sizes(quick: bool, cycles_one: usize, cycles_per_task: usize, rounds: us
 /// The label of the semaphore row, the same on every store.
 const SEMAPHORE_ROW: &str = "library Semaphore (3 permits) try_acquire + release";
 
+/// The label of the metrics row, the same on every store.
+const METRICS_ROW: &str = "library LeaseClient try_acquire + release, metrics on (Prometheus)";
+
 /// What one store brings to the common measurements.
 struct Setup {
     store: &'static str,
@@ -234,8 +238,12 @@ async fn common(setup: Setup, s: &Sizes) -> StoreResult {
         server,
         plan: s.plan,
         peer: 3,
-        // The semaphore (the last case) against the mutex through LeaseClient.
-        extra_pairs: vec![(rows.len().saturating_sub(1), 2)],
+        // The semaphore against the mutex through LeaseClient, and the same LeaseClient
+        // cycle with metrics on against off (the last two cases).
+        extra_pairs: vec![
+            (rows.len().saturating_sub(2), 2),
+            (rows.len().saturating_sub(1), 2),
+        ],
         rows,
         scale,
         round_trip_source,
@@ -279,6 +287,8 @@ async fn redis_store(mode: Mode) -> StoreResult {
         cycles::redis_rslock(&url),
         cycles::redis_library_scripts_raw(conn),
         cycles::semaphore_case(SEMAPHORE_ROW, backend.clone()),
+        // The LeaseClient row's cycle with its metrics recorded (last).
+        metered::client_case(METRICS_ROW, backend.clone()),
     ];
     let counter: scale::Counter = Box::new(move || {
         let mut admin = admin.clone();
@@ -388,11 +398,16 @@ async fn postgres_store(mode: Mode) -> StoreResult {
     let cases = vec![
         cycles::postgres_bare(pool.clone()),
         cycles::backend_case("library backend acquire + release", backend.clone()),
-        cycles::client_case("library LeaseClient try_acquire + release", client_backend),
+        cycles::client_case(
+            "library LeaseClient try_acquire + release",
+            client_backend.clone(),
+        ),
         cycles::postgres_sqlx_advisory(pool.clone()),
         cycles::backend_case("library advisory mode: backend acquire + release", advisory),
         raw,
         cycles::semaphore_case(SEMAPHORE_ROW, backend.clone()),
+        // The LeaseClient row's cycle with its metrics recorded (last).
+        metered::client_case(METRICS_ROW, client_backend.clone()),
     ];
     let s = sizes(mode, 120, 15, 101);
     let setup = Setup {
@@ -447,6 +462,8 @@ async fn etcd_store(mode: Mode) -> StoreResult {
         cycles::client_case("library LeaseClient try_acquire + release", backend.clone()),
         cycles::etcd_lock_service(bare.clone(), lease),
         cycles::semaphore_case(SEMAPHORE_ROW, backend.clone()),
+        // The LeaseClient row's cycle with its metrics recorded (last).
+        metered::client_case(METRICS_ROW, backend.clone()),
     ];
     let counter: scale::Counter = Box::new(move || {
         let etcd = etcd.clone();
@@ -514,10 +531,15 @@ async fn mysql_store(mode: Mode) -> StoreResult {
     let cases = vec![
         cycles::mysql_bare(pool.clone()),
         cycles::backend_case("library backend acquire + release", backend.clone()),
-        cycles::client_case("library LeaseClient try_acquire + release", client_backend),
+        cycles::client_case(
+            "library LeaseClient try_acquire + release",
+            client_backend.clone(),
+        ),
         cycles::mysql_shedlock(pool.clone()),
         raw,
         cycles::semaphore_case(SEMAPHORE_ROW, backend.clone()),
+        // The LeaseClient row's cycle with its metrics recorded (last).
+        metered::client_case(METRICS_ROW, client_backend.clone()),
     ];
     // Round trips of a renewal tick, counted by the server: every renew call runs one
     // UPDATE (with its SET and SELECT, in one round trip).
@@ -554,6 +576,7 @@ async fn mysql_store(mode: Mode) -> StoreResult {
 #[tokio::main]
 async fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
+    metered::install();
     if argv.first().map(String::as_str) == Some("hold") {
         let [_, url, name, ttl_ms] = argv.as_slice() else {
             eprintln!("{USAGE}");

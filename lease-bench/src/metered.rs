@@ -1,0 +1,94 @@
+//! The cost of metrics: the same `LeaseClient` cycle with the client's metrics recorded
+//! by a Prometheus recorder and without.
+//!
+//! The benchmark is built with `lease-core`'s `metrics` feature, and installs one global
+//! recorder, [`Switch`]: while no metered task runs it hands out no-op handles, so the client's
+//! reports cost only building their keys; while on, a Prometheus recorder (its default
+//! configuration: summaries for histograms) records them. The metered case's tasks turn it
+//! on while they run; every other case runs with it off.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lease_core::{HolderLabel, LeaseBackend, LeaseClient, LeaseOptions, TryAcquire};
+use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
+
+use crate::cycles::Case;
+
+/// How many tasks of the metered case run now; recording is on while any does (the
+/// cases run one after another, never two at once).
+static ON: AtomicUsize = AtomicUsize::new(0);
+
+fn on() -> bool {
+    ON.load(Ordering::Relaxed) > 0
+}
+
+/// A recorder that forwards to Prometheus while a metered task runs.
+struct Switch(PrometheusRecorder);
+
+impl Recorder for Switch {
+    fn describe_counter(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.0.describe_counter(key, unit, description);
+    }
+    fn describe_gauge(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.0.describe_gauge(key, unit, description);
+    }
+    fn describe_histogram(&self, key: KeyName, unit: Option<Unit>, description: SharedString) {
+        self.0.describe_histogram(key, unit, description);
+    }
+    fn register_counter(&self, key: &Key, metadata: &Metadata<'_>) -> Counter {
+        if on() {
+            self.0.register_counter(key, metadata)
+        } else {
+            Counter::noop()
+        }
+    }
+    fn register_gauge(&self, key: &Key, metadata: &Metadata<'_>) -> Gauge {
+        // Gauges are recorded always: they count up and down, and a count taken with
+        // recording off would not come down with it on.
+        self.0.register_gauge(key, metadata)
+    }
+    fn register_histogram(&self, key: &Key, metadata: &Metadata<'_>) -> Histogram {
+        if on() {
+            self.0.register_histogram(key, metadata)
+        } else {
+            Histogram::noop()
+        }
+    }
+}
+
+/// Installs the switch (off) as the global recorder.
+pub fn install() {
+    let recorder = Switch(PrometheusBuilder::new().build_recorder());
+    if metrics::set_global_recorder(recorder).is_err() {
+        eprintln!("lease-bench: a metrics recorder was installed already");
+    }
+    lease_core::metrics::describe();
+}
+
+/// [`crate::cycles::client_case`] with recording on.
+pub fn client_case(label: &str, backend: Arc<dyn LeaseBackend>) -> Case {
+    let client = LeaseClient::with_label(backend, HolderLabel::new("bench").expect("label"));
+    Case::new(label, move |prefix, n| {
+        let client = client.clone();
+        async move {
+            ON.fetch_add(1, Ordering::SeqCst);
+            let opts = LeaseOptions::new(Duration::from_secs(30)).expect("options");
+            for i in 0..n {
+                match client
+                    .try_acquire(format!("{prefix}:{}", i % 64), &opts)
+                    .await
+                    .expect("try_acquire")
+                {
+                    TryAcquire::Acquired(g) => {
+                        g.release().await.expect("release");
+                    }
+                    TryAcquire::Held(by) => panic!("held by {by}"),
+                }
+            }
+            ON.fetch_sub(1, Ordering::SeqCst);
+        }
+    })
+}
