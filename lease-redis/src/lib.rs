@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod cluster;
 mod error;
 mod keys;
 /// The Lua sources of the primitives, for auditing them or loading them ahead
@@ -21,7 +22,8 @@ use lease_core::{
     Result, TlsFiles,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, RedisError, Value};
+use redis::cluster_async::ClusterConnection;
+use redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
 
 use crate::error::{BACKEND, convert, unexpected};
 
@@ -148,14 +150,52 @@ struct Inner {
     caps: Capabilities,
     /// Server address without credentials, for Debug and logs.
     server: String,
+    /// The slot map, on a cluster (renewal batches are grouped by primary).
+    slots: Option<cluster::Slots>,
     /// Whether the connection is known to be up: the last call got a reply (see
     /// [`RedisBackend::send`]).
     up: AtomicBool,
 }
 
+/// A connection to one server (self-reconnecting), or to a Redis Cluster (which routes
+/// each call to its slot's primary and follows redirections).
+#[derive(Clone)]
+enum Link {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Link {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Link::Single(c) => c.req_packed_command(cmd),
+            Link::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Link::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Link::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Link::Single(c) => c.get_db(),
+            Link::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
 /// One connection and the client it came from.
 struct Conn {
-    cm: ConnectionManager,
+    cm: Link,
     /// For dedicated pub/sub connections (release notification); `None` when built from a
     /// bare connection manager.
     client: Option<Client>,
@@ -256,6 +296,16 @@ impl RedisBackend {
         let (url, from_url) = TlsFiles::take_from_url(url)?;
         config.tls = config.tls.merged(&from_url)?;
         let url = url.as_str();
+        if cluster::is_cluster_url(url) {
+            if !config.tls.is_empty() {
+                return Err(InvalidInput::Other(
+                    "TLS files with redis+cluster:// are not supported yet".into(),
+                )
+                .into());
+            }
+            let parsed = cluster::ClusterUrl::parse(url)?;
+            return Self::connect_cluster(parsed, config).await;
+        }
         if sentinel::is_sentinel_url(url) {
             if !config.tls.is_empty() {
                 return Err(InvalidInput::Other(
@@ -272,6 +322,20 @@ impl RedisBackend {
         Self::from_client(client, config).await
     }
 
+    /// Connects to a Redis Cluster through its seed nodes (see the `cluster` module).
+    /// Release notification is off on a cluster: waiters poll with backoff.
+    async fn connect_cluster(url: cluster::ClusterUrl, config: RedisConfig) -> Result<Self> {
+        let conn = cluster::open(&url, config.connect_timeout, config.response_timeout).await?;
+        Self::build(
+            Link::Cluster(conn),
+            None,
+            Source::Fixed,
+            config,
+            url.described,
+        )
+        .await
+    }
+
     /// Connects to the primary that the sentinels name for the service.
     async fn connect_sentinel(url: sentinel::SentinelUrl, config: RedisConfig) -> Result<Self> {
         let server = url.describe();
@@ -285,7 +349,7 @@ impl RedisBackend {
         .await?;
         let cm = open_manager(&client, &config).await?;
         let source = Source::Sentinel(tokio::sync::Mutex::new(sc));
-        Self::build(cm, Some(client), source, config, server).await
+        Self::build(Link::Single(cm), Some(client), source, config, server).await
     }
 
     /// Connects with an already configured `redis` client (custom TLS settings, RESP3,
@@ -306,7 +370,7 @@ impl RedisBackend {
         let server = client.get_connection_info().addr().to_string();
         let cm = open_manager(&client, &config).await?;
         let source = Source::Client(client.clone());
-        Self::build(cm, Some(client), source, config, server).await
+        Self::build(Link::Single(cm), Some(client), source, config, server).await
     }
 
     /// Wraps an existing connection manager. Its own timeouts apply to its connections;
@@ -326,7 +390,7 @@ impl RedisBackend {
     ) -> Result<Self> {
         config.validate()?;
         Self::build(
-            cm,
+            Link::Single(cm),
             None,
             Source::Fixed,
             config,
@@ -336,15 +400,19 @@ impl RedisBackend {
     }
 
     async fn build(
-        cm: ConnectionManager,
+        cm: Link,
         client: Option<Client>,
         source: Source,
         config: RedisConfig,
         server: String,
     ) -> Result<Self> {
-        let durable = match config.persistent_fencing {
-            Some(d) => d,
-            None => probe_persistence(&cm, &config).await?,
+        let slots = matches!(cm, Link::Cluster(_)).then(cluster::Slots::new);
+        let durable = match (config.persistent_fencing, &cm) {
+            (Some(d), _) => d,
+            (None, Link::Single(cm)) => probe_persistence(cm, &config).await?,
+            (None, Link::Cluster(c)) => {
+                probe_cluster_persistence(c, slots.as_ref(), &config).await?
+            }
         };
         let mut caps = Capabilities::default();
         caps.backend = BACKEND;
@@ -375,6 +443,7 @@ impl RedisBackend {
                 config,
                 caps,
                 server,
+                slots,
                 up: AtomicBool::new(up),
             }),
         })
@@ -394,7 +463,7 @@ impl RedisBackend {
             .clone()
     }
 
-    fn conn(&self) -> ConnectionManager {
+    fn conn(&self) -> Link {
         self.current().cm.clone()
     }
 
@@ -425,7 +494,7 @@ impl RedisBackend {
         };
         let cm = open_manager(&client, cfg).await?;
         let next = Arc::new(Conn {
-            cm,
+            cm: Link::Single(cm),
             client: Some(client),
             generation: generation + 1,
         });
@@ -478,7 +547,7 @@ impl RedisBackend {
     /// counted from the first attempt.
     async fn send<F, Fut>(&self, operation: &'static str, call: F) -> Result<(Value, bool)>
     where
-        F: Fn(ConnectionManager) -> Fut,
+        F: Fn(Link) -> Fut,
         Fut: Future<Output = std::result::Result<Value, RedisError>>,
     {
         let cfg = &self.inner.config;
@@ -596,6 +665,103 @@ impl RedisBackend {
             }
         }
         Ok(removed > 0)
+    }
+
+    /// Renews a batch on a cluster: one script call per primary (the leases grouped by the
+    /// primary that serves each one's slot in the slot map), sent concurrently; a group
+    /// that fails (a slot moved since the map was read) is renewed again lease by lease,
+    /// each call sent to its slot's node, and the map is read again.
+    async fn renew_cluster(
+        &self,
+        slots: &cluster::Slots,
+        conn: ClusterConnection,
+        leases: &[RenewItem],
+        ttl_ms: u64,
+    ) -> Result<Vec<RenewOutcome>> {
+        const OP: &str = "renew";
+        let prefix = self.prefix();
+        let keys: Vec<String> = leases
+            .iter()
+            .map(|l| keys::lock_key(prefix, &l.name))
+            .collect();
+        let tokens: Vec<String> = leases.iter().map(|l| l.token.to_string()).collect();
+        let slot_ids: Vec<u16> = keys.iter().map(|k| cluster::slot(k.as_bytes())).collect();
+        let nodes = match slots
+            .nodes_of(
+                &mut conn.clone(),
+                &slot_ids,
+                self.inner.config.response_timeout,
+            )
+            .await
+        {
+            Ok(nodes) => nodes,
+            Err(error) => {
+                tracing::debug!(%error, "redis cluster: no slot map; renewing lease by lease");
+                vec![None; leases.len()]
+            }
+        };
+        let mut groups: std::collections::BTreeMap<cluster::Node, Vec<usize>> =
+            std::collections::BTreeMap::new();
+        let mut singles = Vec::new();
+        for (i, node) in nodes.into_iter().enumerate() {
+            match node {
+                Some(n) => groups.entry(n).or_default().push(i),
+                None => singles.push(i),
+            }
+        }
+        let mut out: Vec<Option<RenewOutcome>> = vec![None; leases.len()];
+        let group_calls = groups.into_values().map(|ids| {
+            let (keys, tokens) = (&keys, &tokens);
+            async move {
+                let mut inv = scripts::RENEW_CLUSTER_SCRIPT.prepare_invoke();
+                inv.arg(ttl_ms);
+                if let Some(&first) = ids.first() {
+                    inv.key(&keys[first]);
+                }
+                for &i in &ids {
+                    inv.arg(&keys[i]).arg(&tokens[i]);
+                }
+                let reply = self.invoke(OP, &inv).await;
+                (ids, reply)
+            }
+        });
+        for (ids, reply) in futures::future::join_all(group_calls).await {
+            let parsed = reply.and_then(|(v, _)| renew_results(OP, v, ids.len()));
+            match parsed {
+                Ok(results) => {
+                    for (i, r) in ids.into_iter().zip(results) {
+                        out[i] = Some(r);
+                    }
+                }
+                Err(error) => {
+                    tracing::debug!(%error, leases = ids.len(), "redis cluster: a renewal group failed; renewing its leases one by one");
+                    slots.invalidate();
+                    singles.extend(ids);
+                }
+            }
+        }
+        let single_calls = singles.into_iter().map(|i| {
+            let (keys, tokens) = (&keys, &tokens);
+            async move {
+                let mut inv = scripts::RENEW_SCRIPT.prepare_invoke();
+                inv.arg(ttl_ms).key(&keys[i]).arg(&tokens[i]);
+                let reply = self.invoke(OP, &inv).await;
+                (i, reply.and_then(|(v, _)| renew_results(OP, v, 1)))
+            }
+        });
+        for (i, result) in futures::future::join_all(single_calls).await {
+            out[i] = result?.into_iter().next();
+        }
+        out.into_iter()
+            .zip(leases)
+            .map(|(r, item)| {
+                let r = r.ok_or_else(|| unexpected(OP, "a lease of the batch got no result"))?;
+                if r == RenewOutcome::Lost {
+                    tracing::debug!(lease = %item.name, "redis lease lost at renewal");
+                }
+                Ok(r)
+            })
+            .collect()
     }
 
     /// Releases, in a task of its own, a lease whose acquire was in flight when its
@@ -800,6 +966,73 @@ async fn probe_persistence(cm: &ConnectionManager, config: &RedisConfig) -> Resu
     Ok(durable)
 }
 
+/// The results of a renew script's reply for `n` leases: 1 renewed, 0 lost.
+fn renew_results(operation: &'static str, reply: Value, n: usize) -> Result<Vec<RenewOutcome>> {
+    let items = array(operation, reply)?;
+    if items.len() != n {
+        return Err(unexpected(
+            operation,
+            format!("{} results for {n} leases", items.len()),
+        ));
+    }
+    items
+        .iter()
+        .map(|v| match int(operation, "result", v)? {
+            1 => Ok(RenewOutcome::Renewed),
+            0 => Ok(RenewOutcome::Lost),
+            other => Err(unexpected(operation, format!("result {other}"))),
+        })
+        .collect()
+}
+
+/// Asks every primary of a cluster whether writes survive a crash, as
+/// [`probe_persistence`] asks one server: fencing is durable only if every primary says
+/// so (a lease's counter lives on its slot's primary, and slots move).
+async fn probe_cluster_persistence(
+    conn: &ClusterConnection,
+    slots: Option<&cluster::Slots>,
+    config: &RedisConfig,
+) -> Result<bool> {
+    const OP: &str = "connect";
+    let Some(slots) = slots else {
+        return Ok(false);
+    };
+    let mut conn = conn.clone();
+    let primaries = slots
+        .primaries(&mut conn, config.response_timeout)
+        .await
+        .map_err(|e| convert(OP, config.response_timeout, e))?;
+    if primaries.is_empty() {
+        return Err(unexpected(OP, "CLUSTER SLOTS named no primary"));
+    }
+    let mut durable = true;
+    for node in &primaries {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("GET").arg("appendonly").arg("appendfsync");
+        let reply = cluster::on_node(&mut conn, node, cmd, config.response_timeout).await;
+        let pairs = match reply {
+            Ok(v) => config_pairs(&v),
+            Err(e) if connection_failed(&e) || e.is_timeout() => {
+                return Err(convert(OP, config.response_timeout, e));
+            }
+            Err(e) => {
+                tracing::debug!(error = %e, node = %format!("{}:{}", node.0, node.1), "CONFIG GET refused; fencing tokens counted as volatile");
+                Vec::new()
+            }
+        };
+        let get = |k: &str| {
+            pairs
+                .iter()
+                .find(|(key, _)| key == k)
+                .map(|(_, v)| v.as_str())
+        };
+        let node_durable = get("appendonly") == Some("yes") && get("appendfsync") == Some("always");
+        tracing::debug!(node = %format!("{}:{}", node.0, node.1), durable = node_durable, "redis cluster primary persistence");
+        durable &= node_durable;
+    }
+    Ok(durable)
+}
+
 /// The key/value pairs of a `CONFIG GET` reply (RESP2 flat array or RESP3 map).
 fn config_pairs(v: &Value) -> Vec<(String, String)> {
     match v {
@@ -964,6 +1197,9 @@ impl LeaseBackend for RedisBackend {
         }
         let ttl_ms = ttl_millis("ttl", ttl)?;
         let prefix = self.prefix();
+        if let (Some(slots), Link::Cluster(conn)) = (&self.inner.slots, self.conn()) {
+            return self.renew_cluster(slots, conn, leases, ttl_ms).await;
+        }
         let mut inv = scripts::RENEW_SCRIPT.prepare_invoke();
         inv.arg(ttl_ms);
         for item in leases {

@@ -98,21 +98,15 @@ end
 return {0, '', pttl}
 ";
 
-/// `KEYS[i]` lock keys; `ARGV[1]` ttl in ms, `ARGV[i + 1]` the owner token for `KEYS[i]`.
-///
-/// Returns one integer per key: 1 renewed, 0 lost. A key of the wrong type counts as lost
-/// instead of failing the whole batch. A lease renewed for the first time has its
-/// `~ttl` anchor replaced by the absolute `locked_at` (computed before its expiry moves;
-/// `TIME` at most once per batch).
-///
-/// Renewal needs no new memory: at `maxmemory` with `noeviction` the server refuses a
-/// command that may grow memory (`HSET`) only when it is a script's first write, and
-/// every lease's `PEXPIRE` comes before its `HSET`.
-pub const RENEW: &str = r"
+/// The loop of [`RENEW`] and [`RENEW_CLUSTER`]: renews `keys[i]` for `tokens[i]` to
+/// `ttl_ms`; each script sets the three from its arguments first.
+macro_rules! renew_loop {
+    () => {
+        r"
 local out = {}
 local now
-for i, key in ipairs(KEYS) do
-  local m = redis.pcall('HGET', key, ARGV[i + 1])
+for i, key in ipairs(keys) do
+  local m = redis.pcall('HGET', key, tokens[i])
   if type(m) == 'string' then
     local ttl, label = string.match(m, '^~(%d+)\n(.*)$')
     if ttl then
@@ -125,10 +119,10 @@ for i, key in ipairs(KEYS) do
       if pttl > 0 then locked = now + pttl - tonumber(ttl) end
       -- The expiry moves first: PEXPIRE needs no memory, and a server at maxmemory
       -- refuses a write that may (HSET) only as a script's first write.
-      redis.call('PEXPIRE', key, ARGV[1])
-      redis.call('HSET', key, ARGV[i + 1], string.format('%.0f', locked) .. '\n' .. label)
+      redis.call('PEXPIRE', key, ttl_ms)
+      redis.call('HSET', key, tokens[i], string.format('%.0f', locked) .. '\n' .. label)
     else
-      redis.call('PEXPIRE', key, ARGV[1])
+      redis.call('PEXPIRE', key, ttl_ms)
     end
     out[i] = 1
   else
@@ -136,7 +130,46 @@ for i, key in ipairs(KEYS) do
   end
 end
 return out
-";
+"
+    };
+}
+
+/// `KEYS[i]` lock keys; `ARGV[1]` ttl in ms, `ARGV[i + 1]` the owner token for `KEYS[i]`.
+///
+/// Returns one integer per key: 1 renewed, 0 lost. A key of the wrong type counts as lost
+/// instead of failing the whole batch. A lease renewed for the first time has its
+/// `~ttl` anchor replaced by the absolute `locked_at` (computed before its expiry moves;
+/// `TIME` at most once per batch).
+///
+/// Renewal needs no new memory: at `maxmemory` with `noeviction` the server refuses a
+/// command that may grow memory (`HSET`) only when it is a script's first write, and
+/// every lease's `PEXPIRE` comes before its `HSET`.
+pub const RENEW: &str = concat!(
+    r"
+local keys, ttl_ms, tokens = KEYS, ARGV[1], {}
+for i = 1, #KEYS do tokens[i] = ARGV[i + 1] end",
+    renew_loop!()
+);
+
+/// [`RENEW`] for one primary of a Redis Cluster, whose leases' keys belong to many slots:
+/// `KEYS[1]` the first lease's lock key (declared so that the call is routed to its
+/// node); `ARGV[1]` ttl in ms, then each lease's lock key and owner token
+/// (`ARGV[2i]`, `ARGV[2i + 1]`), the first lease included. The `allow-cross-slot-keys`
+/// flag (Redis 7+) lets the script touch keys of every slot its node serves; a key of a
+/// slot served elsewhere fails the whole call, and the client renews that group lease by
+/// lease. `allow-oom`: a script with flags is otherwise refused whole at `maxmemory`,
+/// where [`RENEW`] (without flags) still runs, since it needs no new memory. Returns what
+/// [`RENEW`] returns.
+pub const RENEW_CLUSTER: &str = concat!(
+    "#!lua flags=allow-cross-slot-keys,allow-oom",
+    r"
+local ttl_ms, keys, tokens = ARGV[1], {}, {}
+for i = 2, #ARGV - 1, 2 do
+  keys[#keys + 1] = ARGV[i]
+  tokens[#tokens + 1] = ARGV[i + 1]
+end",
+    renew_loop!()
+);
 
 /// Releases one lease with keep-for: `KEYS[1]` lock; `ARGV[1]` owner token, `ARGV[2]`
 /// keep-for in ms, `ARGV[3]` channel. (A release without keep-for is the native
@@ -239,4 +272,8 @@ pub(crate) static RELEASE_KEEP_SCRIPT: LazyLock<Script> =
 pub(crate) static MARK_WAITING_SCRIPT: LazyLock<Script> =
     LazyLock::new(|| Script::new(MARK_WAITING));
 pub(crate) static RENEW_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(RENEW));
+/// [`RENEW`] for a Redis Cluster group: the keys of one call belong to several slots of
+/// the node it runs on, which the `allow-cross-slot-keys` flag (Redis 7+) allows.
+pub(crate) static RENEW_CLUSTER_SCRIPT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(RENEW_CLUSTER));
 pub(crate) static INSPECT_SCRIPT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT));

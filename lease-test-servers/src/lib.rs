@@ -41,7 +41,7 @@ pub use self::etcd::{EtcdCluster, EtcdServer};
 pub use self::mariadb::MariaDbServer;
 pub use self::pgbouncer::{PgBouncer, PoolMode};
 pub use self::postgres::PostgresServer;
-pub use self::redis::{RedisSentinels, RedisServer};
+pub use self::redis::{RedisCluster, RedisSentinels, RedisServer};
 pub use self::tls::TestCerts;
 
 /// Where a test server came from.

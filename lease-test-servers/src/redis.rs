@@ -592,3 +592,277 @@ mod tests {
         assert_eq!(script_calls(""), 0);
     }
 }
+
+/// A local Redis Cluster: 3 primaries and 3 replicas (`redis-server --cluster-enabled
+/// yes` processes on free loopback ports, each in a directory of its own), made into a
+/// cluster by `redis-cli --cluster create ... --cluster-replicas 1`, killed when the
+/// handle drops. A node is marked failed after 1 s without a reply
+/// (`cluster-node-timeout 1000`), so a killed primary's replica takes over within a few
+/// seconds.
+#[derive(Debug)]
+pub struct RedisCluster {
+    ports: Vec<u16>,
+    // Declared in drop order: the processes, the watcher, then the directory.
+    processes: Vec<ChildProcess>,
+    _watcher: DirWatcher,
+    dir: tempfile::TempDir,
+}
+
+/// How long a new cluster may take to agree on its slots.
+const CLUSTER_READY: Duration = Duration::from_secs(30);
+
+impl RedisCluster {
+    /// Starts 6 nodes and creates the cluster (3 primaries, 1 replica each), then waits
+    /// until every node reports `cluster_state:ok` with all 16384 slots served and every
+    /// replica has synced with its primary.
+    ///
+    /// Errors: [`HarnessError::Unavailable`] without `redis-server` or `redis-cli`;
+    /// [`HarnessError::Start`] with the logs when the cluster does not form in 30 s.
+    pub async fn start() -> Result<RedisCluster, HarnessError> {
+        let binary = find_binary("redis-server", &["/usr/bin", "/usr/sbin", "/usr/local/bin"])
+            .ok_or_else(|| HarnessError::Unavailable(format!("no redis-server: {INSTALL_HINT}")))?;
+        let cli = cli_binary()?;
+        let dir = tempfile::Builder::new()
+            .prefix("lease-redis-cluster-")
+            .tempdir()
+            .map_err(|e| HarnessError::io("creating a temp dir for a redis cluster", e))?;
+        let watcher = DirWatcher::spawn(dir.path())?;
+        let ports = super::free_ports(6)?;
+        let mut processes = Vec::new();
+        for (i, port) in ports.iter().enumerate() {
+            let node_dir = dir.path().join(format!("node-{i}"));
+            std::fs::create_dir_all(&node_dir)
+                .map_err(|e| HarnessError::io("creating a cluster node's dir", e))?;
+            let args: Vec<OsString> = [
+                "--port".to_owned(),
+                port.to_string(),
+                "--bind".to_owned(),
+                "127.0.0.1".to_owned(),
+                "--dir".to_owned(),
+                node_dir.display().to_string(),
+                "--cluster-enabled".to_owned(),
+                "yes".to_owned(),
+                "--cluster-config-file".to_owned(),
+                "nodes.conf".to_owned(),
+                "--cluster-node-timeout".to_owned(),
+                "1000".to_owned(),
+                "--save".to_owned(),
+                String::new(),
+                "--appendonly".to_owned(),
+                "no".to_owned(),
+                // A replica's first sync at once, not after the default 5 s: a primary
+                // killed before its replica has synced cannot be failed over.
+                "--repl-diskless-sync-delay".to_owned(),
+                "0".to_owned(),
+            ]
+            .into_iter()
+            .map(OsString::from)
+            .collect();
+            let log = dir.path().join(format!("node-{i}.log"));
+            let mut process = ChildProcess::spawn(binary.clone(), args, log)?;
+            if let Err(why) = wait_ready(&mut process, *port).await {
+                let tail = process.log_tail(20);
+                let _ = process.kill();
+                return Err(HarnessError::Start(format!(
+                    "cluster node on port {port}: {why}; log tail:\n{tail}"
+                )));
+            }
+            processes.push(process);
+        }
+        let mut cluster = RedisCluster {
+            ports,
+            processes,
+            _watcher: watcher,
+            dir,
+        };
+        let mut create: Vec<String> = vec!["--cluster".into(), "create".into()];
+        create.extend(cluster.ports.iter().map(|p| format!("127.0.0.1:{p}")));
+        create.extend(["--cluster-replicas", "1", "--cluster-yes"].map(String::from));
+        let out = run_cli(&cli, &create).await?;
+        if !out.contains("All 16384 slots covered") {
+            let logs = cluster.log_tail(10);
+            cluster.kill_all();
+            return Err(HarnessError::Start(format!(
+                "redis-cli --cluster create:\n{out}\nlogs:\n{logs}"
+            )));
+        }
+        cluster.wait_ok(CLUSTER_READY).await?;
+        super::announce(format_args!(
+            "lease test server: redis cluster of 3 primaries and 3 replicas on ports {:?} \
+             (local process {}, dir {})",
+            cluster.ports,
+            binary.display(),
+            cluster.dir.path().display()
+        ));
+        Ok(cluster)
+    }
+
+    /// The test binary's shared cluster, started by the first test that asks and left
+    /// running until the process exits (its cleanup watcher kills the nodes then): for
+    /// tests that neither kill nor reconfigure nodes, each under key names of its own.
+    pub async fn shared() -> Result<&'static RedisCluster, HarnessError> {
+        static SHARED: tokio::sync::OnceCell<Result<RedisCluster, String>> =
+            tokio::sync::OnceCell::const_new();
+        SHARED
+            .get_or_init(|| async { RedisCluster::start().await.map_err(|e| e.to_string()) })
+            .await
+            .as_ref()
+            .map_err(|e| HarnessError::Start(e.clone()))
+    }
+
+    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,...` (every node, so that any of them
+    /// can be killed).
+    pub fn url(&self) -> String {
+        let hosts: Vec<String> = self
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis+cluster://{}", hosts.join(","))
+    }
+
+    /// The nodes' ports, in start order.
+    pub fn ports(&self) -> &[u16] {
+        &self.ports
+    }
+
+    /// Runs `redis-cli -p PORT ARGS...` against one node and returns its output.
+    pub async fn cli(&self, port: u16, args: &[&str]) -> Result<String, HarnessError> {
+        let cli = cli_binary()?;
+        let mut all: Vec<String> = vec!["-p".into(), port.to_string()];
+        all.extend(args.iter().map(|a| (*a).to_owned()));
+        run_cli(&cli, &all).await
+    }
+
+    /// The ports of the nodes that are primaries now (and not marked failed), as the
+    /// first running node sees it.
+    pub async fn primaries(&mut self) -> Result<Vec<u16>, HarnessError> {
+        let mut out = Vec::new();
+        let port = self.live_port()?;
+        let nodes = self.cli(port, &["CLUSTER", "NODES"]).await?;
+        for line in nodes.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let [_, addr, flags, ..] = fields.as_slice() else {
+                continue;
+            };
+            if flags.split(',').any(|f| f == "master") && !flags.contains("fail") {
+                let port = addr
+                    .split('@')
+                    .next()
+                    .and_then(|a| a.rsplit(':').next())
+                    .and_then(|p| p.parse().ok());
+                if let Some(p) = port {
+                    out.push(p);
+                }
+            }
+        }
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    /// The port of a node whose process runs.
+    fn live_port(&mut self) -> Result<u16, HarnessError> {
+        self.processes
+            .iter_mut()
+            .zip(&self.ports)
+            .find_map(|(p, port)| p.is_running().then_some(*port))
+            .ok_or_else(|| HarnessError::Start("no cluster node is running".into()))
+    }
+
+    /// SIGKILLs the node on `port`.
+    pub fn kill_node(&mut self, port: u16) -> Result<(), HarnessError> {
+        let i = self
+            .ports
+            .iter()
+            .position(|p| *p == port)
+            .ok_or_else(|| HarnessError::Start(format!("no cluster node on port {port}")))?;
+        self.processes[i].kill()
+    }
+
+    /// Waits until every running node reports `cluster_state:ok` with all slots served,
+    /// and every running replica has synced with its primary (`master_link_status:up`),
+    /// for at most `within`.
+    pub async fn wait_ok(&mut self, within: Duration) -> Result<(), HarnessError> {
+        let start = Instant::now();
+        loop {
+            let mut all_ok = true;
+            let running: Vec<u16> = self
+                .processes
+                .iter_mut()
+                .zip(&self.ports)
+                .filter_map(|(p, port)| p.is_running().then_some(*port))
+                .collect();
+            for port in running {
+                let info = self
+                    .cli(port, &["CLUSTER", "INFO"])
+                    .await
+                    .unwrap_or_default();
+                if !(info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")) {
+                    all_ok = false;
+                    break;
+                }
+                let repl = self
+                    .cli(port, &["INFO", "replication"])
+                    .await
+                    .unwrap_or_default();
+                if repl.contains("role:slave") && !repl.contains("master_link_status:up") {
+                    all_ok = false;
+                    break;
+                }
+            }
+            if all_ok {
+                return Ok(());
+            }
+            if start.elapsed() > within {
+                return Err(HarnessError::Start(format!(
+                    "the redis cluster was not ok within {within:?}; logs:\n{}",
+                    self.log_tail(10)
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The last lines of every node's log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        self.processes
+            .iter()
+            .zip(&self.ports)
+            .map(|(p, port)| format!("node {port}:\n{}", p.log_tail(lines)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    fn kill_all(&mut self) {
+        for p in &mut self.processes {
+            let _ = p.kill();
+        }
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+fn cli_binary() -> Result<std::path::PathBuf, HarnessError> {
+    find_binary("redis-cli", &["/usr/bin", "/usr/local/bin"]).ok_or_else(|| {
+        HarnessError::Unavailable("no redis-cli: install the Debian package `redis-tools`".into())
+    })
+}
+
+/// Runs `redis-cli` with `args`, bounded by 60 s; its stdout and stderr together.
+async fn run_cli(cli: &Path, args: &[String]) -> Result<String, HarnessError> {
+    let run = tokio::process::Command::new(cli)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .map_err(|_| HarnessError::Start(format!("redis-cli {args:?} took over 60 s")))?
+        .map_err(|e| HarnessError::io("running redis-cli", e))?;
+    let mut text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.push_str(&String::from_utf8_lossy(&out.stderr));
+    Ok(text)
+}

@@ -25,7 +25,7 @@ use std::sync::Arc;
 /// | scheme | store | feature |
 /// |---|---|---|
 /// | `memory://` | in this process (for trying things out) | always |
-/// | `redis://`, `redis+sentinel://` | Redis | `redis` |
+/// | `redis://`, `redis+sentinel://`, `redis+cluster://` | Redis, Redis Sentinel, Redis Cluster | `redis` |
 /// | `rediss://` | Redis over TLS | `redis` and `tls` |
 /// | `postgres://`, `postgresql://` | PostgreSQL (TLS with libpq's `sslmode`, `sslrootcert`, `sslcert`, `sslkey`: feature `tls`) | `postgres` |
 /// | `etcd://` | etcd | `etcd` |
@@ -109,12 +109,12 @@ pub async fn connect_with(url: &str, options: &ConnectOptions) -> Result<Arc<dyn
             }
             Ok(Arc::new(MemoryBackend::new()))
         }
-        "redis" | "rediss" | "redis+sentinel" => connect_redis(url, options).await,
+        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => connect_redis(url, options).await,
         "postgres" | "postgresql" => connect_postgres(url, options).await,
         "etcd" | "etcds" => connect_etcd(url, options).await,
         "mysql" | "mariadb" => connect_mysql(url, options).await,
         other => Err(InvalidInput::MalformedUrl(format!(
-            "unknown scheme {other:?}: expected memory, redis, rediss, redis+sentinel, postgres, postgresql, etcd, etcds, mysql or mariadb"
+            "unknown scheme {other:?}: expected memory, redis, rediss, redis+sentinel, redis+cluster, postgres, postgresql, etcd, etcds, mysql or mariadb"
         ))
         .into()),
     }

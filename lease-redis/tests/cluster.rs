@@ -1,0 +1,205 @@
+//! Redis Cluster (`redis+cluster://`) on a real local cluster of 3 primaries and 3
+//! replicas: the whole conformance suite on a shared cluster; a renewal batch that is one
+//! script call per primary; and failovers, coordinated (`CLUSTER FAILOVER`) and by a
+//! killed primary, after which every lease either is still held by its guard (and
+//! refused to others) or was reported lost (and its next holder's fencing token is
+//! higher).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_core::{
+    AcquireOutcome, Capabilities, Fencing, HolderLabel, LeaseBackend, LeaseClient, LeaseGuard,
+    LeaseName, LeaseOptions, Owner, RenewItem, RenewOutcome, TryAcquire,
+};
+use lease_redis::RedisBackend;
+use lease_test_servers::RedisCluster;
+use lease_test_servers::redis::script_calls;
+
+mod conformance {
+    use lease_conformance::Fixture;
+
+    use super::*;
+
+    async fn cluster() -> Fixture {
+        let cluster = RedisCluster::shared()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let backend = RedisBackend::connect(&cluster.url())
+            .await
+            .expect("connect");
+        Fixture::new(Arc::new(backend))
+    }
+
+    lease_conformance::conformance_suite!(cluster);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capabilities_on_a_cluster() {
+    let cluster = RedisCluster::shared().await.unwrap();
+    let backend = RedisBackend::connect(&cluster.url())
+        .await
+        .expect("connect");
+    let caps: Capabilities = backend.capabilities();
+    // The cluster's nodes run without AOF: volatile, as each primary says.
+    assert_eq!(caps.fencing, Fencing::Volatile);
+    // No release notification on a cluster yet: waiters poll.
+    assert!(!caps.release_notification);
+    let shown = format!("{backend:?}");
+    assert!(shown.contains("cluster 127.0.0.1:"), "{shown}");
+}
+
+/// 300 leases spread over the slots of all three primaries, renewed in one batch: one
+/// script call reaches each primary, and no other call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_batch_is_one_script_call_per_primary() {
+    let mut cluster = RedisCluster::start().await.unwrap();
+    let backend = RedisBackend::connect(&cluster.url())
+        .await
+        .expect("connect");
+    let ttl = Duration::from_secs(30);
+    let mut items = Vec::new();
+    for i in 0..300 {
+        let name = LeaseName::new(format!("spread-{i}")).unwrap();
+        let owner = Owner::new(HolderLabel::new("batch").unwrap());
+        match backend.acquire(&name, &owner, ttl).await.unwrap() {
+            AcquireOutcome::Acquired { .. } => {}
+            held => panic!("{held:?}"),
+        }
+        items.push(RenewItem {
+            name,
+            token: owner.token,
+        });
+    }
+    // The first renewal loads the script on every primary (NOSCRIPT, then SCRIPT LOAD).
+    let first = backend.renew(&items, ttl).await.unwrap();
+    assert!(first.iter().all(|o| *o == RenewOutcome::Renewed));
+    let primaries = cluster.primaries().await.unwrap();
+    assert_eq!(primaries.len(), 3, "{primaries:?}");
+    for p in &primaries {
+        cluster.cli(*p, &["CONFIG", "RESETSTAT"]).await.unwrap();
+    }
+    let outcomes = backend.renew(&items, ttl).await.unwrap();
+    assert!(outcomes.iter().all(|o| *o == RenewOutcome::Renewed));
+    let mut per_primary = Vec::new();
+    for p in &primaries {
+        let stats = cluster.cli(*p, &["INFO", "commandstats"]).await.unwrap();
+        per_primary.push((*p, script_calls(&stats)));
+    }
+    assert!(
+        per_primary.iter().all(|(_, calls)| *calls == 1),
+        "script calls per primary for one batch of 300: {per_primary:?}"
+    );
+}
+
+/// Holds 30 leases through a client, fails a primary over (`how`), and checks every
+/// lease afterwards: still held by its guard, and then refused to another client; or
+/// reported lost, and then taken by another client with a higher fencing token.
+async fn failover(how: &str) {
+    let mut cluster = RedisCluster::start().await.unwrap();
+    let url = cluster.url();
+    let backend: Arc<dyn LeaseBackend> =
+        Arc::new(RedisBackend::connect(&url).await.expect("connect"));
+    let client = LeaseClient::with_label(backend.clone(), HolderLabel::new("holder").unwrap());
+    let opts = LeaseOptions::builder(Duration::from_secs(4))
+        .renew_every(Duration::from_millis(400))
+        .build()
+        .unwrap();
+    let mut guards: Vec<(String, LeaseGuard)> = Vec::new();
+    for i in 0..30 {
+        let name = format!("failover-{i}");
+        let guard = client.acquire(&name, &opts).await.expect("acquire");
+        guards.push((name, guard));
+    }
+    // Let the acquisitions reach the replicas.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let primaries = cluster.primaries().await.unwrap();
+    let victim = primaries[0];
+    let nodes = cluster.cli(victim, &["CLUSTER", "NODES"]).await.unwrap();
+    let victim_id = nodes
+        .lines()
+        .find(|l| l.contains("myself"))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .to_owned();
+    let replica: u16 = nodes
+        .lines()
+        .find(|l| l.contains("slave") && l.contains(&victim_id))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|a| a.split('@').next())
+        .and_then(|a| a.rsplit(':').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no replica of {victim} in:\n{nodes}"));
+    match how {
+        "manual" => {
+            let out = cluster
+                .cli(replica, &["CLUSTER", "FAILOVER"])
+                .await
+                .unwrap();
+            assert!(out.contains("OK"), "{out}");
+        }
+        "kill" => cluster.kill_node(victim).unwrap(),
+        other => panic!("{other}"),
+    }
+    // Wait until the replica is a primary and the cluster is whole again.
+    let until = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let now_primaries = cluster.primaries().await.unwrap_or_default();
+        if now_primaries.contains(&replica) && now_primaries.len() == 3 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < until,
+            "{replica} never became a primary: {now_primaries:?}\n{}",
+            cluster.log_tail(10)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cluster.wait_ok(Duration::from_secs(30)).await.unwrap();
+    // A few renewal periods on the new topology.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let other = LeaseClient::with_label(backend.clone(), HolderLabel::new("other").unwrap());
+    let quick = LeaseOptions::builder(Duration::from_secs(4))
+        .build()
+        .unwrap();
+    let (mut survived, mut lost) = (0, 0);
+    for (name, guard) in guards {
+        let old = guard.fencing();
+        if guard.is_held() {
+            match other.try_acquire(&name, &quick).await.expect("try_acquire") {
+                TryAcquire::Held(_) => survived += 1,
+                TryAcquire::Acquired(g) => panic!(
+                    "{how}: {name} taken by another client (token {}) while its guard \
+                     (token {old}) believes it holds it",
+                    g.fencing()
+                ),
+            }
+            guard.release().await.expect("release");
+        } else {
+            lost += 1;
+            let g = other
+                .acquire(&name, &quick)
+                .await
+                .expect("acquire a lost lease");
+            assert!(
+                g.fencing() > old,
+                "{how}: {name}: the next holder's token {} is not above the lost holder's {old}",
+                g.fencing()
+            );
+            g.release().await.expect("release");
+        }
+    }
+    eprintln!("{how} failover: {survived} leases survived, {lost} reported lost");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_survive_a_coordinated_failover_or_are_reported_lost() {
+    failover("manual").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_survive_a_killed_primary_or_are_reported_lost() {
+    failover("kill").await;
+}
