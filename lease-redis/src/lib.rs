@@ -726,11 +726,16 @@ impl RedisBackend {
             }
         });
         for (ids, reply) in futures::future::join_all(group_calls).await {
-            let parsed = reply.and_then(|(v, _)| renew_results(OP, v, ids.len()));
+            let parsed = reply.and_then(|(v, _)| renew_replies(OP, v, ids.len()));
             match parsed {
                 Ok(results) => {
                     for (i, r) in ids.into_iter().zip(results) {
-                        out[i] = Some(r);
+                        match r {
+                            Some(r) => out[i] = Some(r),
+                            // Not on this node: lapsed, or its slot moved. Asked again
+                            // with the key declared, the server redirects if it moved.
+                            None => singles.push(i),
+                        }
                     }
                 }
                 Err(error) => {
@@ -966,8 +971,13 @@ async fn probe_persistence(cm: &ConnectionManager, config: &RedisConfig) -> Resu
     Ok(durable)
 }
 
-/// The results of a renew script's reply for `n` leases: 1 renewed, 0 lost.
-fn renew_results(operation: &'static str, reply: Value, n: usize) -> Result<Vec<RenewOutcome>> {
+/// The results of a renew script's reply for `n` leases: 1 renewed, 0 lost, 2 lost
+/// because the key is not there (`None`: on a cluster the key may have moved).
+fn renew_replies(
+    operation: &'static str,
+    reply: Value,
+    n: usize,
+) -> Result<Vec<Option<RenewOutcome>>> {
     let items = array(operation, reply)?;
     if items.len() != n {
         return Err(unexpected(
@@ -978,11 +988,21 @@ fn renew_results(operation: &'static str, reply: Value, n: usize) -> Result<Vec<
     items
         .iter()
         .map(|v| match int(operation, "result", v)? {
-            1 => Ok(RenewOutcome::Renewed),
-            0 => Ok(RenewOutcome::Lost),
+            1 => Ok(Some(RenewOutcome::Renewed)),
+            0 => Ok(Some(RenewOutcome::Lost)),
+            2 => Ok(None),
             other => Err(unexpected(operation, format!("result {other}"))),
         })
         .collect()
+}
+
+/// [`renew_replies`] where a missing key is lost (one server, or a call that declared
+/// the key: the server would have redirected it if the key had moved).
+fn renew_results(operation: &'static str, reply: Value, n: usize) -> Result<Vec<RenewOutcome>> {
+    Ok(renew_replies(operation, reply, n)?
+        .into_iter()
+        .map(|r| r.unwrap_or(RenewOutcome::Lost))
+        .collect())
 }
 
 /// Asks every primary of a cluster whether writes survive a crash, as
@@ -1218,7 +1238,8 @@ impl LeaseBackend for RedisBackend {
         for (item, v) in leases.iter().zip(&items) {
             let outcome = match int(OP, "result", v)? {
                 1 => RenewOutcome::Renewed,
-                0 => RenewOutcome::Lost,
+                // 2: no such key (one server: it lapsed or was released).
+                0 | 2 => RenewOutcome::Lost,
                 other => return Err(unexpected(OP, format!("result {other}"))),
             };
             if outcome == RenewOutcome::Lost {

@@ -125,6 +125,10 @@ for i, key in ipairs(keys) do
       redis.call('PEXPIRE', key, ttl_ms)
     end
     out[i] = 1
+  elseif redis.call('EXISTS', key) == 0 then
+    -- No such key here: lapsed, or (on a cluster) migrated to another node, which only
+    -- a call that declares the key can tell (the server answers ASK or MOVED).
+    out[i] = 2
   else
     out[i] = 0
   end
@@ -136,8 +140,10 @@ return out
 
 /// `KEYS[i]` lock keys; `ARGV[1]` ttl in ms, `ARGV[i + 1]` the owner token for `KEYS[i]`.
 ///
-/// Returns one integer per key: 1 renewed, 0 lost. A key of the wrong type counts as lost
-/// instead of failing the whole batch. A lease renewed for the first time has its
+/// Returns one integer per key: 1 renewed, 0 lost (another owner's lease, or a key of the
+/// wrong type: counted as lost instead of failing the whole batch), 2 lost because the
+/// key does not exist (on a cluster the client asks again with the key declared, since
+/// the key may have moved to another node). A lease renewed for the first time has its
 /// `~ttl` anchor replaced by the absolute `locked_at` (computed before its expiry moves;
 /// `TIME` at most once per batch).
 ///

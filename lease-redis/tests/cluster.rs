@@ -164,6 +164,11 @@ async fn failover(how: &str) {
     let quick = LeaseOptions::builder(Duration::from_secs(4))
         .build()
         .unwrap();
+    // A lease reported lost may still be on the store until its TTL.
+    let wait = LeaseOptions::builder(Duration::from_secs(4))
+        .wait(Duration::from_secs(10))
+        .build()
+        .unwrap();
     let (mut survived, mut lost) = (0, 0);
     for (name, guard) in guards {
         let old = guard.fencing();
@@ -180,7 +185,7 @@ async fn failover(how: &str) {
         } else {
             lost += 1;
             let g = other
-                .acquire(&name, &quick)
+                .acquire(&name, &wait)
                 .await
                 .expect("acquire a lost lease");
             assert!(
@@ -202,4 +207,142 @@ async fn leases_survive_a_coordinated_failover_or_are_reported_lost() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_survive_a_killed_primary_or_are_reported_lost() {
     failover("kill").await;
+}
+
+/// The id of the node on `port`, from its own `CLUSTER NODES` line.
+async fn node_id(cluster: &RedisCluster, port: u16) -> String {
+    let nodes = cluster.cli(port, &["CLUSTER", "NODES"]).await.unwrap();
+    nodes
+        .lines()
+        .find(|l| l.contains("myself"))
+        .and_then(|l| l.split_whitespace().next())
+        .unwrap()
+        .to_owned()
+}
+
+/// Slots move from one primary to another (`redis-cli --cluster reshard`, which migrates
+/// the keys with `MIGRATE` while the slots are in `MIGRATING`/`IMPORTING`) while 40
+/// leases are renewed every 200 ms and another client acquires and releases in a loop:
+/// every lease is still held afterwards or was reported lost (never taken by another
+/// while its guard believes it holds it), and every acquire either succeeded or failed
+/// with a retryable error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_hold_while_slots_migrate() {
+    let mut cluster = RedisCluster::start().await.unwrap();
+    let url = cluster.url();
+    let backend: Arc<dyn LeaseBackend> =
+        Arc::new(RedisBackend::connect(&url).await.expect("connect"));
+    let client = LeaseClient::with_label(backend.clone(), HolderLabel::new("holder").unwrap());
+    let opts = LeaseOptions::builder(Duration::from_secs(4))
+        .renew_every(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let mut guards: Vec<(String, LeaseGuard)> = Vec::new();
+    for i in 0..40 {
+        let name = format!("migrating-{i}");
+        guards.push((
+            name.clone(),
+            client.acquire(&name, &opts).await.expect("acquire"),
+        ));
+    }
+    // Another client cycles acquire + release on names of its own meanwhile.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let cycling = {
+        let (backend, stop) = (backend.clone(), stop.clone());
+        tokio::spawn(async move {
+            let other = LeaseClient::with_label(backend, HolderLabel::new("cycler").unwrap());
+            let opts = LeaseOptions::builder(Duration::from_secs(4))
+                .build()
+                .unwrap();
+            let (mut done, mut retryable) = (0u32, 0u32);
+            let mut i = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                i += 1;
+                match other.try_acquire(format!("cycle-{}", i % 200), &opts).await {
+                    Ok(TryAcquire::Acquired(g)) => {
+                        g.release().await.expect("release");
+                        done += 1;
+                    }
+                    Ok(TryAcquire::Held(by)) => panic!("cycle-{} held by {by}", i % 200),
+                    Err(e) if e.is_retryable() => retryable += 1,
+                    Err(e) => panic!("an acquire failed and may not be retried: {e}"),
+                }
+            }
+            (done, retryable)
+        })
+    };
+    let primaries = cluster.primaries().await.unwrap();
+    let (from, to) = (
+        node_id(&cluster, primaries[0]).await,
+        node_id(&cluster, primaries[1]).await,
+    );
+    let out = cluster
+        .cli(
+            primaries[0],
+            &[
+                "--cluster",
+                "reshard",
+                &format!("127.0.0.1:{}", primaries[0]),
+                "--cluster-from",
+                &from,
+                "--cluster-to",
+                &to,
+                "--cluster-slots",
+                "3000",
+                "--cluster-yes",
+                "--cluster-pipeline",
+                "10",
+            ],
+        )
+        .await
+        .unwrap();
+    assert!(
+        !out.contains("[ERR]") && out.contains("Moving slot"),
+        "reshard failed:\n{out}"
+    );
+    cluster.wait_ok(Duration::from_secs(30)).await.unwrap();
+    // A few renewal periods on the new slot map.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (cycles, retryable) = cycling.await.expect("cycling task");
+
+    let other = LeaseClient::with_label(backend.clone(), HolderLabel::new("other").unwrap());
+    let quick = LeaseOptions::builder(Duration::from_secs(4))
+        .build()
+        .unwrap();
+    // A lease reported lost may still be on the store until its TTL.
+    let wait = LeaseOptions::builder(Duration::from_secs(4))
+        .wait(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let (mut survived, mut lost) = (0, 0);
+    for (name, guard) in guards {
+        let old = guard.fencing();
+        if guard.is_held() {
+            match other.try_acquire(&name, &quick).await.expect("try_acquire") {
+                TryAcquire::Held(_) => survived += 1,
+                TryAcquire::Acquired(g) => panic!(
+                    "{name} taken by another client (token {}) while its guard (token {old}) \
+                     believes it holds it",
+                    g.fencing()
+                ),
+            }
+            guard.release().await.expect("release");
+        } else {
+            lost += 1;
+            let g = other
+                .acquire(&name, &wait)
+                .await
+                .expect("acquire a lost lease");
+            assert!(g.fencing() > old, "{name}: {} after {old}", g.fencing());
+            g.release().await.expect("release");
+        }
+    }
+    let moved = out.matches("Moving slot").count();
+    eprintln!(
+        "resharding ({moved} slot moves): {survived} leases survived, {lost} reported lost; \
+         the cycling client made {cycles} acquire + release cycles and met {retryable} \
+         retryable errors"
+    );
+    assert!(cycles > 0);
 }

@@ -627,7 +627,7 @@ impl RedisCluster {
             .tempdir()
             .map_err(|e| HarnessError::io("creating a temp dir for a redis cluster", e))?;
         let watcher = DirWatcher::spawn(dir.path())?;
-        let ports = super::free_ports(6)?;
+        let ports = cluster_ports(6)?;
         let mut processes = Vec::new();
         for (i, port) in ports.iter().enumerate() {
             let node_dir = dir.path().join(format!("node-{i}"));
@@ -844,6 +844,36 @@ impl Drop for RedisCluster {
     fn drop(&mut self) {
         self.kill_all();
     }
+}
+
+/// `n` free loopback ports for cluster nodes: each node also listens on its port +
+/// 10000 (the cluster bus), so that port must be free too, and the port at most 55535.
+fn cluster_ports(n: usize) -> Result<Vec<u16>, HarnessError> {
+    let mut held = Vec::new();
+    let mut ports = Vec::with_capacity(n);
+    for _ in 0..1000 {
+        if ports.len() == n {
+            return Ok(ports);
+        }
+        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .map_err(|e| HarnessError::io("binding 127.0.0.1:0 to find a free port", e))?;
+        let port = listener
+            .local_addr()
+            .map_err(|e| HarnessError::io("reading the bound port", e))?
+            .port();
+        let Some(bus) = port.checked_add(10_000) else {
+            continue;
+        };
+        if let Ok(bus_listener) = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, bus)) {
+            ports.push(port);
+            held.push(listener);
+            held.push(bus_listener);
+        }
+    }
+    Err(HarnessError::Start(format!(
+        "found only {} of {n} free port pairs (port and port + 10000) for a redis cluster",
+        ports.len()
+    )))
 }
 
 fn cli_binary() -> Result<std::path::PathBuf, HarnessError> {
