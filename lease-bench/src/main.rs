@@ -13,6 +13,7 @@
 //! speed: a benchmark measures, tests decide.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a benchmark binary: failures should be loud
 
+mod cluster;
 mod cycles;
 mod handoff;
 mod metered;
@@ -336,6 +337,7 @@ async fn redis_store(mode: Mode) -> StoreResult {
         round_trip_source: "script calls, INFO commandstats",
     };
     let mut r = common(setup, &s).await;
+    notes.extend(cluster::notes(s.plan, &s.scale).await);
     r.notes = notes;
     r
 }

@@ -32,7 +32,9 @@ use crate::error::{BACKEND, convert, unexpected};
 pub use redis;
 
 /// Largest renewal batch sent as one script call; the client splits larger batches.
-/// One call of this size keeps the server busy for a few milliseconds.
+/// One call of this size keeps the server busy for a few milliseconds. On a Redis Cluster
+/// the backend takes this many per primary in one `renew` call (its capabilities say
+/// `max_renew_batch` = this times the number of primaries at connect).
 pub const MAX_RENEW_BATCH: usize = 10_000;
 
 /// Settings of a [`RedisBackend`].
@@ -407,6 +409,18 @@ impl RedisBackend {
         server: String,
     ) -> Result<Self> {
         let slots = matches!(cm, Link::Cluster(_)).then(cluster::Slots::new);
+        // On a cluster a renewal batch is split by primary, each part one script call of
+        // at most MAX_RENEW_BATCH leases (about, as slots spread names evenly).
+        let max_renew_batch = match (&cm, &slots) {
+            (Link::Cluster(c), Some(slots)) => {
+                let primaries = slots
+                    .primaries(&mut c.clone(), config.response_timeout)
+                    .await
+                    .map_err(|e| convert("connect", config.response_timeout, e))?;
+                MAX_RENEW_BATCH.saturating_mul(primaries.len().max(1))
+            }
+            _ => MAX_RENEW_BATCH,
+        };
         let durable = match (config.persistent_fencing, &cm) {
             (Some(d), _) => d,
             (None, Link::Single(cm)) => probe_persistence(cm, &config).await?,
@@ -427,7 +441,7 @@ impl RedisBackend {
         caps.holder_info = true;
         caps.keep_for = true;
         caps.release_notification = client.is_some();
-        caps.max_renew_batch = MAX_RENEW_BATCH;
+        caps.max_renew_batch = max_renew_batch;
         tracing::debug!(%server, prefix = %config.key_prefix, fencing = ?caps.fencing, "redis lease backend ready");
         // Up when this crate just connected, or the persistence probe got a reply.
         let up = client.is_some() || config.persistent_fencing.is_none();
@@ -1208,10 +1222,10 @@ impl LeaseBackend for RedisBackend {
         if leases.is_empty() {
             return Ok(Vec::new());
         }
-        if leases.len() > MAX_RENEW_BATCH {
+        if leases.len() > self.inner.caps.max_renew_batch {
             return Err(InvalidInput::BatchTooLarge {
                 len: leases.len(),
-                max: MAX_RENEW_BATCH,
+                max: self.inner.caps.max_renew_batch,
             }
             .into());
         }

@@ -46,6 +46,8 @@ async fn capabilities_on_a_cluster() {
     assert_eq!(caps.fencing, Fencing::Volatile);
     // No release notification on a cluster yet: waiters poll.
     assert!(!caps.release_notification);
+    // Up to 10,000 leases per primary in one renew call.
+    assert_eq!(caps.max_renew_batch, 3 * lease_redis::MAX_RENEW_BATCH);
     let shown = format!("{backend:?}");
     assert!(shown.contains("cluster 127.0.0.1:"), "{shown}");
 }

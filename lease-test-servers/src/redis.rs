@@ -619,6 +619,25 @@ impl RedisCluster {
     /// Errors: [`HarnessError::Unavailable`] without `redis-server` or `redis-cli`;
     /// [`HarnessError::Start`] with the logs when the cluster does not form in 30 s.
     pub async fn start() -> Result<RedisCluster, HarnessError> {
+        Self::start_sized(3, 1).await
+    }
+
+    /// A cluster of `primaries` primaries (1, or 3 and more, as `redis-cli --cluster
+    /// create` needs) with `replicas` replicas each (none with 1 primary), for the
+    /// benchmark's comparison of one primary with three. One primary gets every slot by
+    /// `CLUSTER ADDSLOTSRANGE 0 16383`.
+    ///
+    /// Errors: as [`RedisCluster::start`]; [`HarnessError::Start`] for another shape.
+    pub async fn start_sized(
+        primaries: usize,
+        replicas: usize,
+    ) -> Result<RedisCluster, HarnessError> {
+        if !(primaries == 1 && replicas == 0 || primaries >= 3) {
+            return Err(HarnessError::Start(format!(
+                "a redis cluster of {primaries} primaries with {replicas} replicas each: \
+                 1 primary without replicas, or at least 3"
+            )));
+        }
         let binary = find_binary("redis-server", &["/usr/bin", "/usr/sbin", "/usr/local/bin"])
             .ok_or_else(|| HarnessError::Unavailable(format!("no redis-server: {INSTALL_HINT}")))?;
         let cli = cli_binary()?;
@@ -627,7 +646,7 @@ impl RedisCluster {
             .tempdir()
             .map_err(|e| HarnessError::io("creating a temp dir for a redis cluster", e))?;
         let watcher = DirWatcher::spawn(dir.path())?;
-        let ports = cluster_ports(6)?;
+        let ports = cluster_ports(primaries * (1 + replicas))?;
         let mut processes = Vec::new();
         for (i, port) in ports.iter().enumerate() {
             let node_dir = dir.path().join(format!("node-{i}"));
@@ -675,10 +694,29 @@ impl RedisCluster {
             _watcher: watcher,
             dir,
         };
-        let mut create: Vec<String> = vec!["--cluster".into(), "create".into()];
-        create.extend(cluster.ports.iter().map(|p| format!("127.0.0.1:{p}")));
-        create.extend(["--cluster-replicas", "1", "--cluster-yes"].map(String::from));
-        let out = run_cli(&cli, &create).await?;
+        let out = if primaries == 1 {
+            let args = [
+                "-p",
+                &cluster.ports[0].to_string(),
+                "CLUSTER",
+                "ADDSLOTSRANGE",
+                "0",
+                "16383",
+            ]
+            .map(String::from);
+            let out = run_cli(&cli, &args).await?;
+            if out.trim() == "OK" {
+                "All 16384 slots covered".to_owned()
+            } else {
+                out
+            }
+        } else {
+            let mut create: Vec<String> = vec!["--cluster".into(), "create".into()];
+            create.extend(cluster.ports.iter().map(|p| format!("127.0.0.1:{p}")));
+            create.extend(["--cluster-replicas".to_owned(), replicas.to_string()]);
+            create.push("--cluster-yes".into());
+            run_cli(&cli, &create).await?
+        };
         if !out.contains("All 16384 slots covered") {
             let logs = cluster.log_tail(10);
             cluster.kill_all();
@@ -688,8 +726,8 @@ impl RedisCluster {
         }
         cluster.wait_ok(CLUSTER_READY).await?;
         super::announce(format_args!(
-            "lease test server: redis cluster of 3 primaries and 3 replicas on ports {:?} \
-             (local process {}, dir {})",
+            "lease test server: redis cluster of {primaries} primaries with {replicas} \
+             replicas each on ports {:?} (local process {}, dir {})",
             cluster.ports,
             binary.display(),
             cluster.dir.path().display()
