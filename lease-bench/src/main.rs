@@ -337,6 +337,7 @@ async fn redis_store(mode: Mode) -> StoreResult {
         round_trip_source: "script calls, INFO commandstats",
     };
     let mut r = common(setup, &s).await;
+    notes.push(metered::memory_cost().await);
     notes.extend(cluster::notes(s.plan, &s.scale).await);
     r.notes = notes;
     r
