@@ -214,23 +214,25 @@ pub fn backend_case(label: &str, backend: Arc<dyn LeaseBackend>) -> Case {
 pub fn client_case(label: &str, backend: Arc<dyn LeaseBackend>) -> Case {
     let client = LeaseClient::with_label(backend, HolderLabel::new("bench").expect("label"));
     Case::new(label, move |prefix, n| {
-        let client = client.clone();
-        async move {
-            let opts = LeaseOptions::new(Duration::from_secs(30)).expect("options");
-            for i in 0..n {
-                match client
-                    .try_acquire(format!("{prefix}:{}", i % 64), &opts)
-                    .await
-                    .expect("try_acquire")
-                {
-                    TryAcquire::Acquired(g) => {
-                        g.release().await.expect("release");
-                    }
-                    TryAcquire::Held(by) => panic!("held by {by}"),
-                }
-            }
-        }
+        client_cycles(client.clone(), prefix, n)
     })
+}
+
+/// `n` cycles of try_acquire + release through `client`, over 64 names under `prefix`.
+pub async fn client_cycles(client: LeaseClient, prefix: String, n: usize) {
+    let opts = LeaseOptions::new(Duration::from_secs(30)).expect("options");
+    for i in 0..n {
+        match client
+            .try_acquire(format!("{prefix}:{}", i % 64), &opts)
+            .await
+            .expect("try_acquire")
+        {
+            TryAcquire::Acquired(g) => {
+                g.release().await.expect("release");
+            }
+            TryAcquire::Held(by) => panic!("held by {by}"),
+        }
+    }
 }
 
 /// A permit of a 3-permit [`Semaphore`] taken and given back through [`LeaseClient`], over

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use lease_core::{HolderLabel, LeaseBackend, LeaseClient, LeaseOptions, TryAcquire};
+use lease_core::{HolderLabel, LeaseBackend, LeaseClient};
 use metrics::{Counter, Gauge, Histogram, Key, KeyName, Metadata, Recorder, SharedString, Unit};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusRecorder};
 
@@ -75,19 +75,7 @@ pub fn client_case(label: &str, backend: Arc<dyn LeaseBackend>) -> Case {
         let client = client.clone();
         async move {
             ON.fetch_add(1, Ordering::SeqCst);
-            let opts = LeaseOptions::new(Duration::from_secs(30)).expect("options");
-            for i in 0..n {
-                match client
-                    .try_acquire(format!("{prefix}:{}", i % 64), &opts)
-                    .await
-                    .expect("try_acquire")
-                {
-                    TryAcquire::Acquired(g) => {
-                        g.release().await.expect("release");
-                    }
-                    TryAcquire::Held(by) => panic!("held by {by}"),
-                }
-            }
+            crate::cycles::client_cycles(client, prefix, n).await;
             ON.fetch_sub(1, Ordering::SeqCst);
         }
     })
@@ -99,25 +87,10 @@ pub fn client_case(label: &str, backend: Arc<dyn LeaseBackend>) -> Case {
 pub async fn memory_cost() -> String {
     let backend: Arc<dyn LeaseBackend> = Arc::new(lease_core::MemoryBackend::new());
     let client = LeaseClient::with_label(backend, HolderLabel::new("bench").expect("label"));
-    let opts = LeaseOptions::new(Duration::from_secs(30)).expect("options");
-    let cycle = |client: LeaseClient, n: usize| {
-        let opts = opts.clone();
-        async move {
-            let start = std::time::Instant::now();
-            for i in 0..n {
-                match client
-                    .try_acquire(format!("mem:{}", i % 64), &opts)
-                    .await
-                    .expect("try_acquire")
-                {
-                    TryAcquire::Acquired(g) => {
-                        g.release().await.expect("release");
-                    }
-                    TryAcquire::Held(by) => panic!("held by {by}"),
-                }
-            }
-            start.elapsed()
-        }
+    let cycle = |client: LeaseClient, n: usize| async move {
+        let start = std::time::Instant::now();
+        crate::cycles::client_cycles(client, "mem".to_owned(), n).await;
+        start.elapsed()
     };
     let n = 20_000;
     cycle(client.clone(), n).await;

@@ -162,42 +162,7 @@ async fn failover(how: &str) {
     // A few renewal periods on the new topology.
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    let other = LeaseClient::with_label(backend.clone(), HolderLabel::new("other").unwrap());
-    let quick = LeaseOptions::builder(Duration::from_secs(4))
-        .build()
-        .unwrap();
-    // A lease reported lost may still be on the store until its TTL.
-    let wait = LeaseOptions::builder(Duration::from_secs(4))
-        .wait(Duration::from_secs(10))
-        .build()
-        .unwrap();
-    let (mut survived, mut lost) = (0, 0);
-    for (name, guard) in guards {
-        let old = guard.fencing();
-        if guard.is_held() {
-            match other.try_acquire(&name, &quick).await.expect("try_acquire") {
-                TryAcquire::Held(_) => survived += 1,
-                TryAcquire::Acquired(g) => panic!(
-                    "{how}: {name} taken by another client (token {}) while its guard \
-                     (token {old}) believes it holds it",
-                    g.fencing()
-                ),
-            }
-            guard.release().await.expect("release");
-        } else {
-            lost += 1;
-            let g = other
-                .acquire(&name, &wait)
-                .await
-                .expect("acquire a lost lease");
-            assert!(
-                g.fencing() > old,
-                "{how}: {name}: the next holder's token {} is not above the lost holder's {old}",
-                g.fencing()
-            );
-            g.release().await.expect("release");
-        }
-    }
+    let (survived, lost) = check_leases(how, &backend, guards).await;
     eprintln!("{how} failover: {survived} leases survived, {lost} reported lost");
 }
 
@@ -308,11 +273,29 @@ async fn leases_hold_while_slots_migrate() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (cycles, retryable) = cycling.await.expect("cycling task");
 
+    let (survived, lost) = check_leases("resharding", &backend, guards).await;
+    let moved = out.matches("Moving slot").count();
+    eprintln!(
+        "resharding ({moved} slot moves): {survived} leases survived, {lost} reported lost; \
+         the cycling client made {cycles} acquire + release cycles and met {retryable} \
+         retryable errors"
+    );
+    assert!(cycles > 0);
+}
+
+/// After a fault: every lease is still held by its guard, and then refused to another
+/// client; or was reported lost, and then (once its TTL has passed, if it is still on the
+/// store) taken by another client with a higher fencing token. Returns how many were
+/// held and how many lost.
+async fn check_leases(
+    how: &str,
+    backend: &Arc<dyn LeaseBackend>,
+    guards: Vec<(String, LeaseGuard)>,
+) -> (usize, usize) {
     let other = LeaseClient::with_label(backend.clone(), HolderLabel::new("other").unwrap());
     let quick = LeaseOptions::builder(Duration::from_secs(4))
         .build()
         .unwrap();
-    // A lease reported lost may still be on the store until its TTL.
     let wait = LeaseOptions::builder(Duration::from_secs(4))
         .wait(Duration::from_secs(10))
         .build()
@@ -324,8 +307,8 @@ async fn leases_hold_while_slots_migrate() {
             match other.try_acquire(&name, &quick).await.expect("try_acquire") {
                 TryAcquire::Held(_) => survived += 1,
                 TryAcquire::Acquired(g) => panic!(
-                    "{name} taken by another client (token {}) while its guard (token {old}) \
-                     believes it holds it",
+                    "{how}: {name} taken by another client (token {}) while its guard \
+                     (token {old}) believes it holds it",
                     g.fencing()
                 ),
             }
@@ -336,15 +319,13 @@ async fn leases_hold_while_slots_migrate() {
                 .acquire(&name, &wait)
                 .await
                 .expect("acquire a lost lease");
-            assert!(g.fencing() > old, "{name}: {} after {old}", g.fencing());
+            assert!(
+                g.fencing() > old,
+                "{how}: {name}: the next holder's token {} is not above the lost holder's {old}",
+                g.fencing()
+            );
             g.release().await.expect("release");
         }
     }
-    let moved = out.matches("Moving slot").count();
-    eprintln!(
-        "resharding ({moved} slot moves): {survived} leases survived, {lost} reported lost; \
-         the cycling client made {cycles} acquire + release cycles and met {retryable} \
-         retryable errors"
-    );
-    assert!(cycles > 0);
+    (survived, lost)
 }
