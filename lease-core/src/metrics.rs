@@ -29,7 +29,6 @@ mod imp {
     use metrics::{Label, histogram};
     use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge};
 
-    use crate::shared::LossReason;
     use crate::types::LeaseName;
 
     static NAME_LABEL: AtomicBool = AtomicBool::new(false);
@@ -143,13 +142,7 @@ mod imp {
             .record(margin.as_secs_f64());
     }
 
-    pub(crate) fn loss(backend: &'static str, name: &LeaseName, reason: LossReason) {
-        let reason = match reason {
-            LossReason::DeadlinePassed => "deadline_passed",
-            LossReason::NotOwner => "not_owner",
-            LossReason::HeartbeatStopped => "heartbeat_stopped",
-            LossReason::Released => return,
-        };
+    pub(crate) fn loss(backend: &'static str, name: &LeaseName, reason: &'static str) {
         counter!(
             "lease_losses_total",
             labels(backend, name, Some(("reason", reason)))
@@ -179,7 +172,6 @@ mod imp {
     //! Without the feature: every report compiles to nothing.
     use std::time::Duration;
 
-    use crate::shared::LossReason;
     use crate::types::LeaseName;
 
     pub(crate) fn describe() {}
@@ -187,7 +179,7 @@ mod imp {
     pub(crate) fn renew_call(_: &'static str, _: usize, _: Duration) {}
     pub(crate) fn renewal(_: &'static str, _: &LeaseName, _: &'static str) {}
     pub(crate) fn renewal_margin(_: &'static str, _: &LeaseName, _: Duration) {}
-    pub(crate) fn loss(_: &'static str, _: &LeaseName, _: LossReason) {}
+    pub(crate) fn loss(_: &'static str, _: &LeaseName, _: &'static str) {}
     pub(crate) fn release(_: &'static str, _: &LeaseName, _: &'static str) {}
     pub(crate) fn held(_: &'static str, _: &LeaseName, _: f64) {}
     pub(crate) fn waiters(_: &'static str, _: &LeaseName, _: f64) {}

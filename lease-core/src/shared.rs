@@ -154,7 +154,16 @@ impl GuardShared {
         self.lost.cancel();
         if first {
             crate::metrics::held(self.backend, &self.name, -1.0);
-            crate::metrics::loss(self.backend, &self.name, reason);
+            // The `reason` label of `lease_losses_total`; a release is not a loss.
+            let label = match reason {
+                LossReason::DeadlinePassed => Some("deadline_passed"),
+                LossReason::NotOwner => Some("not_owner"),
+                LossReason::HeartbeatStopped => Some("heartbeat_stopped"),
+                LossReason::Released => None,
+            };
+            if let Some(label) = label {
+                crate::metrics::loss(self.backend, &self.name, label);
+            }
         }
         first
     }
