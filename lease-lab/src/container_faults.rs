@@ -147,6 +147,9 @@ pub async fn run(key: &str, kind: StoreKind, m: &Matrix) -> String {
         "c-store-killed" => {
             let r = matrix::store_restarted(&store.url(), async || {
                 c.kill().await.unwrap();
+                // Started only once it has exited: a start while it is still running
+                // does nothing, and the exit would then leave it stopped.
+                c.wait_exit().await.unwrap();
                 c.start().await.unwrap();
                 store.wait_ready().await.unwrap();
             })
