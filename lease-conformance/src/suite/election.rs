@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lease_core::{Election, Fencing, LeaseBackend, LeaseOptions};
+use lease_core::{Election, Fencing, Leader, LeaseBackend, LeaseOptions};
 use tokio::time::Instant;
 
 use super::{EXPIRY_TOLERANCE, base_ttl, client, name, namespace, owner, raw_acquire};
@@ -75,21 +75,15 @@ pub async fn election_moves_when_the_leader_dies(backend: Arc<dyn LeaseBackend>)
     let n = name(&ns, "leader");
     let ttl = base_ttl(&*backend);
     let observer = Election::new(client(&backend, "observer"), &n).expect("election");
-    let mut watch = observer.observe(Duration::from_millis(20));
+    let observed = Observed::start(observer.observe(Duration::from_millis(20)));
     let died_at = Instant::now();
     let dead_term = raw_acquire(&*backend, &n, &owner("dead-leader"), ttl).await;
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let observing = {
-        let seen = seen.clone();
-        tokio::spawn(async move {
-            while watch.changed().await.is_ok() {
-                let leader = watch.borrow_and_update().clone();
-                if let Some(l) = leader {
-                    let term = l.term.map(|t| t.get());
-                    seen.lock().expect("lock").push((l.holder, term));
-                }
-            }
-        })
+    // The leaders seen (a vacancy is left out): holder and term.
+    let leaders = |seen: Vec<Option<Leader>>| -> Vec<(Option<String>, Option<u64>)> {
+        seen.into_iter()
+            .flatten()
+            .map(|l| (l.holder, l.term.map(|t| t.get())))
+            .collect()
     };
     let candidate = Election::new(client(&backend, "next-leader"), &n).expect("election");
     let leadership = candidate.campaign(&opts(ttl)).await.expect("campaign");
@@ -108,7 +102,7 @@ pub async fn election_moves_when_the_leader_dies(backend: Arc<dyn LeaseBackend>)
     // The observer catches up with the new leader.
     let until = Instant::now() + Duration::from_secs(5);
     loop {
-        let latest = seen.lock().expect("lock").last().cloned();
+        let latest = leaders(observed.snapshot()).last().cloned();
         if latest.as_ref().and_then(|l| l.1) == Some(term.get()) {
             break;
         }
@@ -118,8 +112,7 @@ pub async fn election_moves_when_the_leader_dies(backend: Arc<dyn LeaseBackend>)
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    observing.abort();
-    let seen = seen.lock().expect("lock").clone();
+    let seen = leaders(observed.stop());
     let terms: Vec<u64> = seen.iter().filter_map(|s| s.1).collect();
     if backend.capabilities().holder_info {
         assert_eq!(
@@ -158,17 +151,7 @@ pub async fn election_observer_check(backend: Arc<dyn LeaseBackend>, poll: Durat
     let ttl = base_ttl(&*backend) * 5;
     let hold = Duration::from_millis(150);
     let observer = Election::new(client(&backend, "observer"), &n).expect("election");
-    let mut watch = observer.observe(poll);
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let observing = {
-        let seen = seen.clone();
-        tokio::spawn(async move {
-            while watch.changed().await.is_ok() {
-                let leader = watch.borrow_and_update().clone();
-                seen.lock().expect("lock").push(leader);
-            }
-        })
-    };
+    let observed = Observed::start(observer.observe(poll));
     // What each leadership looks like to the observer: its holder label where the
     // store reports one, and its term where it issues one.
     let key = |holder: Option<String>, term: Option<u64>| {
@@ -208,21 +191,15 @@ pub async fn election_observer_check(backend: Arc<dyn LeaseBackend>, poll: Durat
     }
     // The observer reads the last resignation within a poll and a read.
     let until = Instant::now() + Duration::from_secs(5);
-    while seen
-        .lock()
-        .expect("lock")
-        .last()
-        .is_none_or(|l| l.is_some())
-    {
+    while observed.snapshot().last().is_none_or(|l| l.is_some()) {
         assert!(
             Instant::now() < until,
             "the observer never saw the last resignation: {:?}",
-            seen.lock().expect("lock")
+            observed.snapshot()
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    observing.abort();
-    let seen = seen.lock().expect("lock").clone();
+    let seen = observed.stop();
     let mut leaders: Vec<_> = seen
         .iter()
         .flatten()
@@ -233,6 +210,40 @@ pub async fn election_observer_check(backend: Arc<dyn LeaseBackend>, poll: Durat
         leaders, led,
         "the observer's leaders are not the leaderships in order: seen {seen:?}"
     );
+}
+
+/// Every value an observer's receiver is given, in order, collected by a task of its own
+/// until [`Observed::stop`].
+struct Observed {
+    seen: Arc<Mutex<Vec<Option<Leader>>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Observed {
+    fn start(mut watch: tokio::sync::watch::Receiver<Option<Leader>>) -> Self {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let task = {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                while watch.changed().await.is_ok() {
+                    let leader = watch.borrow_and_update().clone();
+                    seen.lock().expect("lock").push(leader);
+                }
+            })
+        };
+        Observed { seen, task }
+    }
+
+    /// What was seen so far.
+    fn snapshot(&self) -> Vec<Option<Leader>> {
+        self.seen.lock().expect("lock").clone()
+    }
+
+    /// Stops collecting; what was seen.
+    fn stop(self) -> Vec<Option<Leader>> {
+        self.task.abort();
+        self.snapshot()
+    }
 }
 
 /// A leader whose renewals fail (paused, cut off) learns it lost leadership before the
