@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use lease_core::LeaseBackend;
-use lease_redis::RedisBackend;
+use lease_redis::{RedisBackend, RedisConfig};
 use lease_test_servers::RedisCluster;
 
 use crate::cycles::{self, Plan};
@@ -56,7 +56,62 @@ pub async fn notes(plan: Plan, scale_sizes: &[usize]) -> Vec<String> {
         return notes;
     }
     let primaries = three.primaries().await.expect("the cluster's primaries");
-    let counter: scale::Counter = Box::new(move || {
+    warm_up_renewal(&b3).await;
+    eprintln!("Redis Cluster: renewal at scale {scale_sizes:?}");
+    let rows = scale::renewal(b3, scale_sizes, 5, Some(script_counter(&primaries))).await;
+    notes.push(format!(
+        "Redis Cluster renewal at scale, 3 primaries (script calls counted by INFO \
+         commandstats on every primary; a `renew` call holds up to 10,000 leases per primary, \
+         so one script call reaches each primary per call): {}",
+        describe(&rows)
+    ));
+    // The largest size again with `renew_batch` raised so that one `renew` call holds it
+    // all: one script call per primary per tick, each one longer.
+    if let Some(&largest) = scale_sizes.iter().max().filter(|&&n| n > 30_000) {
+        let config = RedisConfig {
+            renew_batch: WIDE_BATCH,
+            ..RedisConfig::default()
+        };
+        let wide: Arc<dyn LeaseBackend> = Arc::new(
+            RedisBackend::connect_with(&three.url(), config)
+                .await
+                .expect("cluster backend"),
+        );
+        warm_up_renewal(&wide).await;
+        eprintln!("Redis Cluster: renewal of {largest} with renew_batch {WIDE_BATCH}");
+        let rows = scale::renewal(wide, &[largest], 5, Some(script_counter(&primaries))).await;
+        notes.push(format!(
+            "Redis Cluster renewal with `renew_batch: {WIDE_BATCH}` (up to {WIDE_BATCH} leases \
+             per primary in one script call), 3 primaries: {}",
+            describe(&rows)
+        ));
+    }
+    notes
+}
+
+/// Leases per primary per script call in the second renewal row.
+const WIDE_BATCH: usize = 40_000;
+
+fn describe(rows: &[scale::ScaleRow]) -> String {
+    rows.iter()
+        .map(|r| {
+            format!(
+                "{} leases: {} script call(s) per tick ({} `renew` call(s)), {:.0} ms",
+                r.leases,
+                r.round_trips_per_tick
+                    .map_or_else(|| "?".to_owned(), |n| format!("{n:.1}")),
+                r.calls_per_tick,
+                r.ms_per_tick
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// Counts the script calls of every primary (INFO commandstats).
+fn script_counter(primaries: &[u16]) -> scale::Counter {
+    let primaries = primaries.to_vec();
+    Box::new(move || {
         let primaries = primaries.clone();
         Box::pin(async move {
             let mut total = 0;
@@ -76,43 +131,23 @@ pub async fn notes(plan: Plan, scale_sizes: &[usize]) -> Vec<String> {
             }
             total
         })
-    });
-    // Load the renewal script first (SCRIPT LOAD reaches every primary), so that no tick
-    // counts the load.
-    {
-        let name = lease_core::LeaseName::new("warm-up").expect("name");
-        let owner = lease_core::Owner::new(lease_core::HolderLabel::new("bench").expect("label"));
-        let ttl = std::time::Duration::from_secs(30);
-        b3.acquire(&name, &owner, ttl).await.expect("acquire");
-        let item = lease_core::RenewItem {
-            name: name.clone(),
-            token: owner.token,
-        };
-        b3.renew(&[item], ttl).await.expect("renew");
-        b3.release(&name, &owner.token, std::time::Duration::ZERO)
-            .await
-            .expect("release");
-    }
-    eprintln!("Redis Cluster: renewal at scale {scale_sizes:?}");
-    let rows = scale::renewal(b3, scale_sizes, 5, Some(counter)).await;
-    let parts: Vec<String> = rows
-        .iter()
-        .map(|r| {
-            format!(
-                "{} leases: {} script call(s) per tick ({} `renew` call(s)), {:.0} ms",
-                r.leases,
-                r.round_trips_per_tick
-                    .map_or_else(|| "?".to_owned(), |n| format!("{n:.1}")),
-                r.calls_per_tick,
-                r.ms_per_tick
-            )
-        })
-        .collect();
-    notes.push(format!(
-        "Redis Cluster renewal at scale, 3 primaries (script calls counted by INFO \
-         commandstats on every primary; a `renew` call holds up to 10,000 leases per primary, \
-         so one script call reaches each primary per call): {}",
-        parts.join("; ")
-    ));
-    notes
+    })
+}
+
+/// Loads the renewal script first (SCRIPT LOAD reaches every primary), so that no tick
+/// counts the load.
+async fn warm_up_renewal(backend: &Arc<dyn LeaseBackend>) {
+    let name = lease_core::LeaseName::new("warm-up").expect("name");
+    let owner = lease_core::Owner::new(lease_core::HolderLabel::new("bench").expect("label"));
+    let ttl = std::time::Duration::from_secs(30);
+    backend.acquire(&name, &owner, ttl).await.expect("acquire");
+    let item = lease_core::RenewItem {
+        name: name.clone(),
+        token: owner.token,
+    };
+    backend.renew(&[item], ttl).await.expect("renew");
+    backend
+        .release(&name, &owner.token, std::time::Duration::ZERO)
+        .await
+        .expect("release");
 }

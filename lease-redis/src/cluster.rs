@@ -45,6 +45,9 @@ fn malformed(why: impl std::fmt::Display) -> Error {
 pub(crate) struct ClusterUrl {
     pub(crate) nodes: Vec<String>,
     pub(crate) described: String,
+    /// `redis://[user:pass@]` (or `rediss://`): the scheme and credentials of a node URL,
+    /// for the dedicated pub/sub connection of a waiter (see [`ClusterUrl::node_url`]).
+    node_prefix: String,
 }
 
 impl ClusterUrl {
@@ -73,6 +76,8 @@ impl ClusterUrl {
             Some((u, h)) => (Some(u), h),
             None => (None, authority),
         };
+        let auth = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
+        let node_prefix = format!("{}://{auth}", if tls { "rediss" } else { "redis" });
         let mut nodes = Vec::new();
         let mut shown = Vec::new();
         for host in hosts.split(',') {
@@ -92,15 +97,24 @@ impl ClusterUrl {
             if name.is_empty() {
                 return Err(malformed(format!("no host name in {host:?}")));
             }
-            let auth = userinfo.map(|u| format!("{u}@")).unwrap_or_default();
-            let scheme = if tls { "rediss" } else { "redis" };
-            nodes.push(format!("{scheme}://{auth}{name}:{port}"));
+            nodes.push(format!("{node_prefix}{name}:{port}"));
             shown.push(format!("{name}:{port}"));
         }
         Ok(ClusterUrl {
             nodes,
             described: format!("cluster {}", shown.join(",")),
+            node_prefix,
         })
+    }
+
+    /// The URL of one node, with the cluster URL's scheme and credentials.
+    pub(crate) fn node_url(&self, node: &Node) -> String {
+        let (host, port) = node;
+        if host.contains(':') && !host.starts_with('[') {
+            format!("{}[{host}]:{port}", self.node_prefix)
+        } else {
+            format!("{}{host}:{port}", self.node_prefix)
+        }
     }
 }
 
@@ -323,6 +337,14 @@ mod tests {
             ]
         );
         assert_eq!(u.described, "cluster 10.0.0.1:7000,10.0.0.2:6379");
+        assert_eq!(
+            u.node_url(&("10.0.0.3".to_owned(), 7001)),
+            "redis://u:s3cret@10.0.0.3:7001"
+        );
+        assert_eq!(
+            u.node_url(&("::1".to_owned(), 7001)),
+            "redis://u:s3cret@[::1]:7001"
+        );
         for bad in [
             "redis+cluster://",
             "redis+cluster://a:b@h:notaport",

@@ -31,11 +31,15 @@ use crate::error::{BACKEND, convert, unexpected};
 /// [`RedisBackend::from_client`] and [`RedisBackend::from_connection_manager`].
 pub use redis;
 
-/// Largest renewal batch sent as one script call; the client splits larger batches.
-/// One call of this size keeps the server busy for a few milliseconds. On a Redis Cluster
-/// the backend takes this many per primary in one `renew` call (its capabilities say
-/// `max_renew_batch` = this times the number of primaries at connect).
+/// The default of [`RedisConfig::renew_batch`]: the largest renewal batch sent as one
+/// script call; the client splits larger batches. One call of this size keeps the server
+/// busy for a few milliseconds. On a Redis Cluster the backend takes this many per primary
+/// in one `renew` call (its capabilities say `max_renew_batch` = this times the number of
+/// primaries at connect).
 pub const MAX_RENEW_BATCH: usize = 10_000;
+
+/// The largest [`RedisConfig::renew_batch`] accepted.
+pub const RENEW_BATCH_LIMIT: usize = 100_000;
 
 /// Settings of a [`RedisBackend`].
 ///
@@ -70,6 +74,49 @@ pub struct RedisConfig {
     /// parameters `tls_ca`, `tls_cert` and `tls_key` set them too; giving one file two
     /// different ways is an error.
     pub tls: TlsFiles,
+    /// Replica acknowledgement (`WAIT`) of acquisitions and renewals: see
+    /// [`WaitForReplicas`]. `None` (default): a write counts once the primary applied it.
+    pub wait_for_replicas: Option<WaitForReplicas>,
+    /// Leases per renewal script call (default [`MAX_RENEW_BATCH`], at most
+    /// [`RENEW_BATCH_LIMIT`]); on a cluster, per primary. A larger batch takes fewer calls
+    /// per tick and keeps the server (each primary) busy longer in each: Redis runs one
+    /// script at a time, so every other client of that server waits meanwhile
+    /// (BENCHMARKS.md gives the time per tick for each batch size).
+    pub renew_batch: usize,
+}
+
+/// Acquisitions and renewals count only once `replicas` replicas acknowledged them
+/// (Redis `WAIT`, sent in the same pipeline as the script, so on the same connection and
+/// to the same node as the write).
+///
+/// **What it buys.** Replication is asynchronous: a primary that fails right after a
+/// write may be replaced by a replica that never saw it. Without this option that can
+/// lose an acquisition (the new primary has no lease, so a second holder gets it while
+/// the first still believes), its fencing counter's `INCR` (a token issued again), or a
+/// renewal (the lease lapses on the new primary up to one renewal period before its
+/// holder's deadline). With it, an acquisition or renewal that fewer replicas
+/// acknowledged within `timeout` is not counted: the acquire fails with a retryable
+/// error and releases what it took, and a renewal fails (retryable), so the holder's
+/// deadline does not move and it stops by the deadline of its last acknowledged one.
+///
+/// **What it costs.** Every acquisition and renewal waits for the replicas' replies: a
+/// round trip from the primary to them, on the same connection (other calls on the
+/// connection queue behind it, up to `timeout`). While fewer than `replicas` replicas
+/// are connected and in sync, no lease can be taken or kept: availability is traded for
+/// the guarantee.
+///
+/// **What it does not buy.** `WAIT` is not consensus. A failover may still promote a
+/// replica that had not acknowledged (one of several, or after a partition), and the
+/// acknowledgement is of the replica's memory, not of its disk. It narrows the window;
+/// for a lease that must never be lost to a failover use a consensus store (the etcd
+/// backend).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WaitForReplicas {
+    /// How many replicas must acknowledge (at least 1).
+    pub replicas: u32,
+    /// How long the primary waits for them: more than zero, and less than
+    /// [`RedisConfig::response_timeout`] (which bounds the whole call).
+    pub timeout: Duration,
 }
 
 impl Default for RedisConfig {
@@ -80,6 +127,8 @@ impl Default for RedisConfig {
             response_timeout: Duration::from_secs(5),
             persistent_fencing: None,
             tls: TlsFiles::default(),
+            wait_for_replicas: None,
+            renew_batch: MAX_RENEW_BATCH,
         }
     }
 }
@@ -94,6 +143,26 @@ impl RedisConfig {
             if value.is_zero() {
                 return Err(InvalidInput::Other(format!(
                     "redis {what} must be greater than zero"
+                )));
+            }
+        }
+        if !(1..=RENEW_BATCH_LIMIT).contains(&self.renew_batch) {
+            return Err(InvalidInput::Other(format!(
+                "redis renew_batch must be 1 to {RENEW_BATCH_LIMIT}, not {}",
+                self.renew_batch
+            )));
+        }
+        if let Some(w) = self.wait_for_replicas {
+            if w.replicas == 0 {
+                return Err(InvalidInput::Other(
+                    "redis wait_for_replicas.replicas must be at least 1".into(),
+                ));
+            }
+            if w.timeout.is_zero() || w.timeout >= self.response_timeout {
+                return Err(InvalidInput::Other(format!(
+                    "redis wait_for_replicas.timeout ({:?}) must be more than zero and less \
+                     than response_timeout ({:?})",
+                    w.timeout, self.response_timeout
                 )));
             }
         }
@@ -215,6 +284,9 @@ enum Source {
     Sentinel(tokio::sync::Mutex<redis::sentinel::SentinelClient>),
     /// A connection manager given by the caller: it cannot be replaced.
     Fixed,
+    /// A Redis Cluster: the cluster connection follows failovers itself; the URL gives
+    /// the scheme and credentials of the waiters' pub/sub connections to single nodes.
+    Cluster(cluster::ClusterUrl),
 }
 
 /// One acquire, as carried in a (possibly shared) script run.
@@ -325,15 +397,15 @@ impl RedisBackend {
     }
 
     /// Connects to a Redis Cluster through its seed nodes (see the `cluster` module).
-    /// Release notification is off on a cluster: waiters poll with backoff.
     async fn connect_cluster(url: cluster::ClusterUrl, config: RedisConfig) -> Result<Self> {
         let conn = cluster::open(&url, config.connect_timeout, config.response_timeout).await?;
+        let described = url.described.clone();
         Self::build(
             Link::Cluster(conn),
             None,
-            Source::Fixed,
+            Source::Cluster(url),
             config,
-            url.described,
+            described,
         )
         .await
     }
@@ -410,16 +482,16 @@ impl RedisBackend {
     ) -> Result<Self> {
         let slots = matches!(cm, Link::Cluster(_)).then(cluster::Slots::new);
         // On a cluster a renewal batch is split by primary, each part one script call of
-        // at most MAX_RENEW_BATCH leases (about, as slots spread names evenly).
+        // at most `renew_batch` leases (about, as slots spread names evenly).
         let max_renew_batch = match (&cm, &slots) {
             (Link::Cluster(c), Some(slots)) => {
                 let primaries = slots
                     .primaries(&mut c.clone(), config.response_timeout)
                     .await
                     .map_err(|e| convert("connect", config.response_timeout, e))?;
-                MAX_RENEW_BATCH.saturating_mul(primaries.len().max(1))
+                config.renew_batch.saturating_mul(primaries.len().max(1))
             }
-            _ => MAX_RENEW_BATCH,
+            _ => config.renew_batch,
         };
         let durable = match (config.persistent_fencing, &cm) {
             (Some(d), _) => d,
@@ -440,7 +512,9 @@ impl RedisBackend {
         caps.ttl_granularity = Duration::from_millis(1);
         caps.holder_info = true;
         caps.keep_for = true;
-        caps.release_notification = client.is_some();
+        // A waiter needs a pub/sub connection: from the client, or on a cluster to the
+        // node serving the lease's slot.
+        caps.release_notification = client.is_some() || matches!(source, Source::Cluster(_));
         caps.max_renew_batch = max_renew_batch;
         tracing::debug!(%server, prefix = %config.key_prefix, fencing = ?caps.fencing, "redis lease backend ready");
         // Up when this crate just connected, or the persistence probe got a reply.
@@ -493,7 +567,7 @@ impl RedisBackend {
         }
         let cfg = &self.inner.config;
         let client = match &self.inner.source {
-            Source::Fixed => return Ok(current),
+            Source::Fixed | Source::Cluster(_) => return Ok(current),
             Source::Client(client) => client.clone(),
             Source::Sentinel(sc) => {
                 let mut sc = sc.lock().await;
@@ -628,7 +702,7 @@ impl RedisBackend {
     /// Sends one acquire. If the caller gives up while it is in flight (its future is
     /// dropped: a timeout around it, a `select!`), the lease may be taken for nobody, so
     /// it is released at once by its owner token instead of being left to its TTL.
-    async fn acquire_req(&self, req: AcquireReq) -> Result<(Value, bool)> {
+    async fn acquire_req(&self, req: AcquireReq) -> Result<(Value, bool, Option<i64>)> {
         let mut inv = scripts::ACQUIRE_SCRIPT.prepare_invoke();
         inv.key(&req.lock)
             .key(&req.fence)
@@ -639,9 +713,71 @@ impl RedisBackend {
             backend: self,
             req: Some(req),
         };
-        let result = self.invoke("acquire", &inv).await;
+        let result = self.run_script("acquire", &inv).await;
         in_flight.req = None;
         result
+    }
+
+    /// Runs a script that writes, and with [`RedisConfig::wait_for_replicas`] a `WAIT`
+    /// after it in the same pipeline (so on the same connection and node). Returns the
+    /// script's reply, whether it was retried after a dropped connection, and the number
+    /// of replicas that acknowledged (`None` without the option).
+    async fn run_script(
+        &self,
+        operation: &'static str,
+        inv: &redis::ScriptInvocation<'_>,
+    ) -> Result<(Value, bool, Option<i64>)> {
+        let Some(w) = self.inner.config.wait_for_replicas else {
+            let (v, retried) = self.invoke(operation, inv).await?;
+            return Ok((v, retried, None));
+        };
+        let timeout_ms = u64::try_from(w.timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(inv)
+            .cmd("WAIT")
+            .arg(w.replicas)
+            .arg(timeout_ms);
+        let pipe = &pipe;
+        let (reply, retried) = self
+            .send(operation, |mut conn| async move {
+                match pipe.query_async::<Value>(&mut conn).await {
+                    Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                        inv.load_async(&mut conn).await?;
+                        pipe.query_async::<Value>(&mut conn).await
+                    }
+                    other => other,
+                }
+            })
+            .await?;
+        let mut items = array(operation, reply)?.into_iter();
+        let (Some(script), Some(acks), None) = (items.next(), items.next(), items.next()) else {
+            return Err(unexpected(operation, "a script and WAIT pipeline did not get 2 replies"));
+        };
+        let acks = int(operation, "WAIT", &acks)?;
+        Ok((script, retried, Some(acks)))
+    }
+
+    /// With [`RedisConfig::wait_for_replicas`]: a retryable error unless `acks` replicas
+    /// are enough. `retried` (the write's connection dropped, and the reply came on a new
+    /// one, whose `WAIT` covers nothing written before it) never counts as acknowledged.
+    fn acknowledged(&self, what: &str, acks: Option<i64>, retried: bool) -> Result<()> {
+        let (Some(w), Some(acks)) = (self.inner.config.wait_for_replicas, acks) else {
+            return Ok(());
+        };
+        if acks >= i64::from(w.replicas) && !retried {
+            return Ok(());
+        }
+        let why = if retried {
+            format!("the {what} was confirmed on a new connection, whose WAIT proves nothing")
+        } else {
+            format!(
+                "{acks} of {} replicas acknowledged the {what} within {:?}",
+                w.replicas, w.timeout
+            )
+        };
+        Err(Error::unavailable(BACKEND, why))
     }
 
     /// Releases without keep-for: `HDEL <lock> <token> <token>:w`, a native command (no
@@ -679,6 +815,29 @@ impl RedisBackend {
             }
         }
         Ok(removed > 0)
+    }
+
+    /// On a cluster, a client of the primary serving `lock`'s slot, for a waiter's pub/sub
+    /// connection. A release's `PUBLISH` reaches every node of a cluster (over its bus), so
+    /// the node only needs to be up; the slot's primary is the one the release runs on.
+    async fn node_client(&self, url: &cluster::ClusterUrl, lock: &str) -> Result<Client> {
+        const OP: &str = "wait_released";
+        let reply_timeout = self.inner.config.response_timeout;
+        let (Some(slots), Link::Cluster(mut conn)) = (&self.inner.slots, self.conn()) else {
+            return Err(Error::Unsupported {
+                backend: BACKEND,
+                what: "release notification on a cluster without its connection",
+            });
+        };
+        let node = slots
+            .nodes_of(&mut conn, &[cluster::slot(lock.as_bytes())], reply_timeout)
+            .await
+            .map_err(|e| convert(OP, reply_timeout, e))?
+            .into_iter()
+            .flatten()
+            .next()
+            .ok_or_else(|| Error::unavailable(BACKEND, "no node of the cluster serves the lease's slot"))?;
+        Client::open(url.node_url(&node)).map_err(|e| convert(OP, reply_timeout, e))
     }
 
     /// Renews a batch on a cluster: one script call per primary (the leases grouped by the
@@ -735,12 +894,16 @@ impl RedisBackend {
                 for &i in &ids {
                     inv.arg(&keys[i]).arg(&tokens[i]);
                 }
-                let reply = self.invoke(OP, &inv).await;
+                let reply = self.run_script(OP, &inv).await;
                 (ids, reply)
             }
         });
         for (ids, reply) in futures::future::join_all(group_calls).await {
-            let parsed = reply.and_then(|(v, _)| renew_replies(OP, v, ids.len()));
+            if let Ok((_, retried, acks)) = &reply {
+                // Renewed on the primary, but not acknowledged: none of the batch counts.
+                self.acknowledged("renewal", *acks, *retried)?;
+            }
+            let parsed = reply.and_then(|(v, _, _)| renew_replies(OP, v, ids.len()));
             match parsed {
                 Ok(results) => {
                     for (i, r) in ids.into_iter().zip(results) {
@@ -764,8 +927,11 @@ impl RedisBackend {
             async move {
                 let mut inv = scripts::RENEW_SCRIPT.prepare_invoke();
                 inv.arg(ttl_ms).key(&keys[i]).arg(&tokens[i]);
-                let reply = self.invoke(OP, &inv).await;
-                (i, reply.and_then(|(v, _)| renew_results(OP, v, 1)))
+                let reply = self.run_script(OP, &inv).await.and_then(|(v, retried, acks)| {
+                    self.acknowledged("renewal", acks, retried)?;
+                    renew_results(OP, v, 1)
+                });
+                (i, reply)
             }
         });
         for (i, result) in futures::future::join_all(single_calls).await {
@@ -1167,7 +1333,20 @@ impl LeaseBackend for RedisBackend {
         const OP: &str = "acquire";
         let ttl_ms = ttl_millis("ttl", ttl)?;
         let req = AcquireReq::new(self.prefix(), name, owner, ttl_ms);
-        let (reply, retried) = self.acquire_req(req).await?;
+        let taken = (req.lock.clone(), req.token.clone());
+        let (reply, retried, acks) = self.acquire_req(req).await?;
+        let acquired = matches!(reply, Value::Int(_))
+            || (retried && matches!(&reply, Value::Array(a) if matches!(a.first(), Some(Value::Int(2)))));
+        if acquired {
+            if let Err(e) = self.acknowledged("acquisition", acks, retried) {
+                // Not counted: give back what the primary took (the TTL frees it if this
+                // fails too).
+                if let Err(error) = self.release_now(&taken.0, &taken.1).await {
+                    tracing::warn!(lease = %name, %error, "releasing an unacknowledged acquisition failed; its TTL frees it");
+                }
+                return Err(e);
+            }
+        }
         // Acquired: the fencing token alone, for the TTL asked for.
         if let Value::Int(_) = reply {
             let fencing = non_negative(OP, "fencing token", &reply)?;
@@ -1240,7 +1419,8 @@ impl LeaseBackend for RedisBackend {
             inv.key(keys::lock_key(prefix, &item.name))
                 .arg(item.token.to_string());
         }
-        let (reply, _) = self.invoke(OP, &inv).await?;
+        let (reply, retried, acks) = self.run_script(OP, &inv).await?;
+        self.acknowledged("renewal", acks, retried)?;
         let items = array(OP, reply)?;
         if items.len() != leases.len() {
             return Err(unexpected(
@@ -1351,14 +1531,18 @@ impl LeaseBackend for RedisBackend {
     /// sends no message) or `max_wait`, whichever comes first.
     async fn wait_released(&self, name: &LeaseName, max_wait: Duration) -> Result<()> {
         const OP: &str = "wait_released";
-        let Some(client) = self.current().client.clone() else {
-            return Err(Error::Unsupported {
-                backend: BACKEND,
-                what: "release notification without a redis::Client",
-            });
-        };
         let cfg = &self.inner.config;
         let k = keys::keys(self.prefix(), name);
+        let client = match (&self.inner.source, self.current().client.clone()) {
+            (Source::Cluster(url), _) => self.node_client(url, &k.lock).await?,
+            (_, Some(client)) => client,
+            (_, None) => {
+                return Err(Error::Unsupported {
+                    backend: BACKEND,
+                    what: "release notification without a redis::Client",
+                });
+            }
+        };
         let mut pubsub = bounded(
             OP,
             cfg.connect_timeout,

@@ -1,5 +1,6 @@
-//! Redis Cluster (`redis+cluster://`) on a real local cluster of 3 primaries and 3
-//! replicas: the whole conformance suite on a shared cluster; a renewal batch that is one
+//! Redis Cluster (`redis+cluster://`) on a real cluster of 3 primaries and 3 replicas
+//! (containers where a Docker engine answers, else local processes): the whole conformance suite on a shared cluster, also with every write
+//! acknowledged by a replica (`WAIT`); a renewal batch that is one
 //! script call per primary; and failovers, coordinated (`CLUSTER FAILOVER`) and by a
 //! killed primary, after which every lease either is still held by its guard (and
 //! refused to others) or was reported lost (and its next holder's fencing token is
@@ -35,6 +36,35 @@ mod conformance {
     lease_conformance::conformance_suite!(cluster);
 }
 
+/// The whole suite again with every acquisition and renewal acknowledged by a replica
+/// (`WAIT 1`, in the same pipeline as the script, so sent to the primary that ran it).
+mod conformance_acknowledged {
+    use lease_conformance::Fixture;
+    use lease_redis::{RedisConfig, WaitForReplicas};
+
+    use super::*;
+
+    async fn cluster() -> Fixture {
+        let cluster = RedisCluster::shared()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let config = RedisConfig {
+            key_prefix: "acked".into(),
+            wait_for_replicas: Some(WaitForReplicas {
+                replicas: 1,
+                timeout: Duration::from_secs(2),
+            }),
+            ..RedisConfig::default()
+        };
+        let backend = RedisBackend::connect_with(&cluster.url(), config)
+            .await
+            .expect("connect");
+        Fixture::new(Arc::new(backend))
+    }
+
+    lease_conformance::conformance_suite!(cluster);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capabilities_on_a_cluster() {
     let cluster = RedisCluster::shared().await.unwrap();
@@ -44,12 +74,23 @@ async fn capabilities_on_a_cluster() {
     let caps: Capabilities = backend.capabilities();
     // The cluster's nodes run without AOF: volatile, as each primary says.
     assert_eq!(caps.fencing, Fencing::Volatile);
-    // No release notification on a cluster yet: waiters poll.
-    assert!(!caps.release_notification);
+    // Release notification: a waiter subscribes on the node serving the lease's slot,
+    // and a release's PUBLISH reaches every node.
+    assert!(caps.release_notification);
     // Up to 10,000 leases per primary in one renew call.
     assert_eq!(caps.max_renew_batch, 3 * lease_redis::MAX_RENEW_BATCH);
     let shown = format!("{backend:?}");
-    assert!(shown.contains("cluster 127.0.0.1:"), "{shown}");
+    let first = cluster.address(cluster.ports()[0]);
+    assert!(shown.contains(&format!("cluster {first}")), "{shown}");
+    // A larger batch per script call: per primary too.
+    let config = lease_redis::RedisConfig {
+        renew_batch: 40_000,
+        ..lease_redis::RedisConfig::default()
+    };
+    let backend = RedisBackend::connect_with(&cluster.url(), config)
+        .await
+        .expect("connect");
+    assert_eq!(backend.capabilities().max_renew_batch, 120_000);
 }
 
 /// 300 leases spread over the slots of all three primaries, renewed in one batch: one
@@ -95,27 +136,50 @@ async fn a_renewal_batch_is_one_script_call_per_primary() {
     );
 }
 
+/// A new cluster, a backend on it with `config`, and `n` leases (`{prefix}-{i}`, TTL 4 s)
+/// held through a client labelled "holder" that renews every `renew_every`.
+async fn hold_leases(
+    prefix: &str,
+    n: usize,
+    renew_every: Duration,
+    config: lease_redis::RedisConfig,
+) -> (RedisCluster, Arc<dyn LeaseBackend>, Vec<(String, LeaseGuard)>) {
+    let cluster = RedisCluster::start().await.unwrap();
+    let backend: Arc<dyn LeaseBackend> = Arc::new(
+        RedisBackend::connect_with(&cluster.url(), config)
+            .await
+            .expect("connect"),
+    );
+    let client = LeaseClient::with_label(backend.clone(), HolderLabel::new("holder").unwrap());
+    let opts = LeaseOptions::builder(Duration::from_secs(4))
+        .renew_every(renew_every)
+        .build()
+        .unwrap();
+    let mut guards = Vec::with_capacity(n);
+    for i in 0..n {
+        let name = format!("{prefix}-{i}");
+        let guard = client.acquire(&name, &opts).await.expect("acquire");
+        guards.push((name, guard));
+    }
+    (cluster, backend, guards)
+}
+
 /// Holds 30 leases through a client, fails a primary over (`how`), and checks every
 /// lease afterwards: still held by its guard, and then refused to another client; or
 /// reported lost, and then taken by another client with a higher fencing token.
 async fn failover(how: &str) {
-    let mut cluster = RedisCluster::start().await.unwrap();
-    let url = cluster.url();
-    let backend: Arc<dyn LeaseBackend> =
-        Arc::new(RedisBackend::connect(&url).await.expect("connect"));
-    let client = LeaseClient::with_label(backend.clone(), HolderLabel::new("holder").unwrap());
-    let opts = LeaseOptions::builder(Duration::from_secs(4))
-        .renew_every(Duration::from_millis(400))
-        .build()
+    let (mut cluster, backend, guards) = hold_leases(
+        "failover",
+        30,
+        Duration::from_millis(400),
+        lease_redis::RedisConfig::default(),
+    )
+    .await;
+    // The acquisitions have reached the replicas (their offsets caught up).
+    cluster
+        .wait_replicated(Duration::from_secs(10))
+        .await
         .unwrap();
-    let mut guards: Vec<(String, LeaseGuard)> = Vec::new();
-    for i in 0..30 {
-        let name = format!("failover-{i}");
-        let guard = client.acquire(&name, &opts).await.expect("acquire");
-        guards.push((name, guard));
-    }
-    // Let the acquisitions reach the replicas.
-    tokio::time::sleep(Duration::from_secs(1)).await;
     let primaries = cluster.primaries().await.unwrap();
     let victim = primaries[0];
     let nodes = cluster.cli(victim, &["CLUSTER", "NODES"]).await.unwrap();
@@ -195,23 +259,13 @@ async fn node_id(cluster: &RedisCluster, port: u16) -> String {
 /// with a retryable error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leases_hold_while_slots_migrate() {
-    let mut cluster = RedisCluster::start().await.unwrap();
-    let url = cluster.url();
-    let backend: Arc<dyn LeaseBackend> =
-        Arc::new(RedisBackend::connect(&url).await.expect("connect"));
-    let client = LeaseClient::with_label(backend.clone(), HolderLabel::new("holder").unwrap());
-    let opts = LeaseOptions::builder(Duration::from_secs(4))
-        .renew_every(Duration::from_millis(200))
-        .build()
-        .unwrap();
-    let mut guards: Vec<(String, LeaseGuard)> = Vec::new();
-    for i in 0..40 {
-        let name = format!("migrating-{i}");
-        guards.push((
-            name.clone(),
-            client.acquire(&name, &opts).await.expect("acquire"),
-        ));
-    }
+    let (mut cluster, backend, guards) = hold_leases(
+        "migrating",
+        40,
+        Duration::from_millis(200),
+        lease_redis::RedisConfig::default(),
+    )
+    .await;
     // Another client cycles acquire + release on names of its own meanwhile.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let cycling = {
@@ -249,7 +303,7 @@ async fn leases_hold_while_slots_migrate() {
             &[
                 "--cluster",
                 "reshard",
-                &format!("127.0.0.1:{}", primaries[0]),
+                &cluster.address(primaries[0]),
                 "--cluster-from",
                 &from,
                 "--cluster-to",

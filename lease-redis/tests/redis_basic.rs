@@ -669,6 +669,45 @@ async fn unreachable_server_fails_fast() {
     .await
     .unwrap_err();
     assert!(matches!(err, Error::InvalidInput(_)), "{err}");
+
+    for bad in [0, lease_redis::RENEW_BATCH_LIMIT + 1] {
+        let err = RedisBackend::connect_with(
+            "redis://127.0.0.1:6379",
+            RedisConfig {
+                renew_batch: bad,
+                ..RedisConfig::default()
+            },
+        )
+        .await
+        .unwrap_err();
+        assert!(matches!(err, Error::InvalidInput(_)), "{err}");
+        assert!(err.to_string().contains("renew_batch must be 1 to 100000"), "{err}");
+    }
+}
+
+/// `renew_batch` sets the batch the capabilities announce, and one script call renews
+/// that many.
+#[tokio::test]
+async fn the_renewal_batch_is_configurable() {
+    let server = RedisServer::start_owned().await.unwrap();
+    let b = backend_with(&server, |c| c.renew_batch = 12_000).await;
+    assert_eq!(b.capabilities().max_renew_batch, 12_000);
+    let ttl = Duration::from_secs(30);
+    let mut items = Vec::new();
+    for i in 0..12_000 {
+        let o = owner("batch");
+        acquired(&b, &name(format!("batch-{i}").as_bytes()), &o, ttl).await;
+        items.push(RenewItem {
+            name: name(format!("batch-{i}").as_bytes()),
+            token: o.token,
+        });
+    }
+    // Load the script first, so that the count below has no NOSCRIPT retry in it.
+    b.renew(&items[..1], ttl).await.unwrap();
+    let before = script_calls(&server).await;
+    let renewed = b.renew(&items, ttl).await.unwrap();
+    assert!(renewed.iter().all(|r| *r == RenewOutcome::Renewed));
+    assert_eq!(script_calls(&server).await - before, 1);
 }
 
 async fn script_calls(server: &RedisServer) -> u64 {

@@ -408,15 +408,7 @@ impl RedisSentinels {
                 args.push(flag.into());
             }
             let log = dir.path().join(format!("sentinel-{i}.log"));
-            let mut process = ChildProcess::spawn(binary.clone(), args, log)?;
-            if let Err(why) = wait_ready(&mut process, *port).await {
-                let tail = process.log_tail(20);
-                let _ = process.kill();
-                return Err(HarnessError::Start(format!(
-                    "sentinel on port {port}: {why}; log tail:\n{tail}"
-                )));
-            }
-            processes.push(process);
+            processes.push(spawn_ready(&binary, args, log, *port, "sentinel").await?);
         }
         super::announce(format_args!(
             "lease test server: {count} redis sentinels for {service} (primary 127.0.0.1:{primary_port}) \
@@ -593,54 +585,103 @@ mod tests {
     }
 }
 
-/// A local Redis Cluster: 3 primaries and 3 replicas (`redis-server --cluster-enabled
-/// yes` processes on free loopback ports, each in a directory of its own), made into a
-/// cluster by `redis-cli --cluster create ... --cluster-replicas 1`, killed when the
-/// handle drops. A node is marked failed after 1 s without a reply
-/// (`cluster-node-timeout 1000`), so a killed primary's replica takes over within a few
-/// seconds.
+/// A Redis Cluster for tests: 3 primaries and 3 replicas (`redis-server --cluster-enabled
+/// yes`), made into a cluster by `redis-cli --cluster create ... --cluster-replicas 1`, and
+/// removed when the handle drops. Its nodes are containers on a private Docker network
+/// (each at its own address, reached directly from this machine) where an engine answers,
+/// else processes on free loopback ports (see [`RedisCluster::start`]). A node is marked
+/// failed after 1 s without a reply (`cluster-node-timeout 1000`), so a killed primary's
+/// replica takes over within a few seconds.
+///
+/// Nodes are named by their ports, which differ in both kinds; [`RedisCluster::address`]
+/// gives a node's `host:port`.
 #[derive(Debug)]
 pub struct RedisCluster {
     ports: Vec<u16>,
-    // Declared in drop order: the processes, the watcher, then the directory.
-    processes: Vec<ChildProcess>,
-    _watcher: DirWatcher,
-    dir: tempfile::TempDir,
+    /// Each node's host, in the order of `ports`.
+    hosts: Vec<String>,
+    nodes: ClusterNodes,
+}
+
+/// Where a cluster's nodes run.
+#[derive(Debug)]
+enum ClusterNodes {
+    Local {
+        // Declared in drop order: the processes, the watcher, then the directory.
+        processes: Vec<ChildProcess>,
+        _watcher: DirWatcher,
+        _dir: tempfile::TempDir,
+    },
+    Containers {
+        // The containers go before their network.
+        containers: Vec<super::docker::DockerContainer>,
+        killed: Vec<bool>,
+        _network: super::docker::DockerNetwork,
+    },
 }
 
 /// How long a new cluster may take to agree on its slots.
 const CLUSTER_READY: Duration = Duration::from_secs(30);
 
+/// The port of the first node in containers (each node has its own address, so the
+/// ports only have to differ between nodes, to name them).
+const CONTAINER_PORT_BASE: u16 = 7000;
+
+/// Every node's flags but its port and place.
+fn node_args() -> Vec<String> {
+    [
+        "--cluster-enabled",
+        "yes",
+        "--cluster-config-file",
+        "nodes.conf",
+        "--cluster-node-timeout",
+        "1000",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        // A replica's first sync at once, not after the default 5 s: a primary killed
+        // before its replica has synced cannot be failed over.
+        "--repl-diskless-sync-delay",
+        "0",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
 impl RedisCluster {
-    /// Starts 6 nodes and creates the cluster (3 primaries, 1 replica each), then waits
+    /// 3 primaries with 1 replica each: in containers where a Docker engine answers (and
+    /// must, under `LEASE_TEST_SOURCE=containers`), else local processes. Then waits
     /// until every node reports `cluster_state:ok` with all 16384 slots served and every
     /// replica has synced with its primary.
     ///
     /// Errors: [`HarnessError::Unavailable`] without `redis-server` or `redis-cli`;
     /// [`HarnessError::Start`] with the logs when the cluster does not form in 30 s.
     pub async fn start() -> Result<RedisCluster, HarnessError> {
-        Self::start_sized(3, 1).await
+        match super::docker::available() {
+            Ok(()) => Self::start_in_containers(3, 1).await,
+            Err(why) if super::container::forced() => Err(HarnessError::Start(format!(
+                "LEASE_TEST_SOURCE=containers, and no redis cluster in containers: {why}"
+            ))),
+            Err(_) => Self::start_sized(3, 1).await,
+        }
     }
 
-    /// A cluster of `primaries` primaries (1, or 3 and more, as `redis-cli --cluster
-    /// create` needs) with `replicas` replicas each (none with 1 primary), for the
-    /// benchmark's comparison of one primary with three. One primary gets every slot by
-    /// `CLUSTER ADDSLOTSRANGE 0 16383`.
+    /// A cluster of local processes on loopback ports, of `primaries` primaries (1, or 3
+    /// and more, as `redis-cli --cluster create` needs) with `replicas` replicas each
+    /// (none with 1 primary): for the benchmark's comparison of one primary with three,
+    /// whatever engine there is. One primary gets every slot by `CLUSTER ADDSLOTSRANGE 0
+    /// 16383`.
     ///
     /// Errors: as [`RedisCluster::start`]; [`HarnessError::Start`] for another shape.
     pub async fn start_sized(
         primaries: usize,
         replicas: usize,
     ) -> Result<RedisCluster, HarnessError> {
-        if !(primaries == 1 && replicas == 0 || primaries >= 3) {
-            return Err(HarnessError::Start(format!(
-                "a redis cluster of {primaries} primaries with {replicas} replicas each: \
-                 1 primary without replicas, or at least 3"
-            )));
-        }
+        check_shape(primaries, replicas)?;
         let binary = find_binary("redis-server", &["/usr/bin", "/usr/sbin", "/usr/local/bin"])
             .ok_or_else(|| HarnessError::Unavailable(format!("no redis-server: {INSTALL_HINT}")))?;
-        let cli = cli_binary()?;
+        cli_binary()?;
         let dir = tempfile::Builder::new()
             .prefix("lease-redis-cluster-")
             .tempdir()
@@ -652,59 +693,129 @@ impl RedisCluster {
             let node_dir = dir.path().join(format!("node-{i}"));
             std::fs::create_dir_all(&node_dir)
                 .map_err(|e| HarnessError::io("creating a cluster node's dir", e))?;
-            let args: Vec<OsString> = [
+            let mut args: Vec<OsString> = [
                 "--port".to_owned(),
                 port.to_string(),
                 "--bind".to_owned(),
                 "127.0.0.1".to_owned(),
                 "--dir".to_owned(),
                 node_dir.display().to_string(),
-                "--cluster-enabled".to_owned(),
-                "yes".to_owned(),
-                "--cluster-config-file".to_owned(),
-                "nodes.conf".to_owned(),
-                "--cluster-node-timeout".to_owned(),
-                "1000".to_owned(),
-                "--save".to_owned(),
-                String::new(),
-                "--appendonly".to_owned(),
-                "no".to_owned(),
-                // A replica's first sync at once, not after the default 5 s: a primary
-                // killed before its replica has synced cannot be failed over.
-                "--repl-diskless-sync-delay".to_owned(),
-                "0".to_owned(),
             ]
             .into_iter()
             .map(OsString::from)
             .collect();
+            args.extend(node_args().into_iter().map(OsString::from));
             let log = dir.path().join(format!("node-{i}.log"));
-            let mut process = ChildProcess::spawn(binary.clone(), args, log)?;
-            if let Err(why) = wait_ready(&mut process, *port).await {
-                let tail = process.log_tail(20);
-                let _ = process.kill();
-                return Err(HarnessError::Start(format!(
-                    "cluster node on port {port}: {why}; log tail:\n{tail}"
-                )));
-            }
-            processes.push(process);
+            processes.push(spawn_ready(&binary, args, log, *port, "cluster node").await?);
         }
-        let mut cluster = RedisCluster {
+        let described = format!(
+            "local process {}, dir {}",
+            binary.display(),
+            dir.path().display()
+        );
+        let cluster = RedisCluster {
+            hosts: vec!["127.0.0.1".to_owned(); ports.len()],
             ports,
-            processes,
-            _watcher: watcher,
-            dir,
+            nodes: ClusterNodes::Local {
+                processes,
+                _watcher: watcher,
+                _dir: dir,
+            },
         };
-        let out = if primaries == 1 {
-            let args = [
-                "-p",
-                &cluster.ports[0].to_string(),
-                "CLUSTER",
-                "ADDSLOTSRANGE",
-                "0",
-                "16383",
+        cluster.form(primaries, replicas, &described).await
+    }
+
+    /// A cluster whose nodes are containers of the redis image on a private network of
+    /// their own, each at its own address (ports 7000 and up), reached directly from this
+    /// machine: what the cluster announces is what clients here dial.
+    pub async fn start_in_containers(
+        primaries: usize,
+        replicas: usize,
+    ) -> Result<RedisCluster, HarnessError> {
+        use super::docker::{Attach, DockerContainer, DockerNetwork, RunSpec};
+        check_shape(primaries, replicas)?;
+        cli_binary()?;
+        let network = DockerNetwork::create().await?;
+        let image = super::docker::image_for(&super::engine::REDIS_IMAGES).await;
+        let count = primaries * (1 + replicas);
+        let mut ports = Vec::with_capacity(count);
+        let mut hosts = Vec::with_capacity(count);
+        let mut containers = Vec::with_capacity(count);
+        for i in 0..count {
+            let port = CONTAINER_PORT_BASE + u16::try_from(i).unwrap_or(0);
+            let ip = network.allocate()?;
+            let mut cmd: Vec<String> = [
+                "redis-server",
+                "--port",
+                &port.to_string(),
+                "--protected-mode",
+                "no",
             ]
-            .map(String::from);
-            let out = run_cli(&cli, &args).await?;
+            .map(String::from)
+            .to_vec();
+            cmd.extend(node_args());
+            containers.push(
+                DockerContainer::run(RunSpec {
+                    image: image.clone(),
+                    cmd,
+                    networks: vec![Attach {
+                        network: network.name().to_owned(),
+                        ip: Some(ip),
+                    }],
+                    ..RunSpec::default()
+                })
+                .await?,
+            );
+            ports.push(port);
+            hosts.push(ip.to_string());
+        }
+        let described = format!(
+            "containers {image} on network {} at {}",
+            network.name(),
+            hosts.join(", ")
+        );
+        let cluster = RedisCluster {
+            ports,
+            hosts,
+            nodes: ClusterNodes::Containers {
+                killed: vec![false; containers.len()],
+                containers,
+                _network: network,
+            },
+        };
+        // Each node answers PING before the cluster is made.
+        let until = Instant::now() + CLUSTER_READY;
+        for port in cluster.ports.clone() {
+            loop {
+                let out = cluster.cli(port, &["PING"]).await.unwrap_or_default();
+                if out.contains("PONG") {
+                    break;
+                }
+                if Instant::now() > until {
+                    return Err(HarnessError::Start(format!(
+                        "cluster node {} did not answer PING within {CLUSTER_READY:?}; logs:\n{}",
+                        cluster.address(port),
+                        cluster.log_tail(10)
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        cluster.form(primaries, replicas, &described).await
+    }
+
+    /// Makes the started nodes a cluster and waits until it is ok.
+    async fn form(
+        mut self,
+        primaries: usize,
+        replicas: usize,
+        described: &str,
+    ) -> Result<RedisCluster, HarnessError> {
+        let cli = cli_binary()?;
+        let out = if primaries == 1 {
+            let out = self
+                .cli(self.ports[0], &["CLUSTER", "ADDSLOTSRANGE", "0", "16383"])
+                .await?;
             if out.trim() == "OK" {
                 "All 16384 slots covered".to_owned()
             } else {
@@ -712,32 +823,35 @@ impl RedisCluster {
             }
         } else {
             let mut create: Vec<String> = vec!["--cluster".into(), "create".into()];
-            create.extend(cluster.ports.iter().map(|p| format!("127.0.0.1:{p}")));
+            create.extend(self.ports.iter().map(|p| self.address(*p)));
             create.extend(["--cluster-replicas".to_owned(), replicas.to_string()]);
             create.push("--cluster-yes".into());
             run_cli(&cli, &create).await?
         };
         if !out.contains("All 16384 slots covered") {
-            let logs = cluster.log_tail(10);
-            cluster.kill_all();
+            let logs = self.log_tail(10);
+            self.kill_all();
             return Err(HarnessError::Start(format!(
                 "redis-cli --cluster create:\n{out}\nlogs:\n{logs}"
             )));
         }
-        cluster.wait_ok(CLUSTER_READY).await?;
+        self.wait_ok(CLUSTER_READY).await?;
         super::announce(format_args!(
             "lease test server: redis cluster of {primaries} primaries with {replicas} \
-             replicas each on ports {:?} (local process {}, dir {})",
-            cluster.ports,
-            binary.display(),
-            cluster.dir.path().display()
+             replicas each at {} ({described})",
+            self.ports
+                .iter()
+                .map(|p| self.address(*p))
+                .collect::<Vec<_>>()
+                .join(", "),
         ));
-        Ok(cluster)
+        Ok(self)
     }
 
-    /// The test binary's shared cluster, started by the first test that asks and left
-    /// running until the process exits (its cleanup watcher kills the nodes then): for
-    /// tests that neither kill nor reconfigure nodes, each under key names of its own.
+    /// The test binary's shared cluster (as [`RedisCluster::start`] gives), started by
+    /// the first test that asks and left running until the process exits (its cleanup
+    /// watchers remove the nodes then): for tests that neither kill nor reconfigure
+    /// nodes, each under key names of its own.
     pub async fn shared() -> Result<&'static RedisCluster, HarnessError> {
         static SHARED: tokio::sync::OnceCell<Result<RedisCluster, String>> =
             tokio::sync::OnceCell::const_new();
@@ -748,14 +862,10 @@ impl RedisCluster {
             .map_err(|e| HarnessError::Start(e.clone()))
     }
 
-    /// `redis+cluster://127.0.0.1:P1,127.0.0.1:P2,...` (every node, so that any of them
-    /// can be killed).
+    /// `redis+cluster://HOST1:P1,HOST2:P2,...` (every node, so that any of them can be
+    /// killed).
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .ports
-            .iter()
-            .map(|p| format!("127.0.0.1:{p}"))
-            .collect();
+        let hosts: Vec<String> = self.ports.iter().map(|p| self.address(*p)).collect();
         format!("redis+cluster://{}", hosts.join(","))
     }
 
@@ -764,10 +874,28 @@ impl RedisCluster {
         &self.ports
     }
 
-    /// Runs `redis-cli -p PORT ARGS...` against one node and returns its output.
+    /// `host:port` of the node on `port` (`127.0.0.1:port` for a local node).
+    pub fn address(&self, port: u16) -> String {
+        let host = self
+            .ports
+            .iter()
+            .position(|p| *p == port)
+            .and_then(|i| self.hosts.get(i))
+            .map_or("127.0.0.1", String::as_str);
+        format!("{host}:{port}")
+    }
+
+    /// Whether the nodes are containers.
+    pub fn in_containers(&self) -> bool {
+        matches!(self.nodes, ClusterNodes::Containers { .. })
+    }
+
+    /// Runs `redis-cli -h HOST -p PORT ARGS...` against one node and returns its output.
     pub async fn cli(&self, port: u16, args: &[&str]) -> Result<String, HarnessError> {
         let cli = cli_binary()?;
-        let mut all: Vec<String> = vec!["-p".into(), port.to_string()];
+        let address = self.address(port);
+        let host = address.rsplit_once(':').map_or("127.0.0.1", |(h, _)| h);
+        let mut all: Vec<String> = vec!["-h".into(), host.to_owned(), "-p".into(), port.to_string()];
         all.extend(args.iter().map(|a| (*a).to_owned()));
         run_cli(&cli, &all).await
     }
@@ -798,23 +926,50 @@ impl RedisCluster {
         Ok(out)
     }
 
-    /// The port of a node whose process runs.
+    /// The ports of the nodes still running (not killed).
+    fn running_ports(&mut self) -> Vec<u16> {
+        let running: Vec<bool> = match &mut self.nodes {
+            ClusterNodes::Local { processes, .. } => {
+                processes.iter_mut().map(|p| p.is_running()).collect()
+            }
+            ClusterNodes::Containers { killed, .. } => killed.iter().map(|k| !k).collect(),
+        };
+        self.ports
+            .iter()
+            .zip(running)
+            .filter_map(|(port, up)| up.then_some(*port))
+            .collect()
+    }
+
+    /// The port of a node that runs.
     fn live_port(&mut self) -> Result<u16, HarnessError> {
-        self.processes
-            .iter_mut()
-            .zip(&self.ports)
-            .find_map(|(p, port)| p.is_running().then_some(*port))
+        self.running_ports()
+            .first()
+            .copied()
             .ok_or_else(|| HarnessError::Start("no cluster node is running".into()))
     }
 
-    /// SIGKILLs the node on `port`.
+    /// SIGKILLs the node on `port` (`docker kill` for a container).
     pub fn kill_node(&mut self, port: u16) -> Result<(), HarnessError> {
         let i = self
             .ports
             .iter()
             .position(|p| *p == port)
             .ok_or_else(|| HarnessError::Start(format!("no cluster node on port {port}")))?;
-        self.processes[i].kill()
+        match &mut self.nodes {
+            ClusterNodes::Local { processes, .. } => processes[i].kill(),
+            ClusterNodes::Containers {
+                containers, killed, ..
+            } => {
+                super::engine::docker_blocking(
+                    &["kill", containers[i].id()],
+                    super::engine::CALL_BOUND,
+                )
+                .map_err(HarnessError::Start)?;
+                killed[i] = true;
+                Ok(())
+            }
+        }
     }
 
     /// Waits until every running node reports `cluster_state:ok` with all slots served,
@@ -824,13 +979,7 @@ impl RedisCluster {
         let start = Instant::now();
         loop {
             let mut all_ok = true;
-            let running: Vec<u16> = self
-                .processes
-                .iter_mut()
-                .zip(&self.ports)
-                .filter_map(|(p, port)| p.is_running().then_some(*port))
-                .collect();
-            for port in running {
+            for port in self.running_ports() {
                 let info = self
                     .cli(port, &["CLUSTER", "INFO"])
                     .await
@@ -861,26 +1010,118 @@ impl RedisCluster {
         }
     }
 
+    /// Waits until every replica that a running primary lists has applied what that
+    /// primary had written when this was called (its `offset` in the primary's `INFO
+    /// replication` reaches the primary's `master_repl_offset` of then), for at most
+    /// `within`.
+    pub async fn wait_replicated(&mut self, within: Duration) -> Result<(), HarnessError> {
+        let until = Instant::now() + within;
+        let mut targets = Vec::new();
+        for port in self.primaries().await? {
+            let info = self.cli(port, &["INFO", "replication"]).await?;
+            let offset = info_field(&info, "master_repl_offset").unwrap_or(0);
+            targets.push((port, offset));
+        }
+        for (port, target) in targets {
+            loop {
+                let info = self.cli(port, &["INFO", "replication"]).await?;
+                let offsets: Vec<u64> = info
+                    .lines()
+                    .filter(|l| l.starts_with("slave") && l.contains("offset="))
+                    .filter_map(|l| {
+                        l.split(',')
+                            .find_map(|kv| kv.strip_prefix("offset="))
+                            .and_then(|v| v.trim().parse().ok())
+                    })
+                    .collect();
+                if !offsets.is_empty() && offsets.iter().all(|o| *o >= target) {
+                    break;
+                }
+                if Instant::now() > until {
+                    return Err(HarnessError::Start(format!(
+                        "the replicas of {} did not reach offset {target} within {within:?}:\n{info}",
+                        self.address(port)
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        Ok(())
+    }
+
     /// The last lines of every node's log.
     pub fn log_tail(&self, lines: usize) -> String {
-        self.processes
+        let tails: Vec<String> = match &self.nodes {
+            ClusterNodes::Local { processes, .. } => {
+                processes.iter().map(|p| p.log_tail(lines)).collect()
+            }
+            ClusterNodes::Containers { containers, .. } => containers
+                .iter()
+                .map(|c| {
+                    super::engine::docker_blocking(
+                        &["logs", "--tail", &lines.to_string(), c.id()],
+                        Duration::from_secs(10),
+                    )
+                    .unwrap_or_else(|e| e)
+                })
+                .collect(),
+        };
+        self.ports
             .iter()
-            .zip(&self.ports)
-            .map(|(p, port)| format!("node {port}:\n{}", p.log_tail(lines)))
+            .zip(tails)
+            .map(|(port, tail)| format!("node {}:\n{tail}", self.address(*port)))
             .collect::<Vec<_>>()
             .join("\n")
     }
 
     fn kill_all(&mut self) {
-        for p in &mut self.processes {
-            let _ = p.kill();
+        match &mut self.nodes {
+            ClusterNodes::Local { processes, .. } => {
+                for p in processes {
+                    let _ = p.kill();
+                }
+            }
+            // Removed with their handles.
+            ClusterNodes::Containers { .. } => {}
         }
     }
 }
 
-impl Drop for RedisCluster {
-    fn drop(&mut self) {
-        self.kill_all();
+/// Spawns `binary` with `args` (its output to `log`) and waits until it answers on
+/// `port`; if it does not, kills it and says why with the end of its log.
+async fn spawn_ready(
+    binary: &Path,
+    args: Vec<OsString>,
+    log: std::path::PathBuf,
+    port: u16,
+    what: &str,
+) -> Result<ChildProcess, HarnessError> {
+    let mut process = ChildProcess::spawn(binary.to_path_buf(), args, log)?;
+    if let Err(why) = wait_ready(&mut process, port).await {
+        let tail = process.log_tail(20);
+        let _ = process.kill();
+        return Err(HarnessError::Start(format!(
+            "{what} on port {port}: {why}; log tail:\n{tail}"
+        )));
+    }
+    Ok(process)
+}
+
+/// `name:value` of an `INFO` reply, as a number.
+fn info_field(info: &str, name: &str) -> Option<u64> {
+    info.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+fn check_shape(primaries: usize, replicas: usize) -> Result<(), HarnessError> {
+    if primaries == 1 && replicas == 0 || primaries >= 3 {
+        Ok(())
+    } else {
+        Err(HarnessError::Start(format!(
+            "a redis cluster of {primaries} primaries with {replicas} replicas each: 1 \
+             primary without replicas, or at least 3"
+        )))
     }
 }
 

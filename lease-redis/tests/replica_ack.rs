@@ -1,0 +1,214 @@
+//! `RedisConfig::wait_for_replicas` (`WAIT`) on a primary with one replica, both local
+//! `redis-server` processes: an acknowledged acquisition is on the replica when acquire
+//! returns; with the replica frozen (SIGSTOP) nothing is taken or kept (acquire fails,
+//! retryable, and leaves no lease behind; renewals fail), and once it runs again leases
+//! are taken again. The same option on a cluster runs the whole conformance suite
+//! (`tests/cluster.rs`).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::time::{Duration, Instant};
+
+use lease_core::{
+    AcquireOutcome, Error, HolderLabel, InvalidInput, LeaseBackend, LeaseName, Owner, RenewItem,
+    RenewOutcome,
+};
+use lease_redis::{RedisBackend, RedisConfig, WaitForReplicas, redis};
+use lease_test_servers::RedisServer;
+
+const WAIT: WaitForReplicas = WaitForReplicas {
+    replicas: 1,
+    timeout: Duration::from_millis(300),
+};
+
+async fn cmd(port: u16, args: &[&str]) -> redis::Value {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).unwrap();
+    let mut conn = client.get_multiplexed_async_connection().await.unwrap();
+    let mut c = redis::cmd(args[0]);
+    for a in &args[1..] {
+        c.arg(*a);
+    }
+    c.query_async(&mut conn).await.unwrap()
+}
+
+fn text(v: &redis::Value) -> String {
+    match v {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        redis::Value::VerbatimString { text, .. } => text.clone(),
+        redis::Value::SimpleString(s) => s.clone(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// A primary and a replica of it, once the replica's link is up and its first sync done
+/// (polled on `INFO replication`, bounded).
+async fn primary_and_replica() -> (RedisServer, RedisServer) {
+    let primary = RedisServer::start_owned().await.unwrap();
+    let port = primary.port().unwrap();
+    let replica = RedisServer::start_local_with_args(vec![
+        "--replicaof".into(),
+        "127.0.0.1".into(),
+        port.to_string(),
+    ])
+    .await
+    .unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let info = text(&cmd(replica.port().unwrap(), &["INFO", "replication"]).await);
+        let primary_info = text(&cmd(port, &["INFO", "replication"]).await);
+        if info.contains("master_link_status:up") && primary_info.contains("connected_slaves:1") {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "replica not in sync:\n{info}\n{primary_info}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    (primary, replica)
+}
+
+async fn backend(primary: &RedisServer) -> RedisBackend {
+    let config = RedisConfig {
+        key_prefix: format!("ack-{}", uuid::Uuid::new_v4().simple()),
+        wait_for_replicas: Some(WAIT),
+        ..RedisConfig::default()
+    };
+    RedisBackend::connect_with(&primary.url(), config)
+        .await
+        .unwrap()
+}
+
+fn owner() -> Owner {
+    Owner::new(HolderLabel::new("acked").unwrap())
+}
+
+async fn replica_has(replica: &RedisServer, name: &str) -> bool {
+    let pattern = format!("*{name}*");
+    match cmd(replica.port().unwrap(), &["KEYS", &pattern]).await {
+        redis::Value::Array(keys) => !keys.is_empty(),
+        other => panic!("KEYS: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_acquisition_is_on_the_replica_when_acquire_returns() {
+    let (primary, replica) = primary_and_replica().await;
+    let backend = backend(&primary).await;
+    let ttl = Duration::from_secs(30);
+    let mut items = Vec::new();
+    for i in 0..20 {
+        let text = format!("replicated-{i}");
+        let name = LeaseName::new(text.clone()).unwrap();
+        let owner = owner();
+        match backend.acquire(&name, &owner, ttl).await.unwrap() {
+            AcquireOutcome::Acquired { .. } => {}
+            held => panic!("{held:?}"),
+        }
+        // Read at once: the replica acknowledged before acquire returned.
+        assert!(replica_has(&replica, &text).await, "{text} not on the replica");
+        items.push(RenewItem {
+            name,
+            token: owner.token,
+        });
+    }
+    let renewed = backend.renew(&items, ttl).await.unwrap();
+    assert!(renewed.iter().all(|r| *r == RenewOutcome::Renewed));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_its_replica_nothing_is_taken_or_kept() {
+    let (primary, replica) = primary_and_replica().await;
+    let backend = backend(&primary).await;
+    let ttl = Duration::from_secs(30);
+    let kept = LeaseName::new("kept").unwrap();
+    let kept_owner = owner();
+    assert!(matches!(
+        backend.acquire(&kept, &kept_owner, ttl).await.unwrap(),
+        AcquireOutcome::Acquired { .. }
+    ));
+    let kept_item = [RenewItem {
+        name: kept.clone(),
+        token: kept_owner.token.clone(),
+    }];
+
+    // The replica frozen: its link stays up, and it acknowledges nothing.
+    replica.pause().unwrap();
+    let wanted = LeaseName::new("wanted").unwrap();
+    let started = Instant::now();
+    let err = backend.acquire(&wanted, &owner(), ttl).await.unwrap_err();
+    let took = started.elapsed();
+    assert!(err.is_retryable(), "{err}");
+    assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
+    assert!(
+        err.to_string().contains("0 of 1 replicas acknowledged the acquisition"),
+        "{err}"
+    );
+    // WAIT's timeout, then the release; well under the call's bound (5 s).
+    assert!(
+        took >= WAIT.timeout && took < Duration::from_secs(3),
+        "{took:?}"
+    );
+    // What the primary took was given back.
+    assert!(
+        backend.inspect(&wanted).await.unwrap().is_none(),
+        "an unacknowledged acquisition was left behind"
+    );
+    let err = backend.renew(&kept_item, ttl).await.unwrap_err();
+    assert!(err.is_retryable(), "{err}");
+    assert!(
+        err.to_string().contains("acknowledged the renewal"),
+        "{err}"
+    );
+
+    replica.resume().unwrap();
+    let owner = owner();
+    assert!(matches!(
+        backend.acquire(&wanted, &owner, ttl).await.unwrap(),
+        AcquireOutcome::Acquired { .. }
+    ));
+    assert_eq!(
+        backend.renew(&kept_item, ttl).await.unwrap(),
+        vec![RenewOutcome::Renewed]
+    );
+}
+
+#[tokio::test]
+async fn bad_wait_settings_are_refused() {
+    for (w, why) in [
+        (
+            WaitForReplicas {
+                replicas: 0,
+                timeout: Duration::from_millis(100),
+            },
+            "at least 1",
+        ),
+        (
+            WaitForReplicas {
+                replicas: 1,
+                timeout: Duration::ZERO,
+            },
+            "more than zero",
+        ),
+        (
+            WaitForReplicas {
+                replicas: 1,
+                timeout: Duration::from_secs(5),
+            },
+            "less than response_timeout",
+        ),
+    ] {
+        let config = RedisConfig {
+            wait_for_replicas: Some(w),
+            ..RedisConfig::default()
+        };
+        // Refused before any connection is tried (nothing listens on port 1).
+        let err = RedisBackend::connect_with("redis://127.0.0.1:1/", config)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::InvalidInput(InvalidInput::Other(_))),
+            "{err:?}"
+        );
+        assert!(err.to_string().contains(why), "{err}");
+    }
+}
