@@ -743,7 +743,10 @@ impl RedisBackend {
         let (reply, retried) = self
             .send(operation, |mut conn| async move {
                 match pipe.query_async::<Value>(&mut conn).await {
-                    Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                    Err(e)
+                        if e.kind()
+                            == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) =>
+                    {
                         inv.load_async(&mut conn).await?;
                         pipe.query_async::<Value>(&mut conn).await
                     }
@@ -753,7 +756,10 @@ impl RedisBackend {
             .await?;
         let mut items = array(operation, reply)?.into_iter();
         let (Some(script), Some(acks), None) = (items.next(), items.next(), items.next()) else {
-            return Err(unexpected(operation, "a script and WAIT pipeline did not get 2 replies"));
+            return Err(unexpected(
+                operation,
+                "a script and WAIT pipeline did not get 2 replies",
+            ));
         };
         let acks = int(operation, "WAIT", &acks)?;
         Ok((script, retried, Some(acks)))
@@ -836,7 +842,9 @@ impl RedisBackend {
             .into_iter()
             .flatten()
             .next()
-            .ok_or_else(|| Error::unavailable(BACKEND, "no node of the cluster serves the lease's slot"))?;
+            .ok_or_else(|| {
+                Error::unavailable(BACKEND, "no node of the cluster serves the lease's slot")
+            })?;
         Client::open(url.node_url(&node)).map_err(|e| convert(OP, reply_timeout, e))
     }
 
@@ -927,10 +935,13 @@ impl RedisBackend {
             async move {
                 let mut inv = scripts::RENEW_SCRIPT.prepare_invoke();
                 inv.arg(ttl_ms).key(&keys[i]).arg(&tokens[i]);
-                let reply = self.run_script(OP, &inv).await.and_then(|(v, retried, acks)| {
-                    self.acknowledged("renewal", acks, retried)?;
-                    renew_results(OP, v, 1)
-                });
+                let reply = self
+                    .run_script(OP, &inv)
+                    .await
+                    .and_then(|(v, retried, acks)| {
+                        self.acknowledged("renewal", acks, retried)?;
+                        renew_results(OP, v, 1)
+                    });
                 (i, reply)
             }
         });
@@ -1336,7 +1347,8 @@ impl LeaseBackend for RedisBackend {
         let taken = (req.lock.clone(), req.token.clone());
         let (reply, retried, acks) = self.acquire_req(req).await?;
         let acquired = matches!(reply, Value::Int(_))
-            || (retried && matches!(&reply, Value::Array(a) if matches!(a.first(), Some(Value::Int(2)))));
+            || (retried
+                && matches!(&reply, Value::Array(a) if matches!(a.first(), Some(Value::Int(2)))));
         if acquired {
             if let Err(e) = self.acknowledged("acquisition", acks, retried) {
                 // Not counted: give back what the primary took (the TTL frees it if this

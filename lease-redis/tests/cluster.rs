@@ -143,7 +143,11 @@ async fn hold_leases(
     n: usize,
     renew_every: Duration,
     config: lease_redis::RedisConfig,
-) -> (RedisCluster, Arc<dyn LeaseBackend>, Vec<(String, LeaseGuard)>) {
+) -> (
+    RedisCluster,
+    Arc<dyn LeaseBackend>,
+    Vec<(String, LeaseGuard)>,
+) {
     let cluster = RedisCluster::start().await.unwrap();
     let backend: Arc<dyn LeaseBackend> = Arc::new(
         RedisBackend::connect_with(&cluster.url(), config)

@@ -681,7 +681,10 @@ async fn unreachable_server_fails_fast() {
         .await
         .unwrap_err();
         assert!(matches!(err, Error::InvalidInput(_)), "{err}");
-        assert!(err.to_string().contains("renew_batch must be 1 to 100000"), "{err}");
+        assert!(
+            err.to_string().contains("renew_batch must be 1 to 100000"),
+            "{err}"
+        );
     }
 }
 

@@ -105,7 +105,10 @@ async fn an_acknowledged_acquisition_is_on_the_replica_when_acquire_returns() {
             held => panic!("{held:?}"),
         }
         // Read at once: the replica acknowledged before acquire returned.
-        assert!(replica_has(&replica, &text).await, "{text} not on the replica");
+        assert!(
+            replica_has(&replica, &text).await,
+            "{text} not on the replica"
+        );
         items.push(RenewItem {
             name,
             token: owner.token,
@@ -128,7 +131,7 @@ async fn without_its_replica_nothing_is_taken_or_kept() {
     ));
     let kept_item = [RenewItem {
         name: kept.clone(),
-        token: kept_owner.token.clone(),
+        token: kept_owner.token,
     }];
 
     // The replica frozen: its link stays up, and it acknowledges nothing.
@@ -140,7 +143,8 @@ async fn without_its_replica_nothing_is_taken_or_kept() {
     assert!(err.is_retryable(), "{err}");
     assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
     assert!(
-        err.to_string().contains("0 of 1 replicas acknowledged the acquisition"),
+        err.to_string()
+            .contains("0 of 1 replicas acknowledged the acquisition"),
         "{err}"
     );
     // WAIT's timeout, then the release; well under the call's bound (5 s).

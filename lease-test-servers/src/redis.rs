@@ -895,7 +895,8 @@ impl RedisCluster {
         let cli = cli_binary()?;
         let address = self.address(port);
         let host = address.rsplit_once(':').map_or("127.0.0.1", |(h, _)| h);
-        let mut all: Vec<String> = vec!["-h".into(), host.to_owned(), "-p".into(), port.to_string()];
+        let mut all: Vec<String> =
+            vec!["-h".into(), host.to_owned(), "-p".into(), port.to_string()];
         all.extend(args.iter().map(|a| (*a).to_owned()));
         run_cli(&cli, &all).await
     }
