@@ -769,10 +769,10 @@ impl RedisCluster {
             ports.push(port);
             hosts.push(ip.to_string());
         }
+        // "(container IMAGE ...": the run's count of servers by source reads this.
         let described = format!(
-            "containers {image} on network {} at {}",
-            network.name(),
-            hosts.join(", ")
+            "container {image} for each node, on network {}",
+            network.name()
         );
         let cluster = RedisCluster {
             ports,
