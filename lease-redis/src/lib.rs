@@ -100,10 +100,12 @@ pub struct RedisConfig {
 /// deadline does not move and it stops by the deadline of its last acknowledged one.
 ///
 /// **What it costs.** Every acquisition and renewal waits for the replicas' replies: a
-/// round trip from the primary to them, on the same connection (other calls on the
-/// connection queue behind it, up to `timeout`). While fewer than `replicas` replicas
-/// are connected and in sync, no lease can be taken or kept: availability is traded for
-/// the guarantee.
+/// round trip from the primary to them. The server blocks the connection during a
+/// `WAIT`, so the backend's other calls queue behind it: while the replicas do not
+/// answer, `n` calls in flight take up to `n × timeout` (and calls past
+/// [`RedisConfig::response_timeout`] fail with a timeout). Keep `timeout` small. While
+/// fewer than `replicas` replicas are connected and in sync, no lease can be taken or
+/// kept: availability is traded for the guarantee.
 ///
 /// **What it does not buy.** `WAIT` is not consensus. A failover may still promote a
 /// replica that had not acknowledged (one of several, or after a partition), and the
@@ -711,10 +713,10 @@ impl RedisBackend {
             .arg(req.ttl_ms);
         let mut in_flight = InFlight {
             backend: self,
-            req: Some(req),
+            taken: Some((req.lock.clone(), req.token.clone())),
         };
         let result = self.run_script("acquire", &inv).await;
-        in_flight.req = None;
+        in_flight.taken = None;
         result
     }
 
@@ -963,31 +965,32 @@ impl RedisBackend {
     /// Releases, in a task of its own, a lease whose acquire was in flight when its
     /// caller gave up. The release goes out after the acquire on the same connection, so
     /// it cannot overtake it; if the acquire took nothing, it finds nothing to release.
-    fn release_abandoned(&self, req: AcquireReq) {
+    fn release_abandoned(&self, lock: String, token: String) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        tracing::debug!(key = %req.lock, "redis acquire abandoned in flight; releasing what it may have taken");
+        tracing::debug!(key = %lock, "redis acquire abandoned in flight; releasing what it may have taken");
         let backend = self.clone();
         runtime.spawn(async move {
-            if let Err(error) = backend.release_now(&req.lock, &req.token).await {
+            if let Err(error) = backend.release_now(&lock, &token).await {
                 tracing::warn!(%error, "releasing an abandoned acquire failed; the TTL frees it");
             }
         });
     }
 }
 
-/// An acquire in flight: dropped before its reply (`req` still set), it has the lease
-/// released (see [`RedisBackend::acquire_req`]).
+/// An acquire in flight, or the release of an unacknowledged acquisition: dropped before
+/// it is done (`taken` still set: lock key and owner token), it has the lease released in
+/// a task of its own (see [`RedisBackend::acquire_req`]).
 struct InFlight<'a> {
     backend: &'a RedisBackend,
-    req: Option<AcquireReq>,
+    taken: Option<(String, String)>,
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        if let Some(req) = self.req.take() {
-            self.backend.release_abandoned(req);
+        if let Some((lock, token)) = self.taken.take() {
+            self.backend.release_abandoned(lock, token);
         }
     }
 }
@@ -1352,10 +1355,15 @@ impl LeaseBackend for RedisBackend {
         if acquired {
             if let Err(e) = self.acknowledged("acquisition", acks, retried) {
                 // Not counted: give back what the primary took (the TTL frees it if this
-                // fails too).
+                // fails too); if the caller gives up meanwhile, a task of its own does.
+                let mut giving_back = InFlight {
+                    backend: self,
+                    taken: Some(taken.clone()),
+                };
                 if let Err(error) = self.release_now(&taken.0, &taken.1).await {
                     tracing::warn!(lease = %name, %error, "releasing an unacknowledged acquisition failed; its TTL frees it");
                 }
+                giving_back.taken = None;
                 return Err(e);
             }
         }

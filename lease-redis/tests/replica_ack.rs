@@ -68,8 +68,12 @@ async fn primary_and_replica() -> (RedisServer, RedisServer) {
 }
 
 async fn backend(primary: &RedisServer) -> RedisBackend {
+    backend_prefixed(primary, &format!("ack-{}", uuid::Uuid::new_v4().simple())).await
+}
+
+async fn backend_prefixed(primary: &RedisServer, prefix: &str) -> RedisBackend {
     let config = RedisConfig {
-        key_prefix: format!("ack-{}", uuid::Uuid::new_v4().simple()),
+        key_prefix: prefix.to_owned(),
         wait_for_replicas: Some(WAIT),
         ..RedisConfig::default()
     };
@@ -140,6 +144,7 @@ async fn without_its_replica_nothing_is_taken_or_kept() {
     let started = Instant::now();
     let err = backend.acquire(&wanted, &owner(), ttl).await.unwrap_err();
     let took = started.elapsed();
+    eprintln!("an unacknowledged acquire took {took:?}");
     assert!(err.is_retryable(), "{err}");
     assert!(matches!(err, Error::Unavailable { .. }), "{err:?}");
     assert!(
@@ -174,6 +179,53 @@ async fn without_its_replica_nothing_is_taken_or_kept() {
         backend.renew(&kept_item, ttl).await.unwrap(),
         vec![RenewOutcome::Renewed]
     );
+}
+
+/// With the replica frozen, acquires given up at every point of their course (during the
+/// script, during the WAIT, during the release of what the primary took) leave no lease
+/// behind: what an abandoned call took is released by a task of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_unacknowledged_acquires_leave_nothing_behind() {
+    let (primary, replica) = primary_and_replica().await;
+    let prefix = format!("ack-{}", uuid::Uuid::new_v4().simple());
+    let ttl = Duration::from_secs(60);
+    replica.pause().unwrap();
+    let names: Vec<LeaseName> = (0..40)
+        .map(|i| LeaseName::new(format!("abandoned-{i}")).unwrap())
+        .collect();
+    let (mut dropped, mut finished) = (0, 0);
+    for (i, name) in names.iter().enumerate() {
+        // Drop points spread over the whole call and past it: 0 to 585 ms (the server
+        // checks WAIT's timeout on its clock tick, 100 ms at the default hz 10, so an
+        // unacknowledged WAIT 300 returns after 300 to 400 ms).
+        let after = Duration::from_millis(u64::try_from(i).unwrap() * 15);
+        // A connection of its own: on a shared one the calls would queue behind the
+        // WAITs of those dropped before (a WAIT blocks its connection).
+        let backend = backend_prefixed(&primary, &prefix).await;
+        match tokio::time::timeout(after, backend.acquire(name, &owner(), ttl)).await {
+            Err(_) => dropped += 1,
+            Ok(r) => {
+                finished += 1;
+                assert!(r.is_err(), "acquired without an acknowledgement: {r:?}");
+            }
+        }
+    }
+    replica.resume().unwrap();
+    eprintln!("{dropped} acquires dropped mid-call, {finished} finished");
+    assert!(
+        dropped > 0 && finished > 0,
+        "{dropped} dropped, {finished} finished"
+    );
+    let backend = backend_prefixed(&primary, &prefix).await;
+    // The releases run in tasks of their own: every name is free within a few round
+    // trips (bounded; the lease's TTL is 60 s, so a free name here was released).
+    let until = Instant::now() + Duration::from_secs(5);
+    for name in &names {
+        while backend.inspect(name).await.unwrap().is_some() {
+            assert!(Instant::now() < until, "{name:?} is still held");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
 }
 
 #[tokio::test]
