@@ -44,6 +44,8 @@ fn malformed(why: impl std::fmt::Display) -> Error {
 /// credentials.
 pub(crate) struct ClusterUrl {
     pub(crate) nodes: Vec<String>,
+    /// `rediss+cluster://`: every node over TLS.
+    pub(crate) tls: bool,
     pub(crate) described: String,
     /// `redis://[user:pass@]` (or `rediss://`): the scheme and credentials of a node URL,
     /// for the dedicated pub/sub connection of a waiter (see [`ClusterUrl::node_url`]).
@@ -103,6 +105,7 @@ impl ClusterUrl {
         Ok(ClusterUrl {
             nodes,
             described: format!("cluster {}", shown.join(",")),
+            tls,
             node_prefix,
         })
     }
@@ -118,18 +121,34 @@ impl ClusterUrl {
     }
 }
 
+/// The CA and client certificate of a `rediss+cluster://` connection.
+#[cfg(feature = "tls")]
+pub(crate) type Certs = redis::TlsCertificates;
+/// Without the `tls` feature there are none.
+#[cfg(not(feature = "tls"))]
+pub(crate) type Certs = std::convert::Infallible;
+
 /// Opens a cluster connection to the seed nodes of `url`, bounded by `connect_timeout`.
 pub(crate) async fn open(
     url: &ClusterUrl,
     connect_timeout: Duration,
     response_timeout: Duration,
+    certs: Option<Certs>,
 ) -> Result<ClusterConnection> {
-    let client = ClusterClient::builder(url.nodes.clone())
+    #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
+    let mut builder = ClusterClient::builder(url.nodes.clone())
         .connection_timeout(connect_timeout)
-        // Replies are bounded by one timer per call in `RedisBackend::send`; this one only
-        // stops a stuck connection from holding redis-rs's own retries forever.
         .response_timeout(response_timeout)
-        .retries(2)
+        .retries(2);
+    if let Some(certs) = certs {
+        #[cfg(feature = "tls")]
+        {
+            builder = builder.certs(certs);
+        }
+        #[cfg(not(feature = "tls"))]
+        match certs {}
+    }
+    let client = builder
         .build()
         .map_err(|e| convert("connect", response_timeout, e))?;
     match tokio::time::timeout(connect_timeout, client.get_async_connection()).await {

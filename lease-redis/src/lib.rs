@@ -373,13 +373,21 @@ impl RedisBackend {
         config.tls = config.tls.merged(&from_url)?;
         let url = url.as_str();
         if cluster::is_cluster_url(url) {
-            if !config.tls.is_empty() {
-                return Err(InvalidInput::Other(
-                    "TLS files with redis+cluster:// are not supported yet".into(),
-                )
+            let parsed = cluster::ClusterUrl::parse(url)?;
+            if parsed.tls && !cfg!(feature = "tls") {
+                return Err(Error::tls(
+                    BACKEND,
+                    "rediss+cluster:// needs the `tls` feature (of the lease crate, or of \
+                     lease-redis)",
+                ));
+            }
+            if !parsed.tls && !config.tls.is_empty() {
+                return Err(InvalidInput::MalformedUrl(format!(
+                    "{}: TLS files are given, but the URL is not rediss+cluster://",
+                    parsed.described
+                ))
                 .into());
             }
-            let parsed = cluster::ClusterUrl::parse(url)?;
             return Self::connect_cluster(parsed, config).await;
         }
         if sentinel::is_sentinel_url(url) {
@@ -400,7 +408,15 @@ impl RedisBackend {
 
     /// Connects to a Redis Cluster through its seed nodes (see the `cluster` module).
     async fn connect_cluster(url: cluster::ClusterUrl, config: RedisConfig) -> Result<Self> {
-        let conn = cluster::open(&url, config.connect_timeout, config.response_timeout).await?;
+        #[cfg(feature = "tls")]
+        if url.tls {
+            // rustls needs a process-wide crypto provider; install ring unless the
+            // application already chose one (then this is a no-op).
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let certs = tls_certificates(&config.tls)?;
+        let conn =
+            cluster::open(&url, config.connect_timeout, config.response_timeout, certs).await?;
         let described = url.described.clone();
         Self::build(
             Link::Cluster(conn),
@@ -847,7 +863,9 @@ impl RedisBackend {
             .ok_or_else(|| {
                 Error::unavailable(BACKEND, "no node of the cluster serves the lease's slot")
             })?;
-        Client::open(url.node_url(&node)).map_err(|e| convert(OP, reply_timeout, e))
+        // The node's URL has the cluster URL's scheme and credentials, and gets its TLS
+        // files.
+        tls_client(&url.node_url(&node), &self.inner.config.tls)
     }
 
     /// Renews a batch on a cluster: one script call per primary (the leases grouped by the
@@ -1022,13 +1040,35 @@ fn tls_client(url: &str, tls: &TlsFiles) -> Result<Client> {
         ))
         .into());
     }
+    match tls_certificates(tls)? {
+        #[cfg(feature = "tls")]
+        Some(certs) => Client::build_with_tls(url, certs).map_err(|e| {
+            // The files were read; the client library could not use them.
+            let text = lease_core::error_chain_text(&e);
+            Error::tls(
+                BACKEND,
+                format!("the TLS files {tls:?} could not be used: {text}"),
+            )
+        }),
+        #[cfg(not(feature = "tls"))]
+        Some(certs) => match certs {},
+        None => Client::open(url).map_err(|e| error::malformed_url(url, &e)),
+    }
+}
+
+/// The certificates `tls`'s files give, read now (`None` without files). Installs the
+/// ring crypto provider for rustls unless the application chose one.
+fn tls_certificates(tls: &TlsFiles) -> Result<Option<cluster::Certs>> {
+    if tls.is_empty() {
+        return Ok(None);
+    }
     #[cfg(feature = "tls")]
     {
         // rustls needs a process-wide crypto provider; install ring unless the
         // application already chose one (then this is a no-op).
         let _ = rustls::crypto::ring::default_provider().install_default();
         let pem = tls.load(BACKEND)?;
-        let certs = redis::TlsCertificates {
+        Ok(Some(redis::TlsCertificates {
             client_tls: pem
                 .identity
                 .map(|(client_cert, client_key)| redis::ClientTlsConfig {
@@ -1036,21 +1076,13 @@ fn tls_client(url: &str, tls: &TlsFiles) -> Result<Client> {
                     client_key,
                 }),
             root_cert: pem.ca,
-        };
-        Client::build_with_tls(url, certs).map_err(|e| {
-            // The files were read; the client library could not use them.
-            let text = lease_core::error_chain_text(&e);
-            Error::tls(
-                BACKEND,
-                format!("the TLS files {tls:?} could not be used: {text}"),
-            )
-        })
+        }))
     }
     #[cfg(not(feature = "tls"))]
     {
         Err(Error::tls(
             BACKEND,
-            "rediss:// needs the `tls` feature (of the lease crate, or of lease-redis)",
+            "TLS files need the `tls` feature (of the lease crate, or of lease-redis)",
         ))
     }
 }

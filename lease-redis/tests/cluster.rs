@@ -1,5 +1,6 @@
 //! Redis Cluster (`redis+cluster://`) on a real cluster of 3 primaries and 3 replicas
-//! (containers where a Docker engine answers, else local processes): the whole conformance suite on a shared cluster, also with every write
+//! (containers where a Docker engine answers, else local processes; over TLS, local
+//! processes): the whole conformance suite on a shared cluster, also with every write
 //! acknowledged by a replica (`WAIT`); a renewal batch that is one
 //! script call per primary; and failovers, coordinated (`CLUSTER FAILOVER`) and by a
 //! killed primary, after which every lease either is still held by its guard (and
@@ -63,6 +64,76 @@ mod conformance_acknowledged {
     }
 
     lease_conformance::conformance_suite!(cluster);
+}
+
+/// A cluster whose nodes take clients, each other (the bus) and their replicas over TLS:
+/// started once per test binary, with its certificates.
+async fn tls_cluster() -> &'static (lease_test_servers::TestCerts, RedisCluster) {
+    static SHARED: tokio::sync::OnceCell<(lease_test_servers::TestCerts, RedisCluster)> =
+        tokio::sync::OnceCell::const_new();
+    SHARED
+        .get_or_init(|| async {
+            let certs = lease_test_servers::TestCerts::generate().unwrap();
+            let cluster = RedisCluster::start_tls(&certs).await.unwrap();
+            (certs, cluster)
+        })
+        .await
+}
+
+fn tls_config(ca: &std::path::Path) -> lease_redis::RedisConfig {
+    lease_redis::RedisConfig {
+        tls: lease_core::TlsFiles::default().with_ca(ca),
+        ..lease_redis::RedisConfig::default()
+    }
+}
+
+/// The whole suite over TLS (`rediss+cluster://`, the CA given as a file): the cluster
+/// connection, the nodes it is redirected to, and the waiters' pub/sub connections.
+mod conformance_tls {
+    use lease_conformance::Fixture;
+
+    use super::*;
+
+    async fn cluster() -> Fixture {
+        let (certs, cluster) = tls_cluster().await;
+        let backend = RedisBackend::connect_with(
+            &cluster.tls_url().expect("a TLS cluster"),
+            tls_config(&certs.ca),
+        )
+        .await
+        .expect("connect");
+        Fixture::new(Arc::new(backend))
+    }
+
+    lease_conformance::conformance_suite!(cluster);
+}
+
+/// Over TLS: a CA that signed nothing of the cluster's is refused (a TLS error, not
+/// retryable); TLS files with a `redis+cluster://` URL are refused before connecting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tls_cluster_refuses_a_wrong_ca_and_tls_files_without_rediss() {
+    let (certs, cluster) = tls_cluster().await;
+    let url = cluster.tls_url().expect("a TLS cluster");
+    let config = lease_redis::RedisConfig {
+        connect_timeout: Duration::from_secs(3),
+        ..tls_config(&certs.other_ca)
+    };
+    match RedisBackend::connect_with(&url, config).await {
+        Err(e @ lease_core::Error::Tls { .. }) => {
+            assert!(!e.is_retryable(), "{e}");
+            assert!(
+                e.to_string().contains("not signed by a CA you trust"),
+                "{e}"
+            );
+        }
+        Err(e) => panic!("wanted a TLS error, got {e:?}"),
+        Ok(_) => panic!("connected with a CA that signed nothing of the cluster's"),
+    }
+    let plain = url.replacen("rediss+cluster://", "redis+cluster://", 1);
+    let err = RedisBackend::connect_with(&plain, tls_config(&certs.ca))
+        .await
+        .expect_err("TLS files with redis+cluster:// accepted");
+    assert!(err.to_string().contains("not rediss+cluster://"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -598,6 +598,8 @@ mod tests {
 #[derive(Debug)]
 pub struct RedisCluster {
     ports: Vec<u16>,
+    /// Each node's TLS port, in the order of `ports` (empty without TLS).
+    tls_ports: Vec<u16>,
     /// Each node's host, in the order of `ports`.
     hosts: Vec<String>,
     nodes: ClusterNodes,
@@ -678,6 +680,23 @@ impl RedisCluster {
         primaries: usize,
         replicas: usize,
     ) -> Result<RedisCluster, HarnessError> {
+        Self::start_local(primaries, replicas, None).await
+    }
+
+    /// 3 primaries with 1 replica each, local processes, each with a TLS port besides
+    /// its plain one (`--tls-port`, certificates of `certs`, client certificates
+    /// optional), the cluster bus and replication over TLS (`tls-cluster`,
+    /// `tls-replication`). [`RedisCluster::tls_url`] is the `rediss+cluster://` URL; a
+    /// client that connects over TLS is told the nodes' TLS ports.
+    pub async fn start_tls(certs: &super::TestCerts) -> Result<RedisCluster, HarnessError> {
+        Self::start_local(3, 1, Some(certs)).await
+    }
+
+    async fn start_local(
+        primaries: usize,
+        replicas: usize,
+        tls: Option<&super::TestCerts>,
+    ) -> Result<RedisCluster, HarnessError> {
         check_shape(primaries, replicas)?;
         let binary = find_binary("redis-server", &["/usr/bin", "/usr/sbin", "/usr/local/bin"])
             .ok_or_else(|| HarnessError::Unavailable(format!("no redis-server: {INSTALL_HINT}")))?;
@@ -688,6 +707,10 @@ impl RedisCluster {
             .map_err(|e| HarnessError::io("creating a temp dir for a redis cluster", e))?;
         let watcher = DirWatcher::spawn(dir.path())?;
         let ports = cluster_ports(primaries * (1 + replicas))?;
+        let tls_ports = match tls {
+            Some(_) => super::free_ports(ports.len())?,
+            None => Vec::new(),
+        };
         let mut processes = Vec::new();
         for (i, port) in ports.iter().enumerate() {
             let node_dir = dir.path().join(format!("node-{i}"));
@@ -705,6 +728,16 @@ impl RedisCluster {
             .map(OsString::from)
             .collect();
             args.extend(node_args().into_iter().map(OsString::from));
+            if let (Some(certs), Some(tls_port)) = (tls, tls_ports.get(i)) {
+                args.extend(
+                    tls_args(certs, *tls_port, "optional")
+                        .into_iter()
+                        .chain(
+                            ["--tls-cluster", "yes", "--tls-replication", "yes"].map(String::from),
+                        )
+                        .map(OsString::from),
+                );
+            }
             let log = dir.path().join(format!("node-{i}.log"));
             processes.push(spawn_ready(&binary, args, log, *port, "cluster node").await?);
         }
@@ -716,6 +749,7 @@ impl RedisCluster {
         let cluster = RedisCluster {
             hosts: vec!["127.0.0.1".to_owned(); ports.len()],
             ports,
+            tls_ports,
             nodes: ClusterNodes::Local {
                 processes,
                 _watcher: watcher,
@@ -776,6 +810,7 @@ impl RedisCluster {
         );
         let cluster = RedisCluster {
             ports,
+            tls_ports: Vec::new(),
             hosts,
             nodes: ClusterNodes::Containers {
                 killed: vec![false; containers.len()],
@@ -867,6 +902,19 @@ impl RedisCluster {
     pub fn url(&self) -> String {
         let hosts: Vec<String> = self.ports.iter().map(|p| self.address(*p)).collect();
         format!("redis+cluster://{}", hosts.join(","))
+    }
+
+    /// `rediss+cluster://127.0.0.1:T1,...` over the nodes' TLS ports (a cluster of
+    /// [`RedisCluster::start_tls`]; `None` for one without TLS).
+    pub fn tls_url(&self) -> Option<String> {
+        (!self.tls_ports.is_empty()).then(|| {
+            let hosts: Vec<String> = self
+                .tls_ports
+                .iter()
+                .map(|p| format!("127.0.0.1:{p}"))
+                .collect();
+            format!("rediss+cluster://{}", hosts.join(","))
+        })
     }
 
     /// The nodes' ports, in start order.

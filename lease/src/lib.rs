@@ -26,7 +26,7 @@ use std::sync::Arc;
 /// |---|---|---|
 /// | `memory://` | in this process (for trying things out) | always |
 /// | `redis://`, `redis+sentinel://`, `redis+cluster://` | Redis, Redis Sentinel, Redis Cluster | `redis` |
-/// | `rediss://` | Redis over TLS | `redis` and `tls` |
+/// | `rediss://`, `rediss+cluster://` | Redis, Redis Cluster over TLS | `redis` and `tls` |
 /// | `postgres://`, `postgresql://` | PostgreSQL (TLS with libpq's `sslmode`, `sslrootcert`, `sslcert`, `sslkey`: feature `tls`) | `postgres` |
 /// | `etcd://` | etcd | `etcd` |
 /// | `etcds://` | etcd over TLS | `etcd` and `tls` |
@@ -109,12 +109,14 @@ pub async fn connect_with(url: &str, options: &ConnectOptions) -> Result<Arc<dyn
             }
             Ok(Arc::new(MemoryBackend::new()))
         }
-        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" => connect_redis(url, options).await,
+        "redis" | "rediss" | "redis+sentinel" | "redis+cluster" | "rediss+cluster" => {
+            connect_redis(url, options).await
+        }
         "postgres" | "postgresql" => connect_postgres(url, options).await,
         "etcd" | "etcds" => connect_etcd(url, options).await,
         "mysql" | "mariadb" => connect_mysql(url, options).await,
         other => Err(InvalidInput::MalformedUrl(format!(
-            "unknown scheme {other:?}: expected memory, redis, rediss, redis+sentinel, redis+cluster, postgres, postgresql, etcd, etcds, mysql or mariadb"
+            "unknown scheme {other:?}: expected memory, redis, rediss, redis+sentinel, redis+cluster, rediss+cluster, postgres, postgresql, etcd, etcds, mysql or mariadb"
         ))
         .into()),
     }
