@@ -949,15 +949,18 @@ impl RedisCluster {
         run_cli(&cli, &all).await
     }
 
-    /// The ports of the nodes that are primaries now (and not marked failed), as the
-    /// first running node sees it.
+    /// The ports of the nodes that are primaries serving slots now (and not marked
+    /// failed), as the first running node sees it. A node without slots is left out:
+    /// just after the cluster is made, a node's view may still call a new replica
+    /// `master` (with no slots) until gossip tells it otherwise.
     pub async fn primaries(&mut self) -> Result<Vec<u16>, HarnessError> {
         let mut out = Vec::new();
         let port = self.live_port()?;
         let nodes = self.cli(port, &["CLUSTER", "NODES"]).await?;
         for line in nodes.lines() {
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let [_, addr, flags, ..] = fields.as_slice() else {
+            // id addr flags master ping pong epoch link [slot ...]
+            let [_, addr, flags, _, _, _, _, _, _slots, ..] = fields.as_slice() else {
                 continue;
             };
             if flags.split(',').any(|f| f == "master") && !flags.contains("fail") {
