@@ -408,11 +408,8 @@ impl RedisBackend {
 
     /// Connects to a Redis Cluster through its seed nodes (see the `cluster` module).
     async fn connect_cluster(url: cluster::ClusterUrl, config: RedisConfig) -> Result<Self> {
-        #[cfg(feature = "tls")]
         if url.tls {
-            // rustls needs a process-wide crypto provider; install ring unless the
-            // application already chose one (then this is a no-op).
-            let _ = rustls::crypto::ring::default_provider().install_default();
+            install_crypto_provider();
         }
         let certs = tls_certificates(&config.tls)?;
         let conn =
@@ -453,12 +450,7 @@ impl RedisBackend {
     /// must clean up.
     pub async fn from_client(client: Client, config: RedisConfig) -> Result<Self> {
         config.validate()?;
-        #[cfg(feature = "tls")]
-        {
-            // rustls needs a process-wide crypto provider; install ring unless the
-            // application already chose one (then this is a no-op).
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        }
+        install_crypto_provider();
         let server = client.get_connection_info().addr().to_string();
         let cm = open_manager(&client, &config).await?;
         let source = Source::Client(client.clone());
@@ -720,7 +712,7 @@ impl RedisBackend {
     /// Sends one acquire. If the caller gives up while it is in flight (its future is
     /// dropped: a timeout around it, a `select!`), the lease may be taken for nobody, so
     /// it is released at once by its owner token instead of being left to its TTL.
-    async fn acquire_req(&self, req: AcquireReq) -> Result<(Value, bool, Option<i64>)> {
+    async fn acquire_req(&self, req: &AcquireReq) -> Result<(Value, bool, Option<i64>)> {
         let mut inv = scripts::ACQUIRE_SCRIPT.prepare_invoke();
         inv.key(&req.lock)
             .key(&req.fence)
@@ -729,7 +721,7 @@ impl RedisBackend {
             .arg(req.ttl_ms);
         let mut in_flight = InFlight {
             backend: self,
-            taken: Some((req.lock.clone(), req.token.clone())),
+            taken: Some((&req.lock, &req.token)),
         };
         let result = self.run_script("acquire", &inv).await;
         in_flight.taken = None;
@@ -1002,13 +994,15 @@ impl RedisBackend {
 /// a task of its own (see [`RedisBackend::acquire_req`]).
 struct InFlight<'a> {
     backend: &'a RedisBackend,
-    taken: Option<(String, String)>,
+    taken: Option<(&'a str, &'a str)>,
 }
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if let Some((lock, token)) = self.taken.take() {
-            self.backend.release_abandoned(lock, token);
+            // Owned copies only here, on the rare path: the task outlives the call.
+            self.backend
+                .release_abandoned(lock.to_owned(), token.to_owned());
         }
     }
 }
@@ -1056,6 +1050,15 @@ fn tls_client(url: &str, tls: &TlsFiles) -> Result<Client> {
     }
 }
 
+/// rustls needs a process-wide crypto provider: installs ring unless the application
+/// already chose one (then this is a no-op). Without the `tls` feature, nothing.
+fn install_crypto_provider() {
+    #[cfg(feature = "tls")]
+    {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
 /// The certificates `tls`'s files give, read now (`None` without files). Installs the
 /// ring crypto provider for rustls unless the application chose one.
 fn tls_certificates(tls: &TlsFiles) -> Result<Option<cluster::Certs>> {
@@ -1064,9 +1067,7 @@ fn tls_certificates(tls: &TlsFiles) -> Result<Option<cluster::Certs>> {
     }
     #[cfg(feature = "tls")]
     {
-        // rustls needs a process-wide crypto provider; install ring unless the
-        // application already chose one (then this is a no-op).
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        install_crypto_provider();
         let pem = tls.load(BACKEND)?;
         Ok(Some(redis::TlsCertificates {
             client_tls: pem
@@ -1379,8 +1380,7 @@ impl LeaseBackend for RedisBackend {
         const OP: &str = "acquire";
         let ttl_ms = ttl_millis("ttl", ttl)?;
         let req = AcquireReq::new(self.prefix(), name, owner, ttl_ms);
-        let taken = (req.lock.clone(), req.token.clone());
-        let (reply, retried, acks) = self.acquire_req(req).await?;
+        let (reply, retried, acks) = self.acquire_req(&req).await?;
         let acquired = matches!(reply, Value::Int(_))
             || (retried
                 && matches!(&reply, Value::Array(a) if matches!(a.first(), Some(Value::Int(2)))));
@@ -1390,9 +1390,9 @@ impl LeaseBackend for RedisBackend {
                 // fails too); if the caller gives up meanwhile, a task of its own does.
                 let mut giving_back = InFlight {
                     backend: self,
-                    taken: Some(taken.clone()),
+                    taken: Some((&req.lock, &req.token)),
                 };
-                if let Err(error) = self.release_now(&taken.0, &taken.1).await {
+                if let Err(error) = self.release_now(&req.lock, &req.token).await {
                     tracing::warn!(lease = %name, %error, "releasing an unacknowledged acquisition failed; its TTL frees it");
                 }
                 giving_back.taken = None;
