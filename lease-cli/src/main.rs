@@ -261,26 +261,20 @@ fn main() -> ExitCode {
 /// The log filter for `-v` counts: by default only this project's warnings (renewal
 /// failures, lost leases); the store clients' own warnings (e.g. sqlx's slow-statement
 /// warning, which prints the whole SQL statement) from `-v` on.
+///
+/// One directive covers every crate of the project: a directive's target matches every
+/// target it is a prefix of, so `lease` covers `lease_core`, every backend
+/// (`lease_redis`, `lease_postgres`, `lease_etcd`, `lease_mysql`, any added later) and
+/// `lease_cli`. (A list of crate names had to be kept up to date by hand; the unit test
+/// below checks every crate the facade depends on.)
 fn log_filter(verbose: u8) -> String {
-    const OWN: [&str; 6] = [
-        "lease",
-        "lease_core",
-        "lease_redis",
-        "lease_postgres",
-        "lease_etcd",
-        "lease_cli",
-    ];
     let (own, others) = match verbose {
         0 => ("warn", "off"),
         1 => ("info", "warn"),
         2 => ("debug", "debug"),
         _ => ("trace", "trace"),
     };
-    let mut filter = others.to_owned();
-    for target in OWN {
-        filter.push_str(&format!(",{target}={own}"));
-    }
-    filter
+    format!("{others},lease={own}")
 }
 
 /// Where and how to connect: the store URL and the TLS files.
@@ -618,4 +612,129 @@ async fn exec(store: &Store, args: ExecArgs) -> Result<u8, Fail> {
 
 fn round_ms(d: Duration) -> Duration {
     Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+    use std::sync::OnceLock;
+
+    use tracing::callsite::{Callsite, Identifier};
+    use tracing::field::FieldSet;
+    use tracing::metadata::Kind;
+    use tracing::subscriber::Interest;
+    use tracing::{Level, Metadata};
+
+    use super::log_filter;
+
+    /// A callsite made at run time, so that a target known only at run time can be put
+    /// to a filter.
+    struct Probe {
+        meta: OnceLock<Metadata<'static>>,
+    }
+
+    impl Callsite for Probe {
+        fn set_interest(&self, _: Interest) {}
+        fn metadata(&self) -> &Metadata<'_> {
+            self.meta.get().expect("set when made")
+        }
+    }
+
+    /// Whether the subscriber `main` installs with `filter` lets an event of `level` from
+    /// `target` through.
+    fn passes(filter: &str, target: &str, level: Level) -> bool {
+        let target: &'static str = Box::leak(target.to_owned().into_boxed_str());
+        let probe: &'static Probe = Box::leak(Box::new(Probe {
+            meta: OnceLock::new(),
+        }));
+        let meta = Metadata::new(
+            "probe",
+            target,
+            level,
+            None,
+            None,
+            None,
+            FieldSet::new(&[], Identifier(probe)),
+            Kind::EVENT,
+        );
+        assert!(probe.meta.set(meta).is_ok());
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::io::sink)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::dispatcher::get_default(|d| d.enabled(probe.metadata()))
+        })
+    }
+
+    /// The crates of this workspace whose events the `lease` binary can emit: the facade,
+    /// every crate the facade depends on (read from its Cargo.toml now, so that a backend
+    /// added later is covered), and this one; as tracing targets.
+    fn own_crates() -> Vec<String> {
+        let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../lease/Cargo.toml");
+        let text = std::fs::read_to_string(manifest).unwrap();
+        let mut section = "";
+        let mut crates = vec!["lease".to_owned(), "lease_cli".to_owned()];
+        for line in text.lines().map(str::trim) {
+            if line.starts_with('[') {
+                section = line;
+                continue;
+            }
+            if section != "[dependencies]" {
+                continue;
+            }
+            let Some((key, _)) = line.split_once('=') else {
+                continue;
+            };
+            // `lease-core.workspace = true` or `lease-redis = { ... }`.
+            let key = key.trim().split('.').next().unwrap_or_default();
+            if key.starts_with("lease-") {
+                crates.push(key.replace('-', "_"));
+            }
+        }
+        crates
+    }
+
+    #[test]
+    fn default_filter_shows_the_warnings_of_every_backend() {
+        let crates = own_crates();
+        for expected in ["lease_core", "lease_redis", "lease_mysql"] {
+            assert!(
+                crates.iter().any(|c| c == expected),
+                "{expected} not among the facade's dependencies: {crates:?}"
+            );
+        }
+        let filter = log_filter(0);
+        for target in &crates {
+            for module in [target.clone(), format!("{target}::heartbeat")] {
+                assert!(
+                    passes(&filter, &module, Level::WARN),
+                    "default filter {filter:?} hides warnings of {module}"
+                );
+                assert!(
+                    !passes(&filter, &module, Level::INFO),
+                    "default filter {filter:?} shows info of {module}"
+                );
+            }
+        }
+        // The store clients' own warnings only from -v on.
+        for other in ["sqlx::query", "redis", "etcd_client", "h2"] {
+            assert!(!passes(&filter, other, Level::WARN), "{other} at -v 0");
+            assert!(
+                passes(&log_filter(1), other, Level::WARN),
+                "{other} at -v 1"
+            );
+        }
+        for target in &crates {
+            assert!(
+                passes(&log_filter(1), target, Level::INFO),
+                "{target} at -v 1"
+            );
+            assert!(
+                passes(&log_filter(2), target, Level::DEBUG),
+                "{target} at -v 2"
+            );
+        }
+    }
 }
