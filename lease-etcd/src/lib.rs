@@ -30,13 +30,20 @@ use crate::error::{
     BACKEND, bounded, call, call_retrying, convert, is_lease_not_found, retrying, unexpected,
 };
 use crate::keys::{Layout, decode_value, encode_value};
-use crate::state::{FlightGuard, Held, Pending, Session, Shared, WaiterGuard};
+use crate::state::{FlightGuard, Held, Orphan, Pending, Session, Shared, WaiterGuard};
 
 /// The `etcd-client` crate this backend is built on, for [`EtcdBackend::from_client`].
 pub use etcd_client;
 
 /// How often `renew` looks for keys nobody renewed within their TTL.
 const SWEEP_EVERY: Duration = Duration::from_millis(250);
+
+/// The shortest etcd lease a default etcd server grants: it raises any shorter TTL to
+/// `ceil(1.5 × election timeout)`, 2 s with the default election timeout of 1 s (a lease
+/// asked for 1 s lives 2 s). A server started with a longer `--election-timeout` grants
+/// longer minimum leases; the backend reads every granted TTL back and logs when it
+/// exceeds this.
+pub const MIN_TTL: Duration = Duration::from_secs(2);
 
 /// Largest renewal batch accepted in one call. A batch costs one keepalive per etcd lease
 /// involved (normally one), whatever its size.
@@ -487,6 +494,16 @@ impl Inner {
         if resp.id() == 0 {
             return Err(unexpected(operation, "lease granted with id 0"));
         }
+        if granted > secs.max(MIN_TTL.as_secs()) {
+            tracing::warn!(
+                asked_secs = secs,
+                granted_secs = granted,
+                "etcd granted a longer lease than asked: its minimum lease TTL (1.5 x its \
+                 election timeout) is above the {}s this backend reports as min_ttl; leases \
+                 of crashed holders stay taken that long",
+                MIN_TTL.as_secs()
+            );
+        }
         let session = Session {
             id: resp.id(),
             granted: Duration::from_secs(granted),
@@ -715,6 +732,44 @@ impl Inner {
         });
     }
 
+    /// Deletes keys that acquires may have put without their callers hearing so, each only
+    /// while it still has the acquire's own value and etcd lease, in the background. A
+    /// record is dropped once a delete sent after the acquire's request timeout was
+    /// answered (by then the put has been applied or never will be); until then every
+    /// renewal that keeps its etcd lease alive sends the delete again.
+    fn spawn_orphan_deletes(&self, orphans: Vec<Orphan>) {
+        let kv = self.client.kv_client();
+        let t = self.timeout();
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            futures::stream::iter(orphans)
+                .for_each_concurrent(8, |o| {
+                    let mut kv = kv.clone();
+                    let shared = shared.clone();
+                    async move {
+                        let sent = Instant::now();
+                        let txn = Txn::new()
+                            .when([
+                                Compare::value(o.key.clone(), CompareOp::Equal, o.value.clone()),
+                                Compare::lease(o.key.clone(), CompareOp::Equal, o.lease),
+                            ])
+                            .and_then([TxnOp::delete(o.key.clone(), None)]);
+                        let done = call("release", t, kv.txn(txn)).await;
+                        match &done {
+                            Ok(r) if r.succeeded() => {
+                                tracing::info!(lease_id = o.lease, "deleted a key put by an acquire whose reply never arrived")
+                            }
+                            Ok(_) => {}
+                            Err(e) => tracing::debug!(error = %e, "deleting an orphaned etcd key failed; the next renewal tries again"),
+                        }
+                        let final_answer = done.is_ok() && sent >= o.sent + t;
+                        shared.lock().orphan_done(&o, final_answer);
+                    }
+                })
+                .await;
+        });
+    }
+
     /// Revokes an etcd lease nobody uses, in the background (it would expire anyway).
     fn spawn_revoke(&self, id: i64) {
         let mut lease = self.client.lease_client();
@@ -732,7 +787,7 @@ impl LeaseBackend for EtcdBackend {
         caps.backend = BACKEND;
         caps.fencing = Fencing::Durable;
         caps.expires = true;
-        caps.min_ttl = Duration::from_secs(1);
+        caps.min_ttl = MIN_TTL;
         caps.ttl_granularity = Duration::from_secs(1);
         caps.holder_info = true;
         caps.keep_for = true;
@@ -756,7 +811,15 @@ impl LeaseBackend for EtcdBackend {
         let mut retried = false;
         loop {
             let session = inner.session(secs, "acquire").await?;
-            let pending = Pending::new(inner.shared.clone(), key.clone());
+            // Until the store answers, the key may be put without this call hearing so:
+            // dropped unsettled, `pending` records it for `renew` to delete.
+            let mut pending = Pending::new(
+                inner.shared.clone(),
+                key.clone(),
+                value.clone(),
+                owner.token,
+                session.id,
+            );
             let txn = Txn::new()
                 .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
                 .and_then([TxnOp::put(
@@ -773,15 +836,25 @@ impl LeaseBackend for EtcdBackend {
                 })
                 .await?;
             let resp = match reply {
-                Ok(resp) => resp,
+                Ok(resp) => {
+                    pending.settle();
+                    resp
+                }
                 Err(e) if !retried && is_lease_not_found(&e) => {
+                    // Refused: nothing was put.
+                    pending.settle();
                     // The session lease expired (or was revoked) behind our back.
                     tracing::debug!(lease = %name, lease_id = session.id, "session lease gone; granting a new one");
                     inner.forget_session(secs, session.id);
                     retried = true;
                     continue;
                 }
-                Err(e) => return Err(convert("acquire", t, e)),
+                Err(e) => {
+                    if is_lease_not_found(&e) {
+                        pending.settle();
+                    }
+                    return Err(convert("acquire", t, e));
+                }
             };
             if resp.succeeded() {
                 let rev = resp.header().map_or(0, |h| h.revision());
@@ -880,6 +953,7 @@ impl LeaseBackend for EtcdBackend {
         );
 
         let mut sweep = Vec::new();
+        let orphans;
         let outcomes = {
             let mut st = inner.shared.lock();
             let mut renewed: HashMap<i64, Instant> = HashMap::new();
@@ -965,8 +1039,16 @@ impl LeaseBackend for EtcdBackend {
             for (key, rev) in &sweep {
                 st.forget_held(key, *rev);
             }
+            orphans = st.orphans_to_delete(&renewed);
             outcomes
         };
+        if !orphans.is_empty() {
+            tracing::info!(
+                keys = orphans.len(),
+                "deleting keys put by acquires whose reply never arrived"
+            );
+            inner.spawn_orphan_deletes(orphans);
+        }
         if !sweep.is_empty() {
             tracing::info!(
                 keys = sweep.len(),
@@ -1053,11 +1135,16 @@ impl LeaseBackend for EtcdBackend {
                 encode_value(token, &label, true),
                 Some(PutOptions::new().with_lease(grant.id())),
             )]);
-            let done = txn_call(txn).await;
-            if !matches!(done, Ok(ref r) if r.succeeded()) {
+            // On an error the transaction may have been applied (its reply was lost, the
+            // leader changed after the commit): the new etcd lease may then carry the key,
+            // and revoking it would end the keep-for at once. It is left to expire by
+            // itself (it is never renewed), which is what the keep-for asks anyway.
+            let succeeded = txn_call(txn).await?.succeeded();
+            if !succeeded {
+                // Answered and not applied: the new etcd lease carries nothing.
                 inner.spawn_revoke(grant.id());
             }
-            done?.succeeded()
+            succeeded
         };
         inner.shared.lock().forget_held(&key, rev);
         tracing::debug!(lease = %name, released = succeeded, keep_for = ?keep, "release");
@@ -1198,13 +1285,13 @@ mod tests {
     fn capabilities_match_etcd() {
         let caps = {
             let mut c = Capabilities::default();
-            c.min_ttl = Duration::from_secs(1);
+            c.min_ttl = MIN_TTL;
             c.ttl_granularity = Duration::from_secs(1);
             c
         };
         assert_eq!(
             caps.effective_ttl(Duration::from_millis(600)),
-            Duration::from_secs(1)
+            Duration::from_secs(2)
         );
         assert_eq!(
             caps.effective_ttl(Duration::from_millis(1500)),

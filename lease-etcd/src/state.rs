@@ -37,6 +37,27 @@ pub(crate) struct State {
     /// Keepalives in flight, per etcd lease.
     pub(crate) flights: HashMap<i64, Flight>,
     flight_seq: u64,
+    /// Keys an acquire may have put without its caller ever hearing so (reply lost, call
+    /// timed out or dropped): `renew` deletes them, since the keepalives it sends for the
+    /// other keys of the same etcd lease would keep them alive for ever.
+    pub(crate) orphans: Vec<Orphan>,
+}
+
+/// A key an acquire may have put although its caller never heard so.
+#[derive(Debug, Clone)]
+pub(crate) struct Orphan {
+    pub(crate) key: Vec<u8>,
+    /// The exact value the acquire put (it holds the acquisition's owner token, unique to
+    /// it): the key is deleted only while it still has this value and lease.
+    pub(crate) value: Vec<u8>,
+    pub(crate) token: OwnerToken,
+    /// The etcd lease the key was put with.
+    pub(crate) lease: i64,
+    /// When the acquire was sent: once its request timeout has passed too, the put has
+    /// been applied or never will be.
+    pub(crate) sent: Instant,
+    /// A delete is in flight.
+    pub(crate) deleting: bool,
 }
 
 /// A keepalive in flight that concurrent renewals may wait for.
@@ -229,9 +250,55 @@ impl State {
         self.wake_all();
     }
 
+    /// The orphans whose etcd lease `renewed` just kept alive (marked as being deleted),
+    /// after dropping the records that need no delete: a key held again by the same token,
+    /// or an etcd lease nothing keeps alive any more (it lapses with its keys).
+    pub(crate) fn orphans_to_delete(&mut self, renewed: &HashMap<i64, Instant>) -> Vec<Orphan> {
+        if self.orphans.is_empty() {
+            return Vec::new();
+        }
+        let in_use: std::collections::HashSet<i64> = self
+            .keys
+            .values()
+            .filter_map(|k| k.held.as_ref().map(|h| h.lease))
+            .chain(self.sessions.values().map(|s| s.id))
+            .collect();
+        let keys = &self.keys;
+        self.orphans.retain(|o| {
+            let held_by_it = keys
+                .get(&o.key)
+                .and_then(|k| k.held.as_ref())
+                .is_some_and(|h| h.token == o.token);
+            !held_by_it && (in_use.contains(&o.lease) || o.deleting)
+        });
+        let mut due = Vec::new();
+        for o in &mut self.orphans {
+            if !o.deleting && renewed.contains_key(&o.lease) {
+                o.deleting = true;
+                due.push(o.clone());
+            }
+        }
+        due
+    }
+
+    /// A delete of `orphan` was answered or failed; `final_answer`: the record can go.
+    pub(crate) fn orphan_done(&mut self, orphan: &Orphan, final_answer: bool) {
+        if final_answer {
+            self.orphans
+                .retain(|o| !(o.key == orphan.key && o.token == orphan.token));
+        } else if let Some(o) = self
+            .orphans
+            .iter_mut()
+            .find(|o| o.key == orphan.key && o.token == orphan.token)
+        {
+            o.deleting = false;
+        }
+    }
+
     /// Forgets the session lease `id` (expired or revoked) and every key attached to it.
     pub(crate) fn on_lease_gone(&mut self, id: i64) {
         self.sessions.retain(|_, s| s.id != id);
+        self.orphans.retain(|o| o.lease != id);
         let gone: Vec<Vec<u8>> = self
             .keys
             .iter()
@@ -248,16 +315,41 @@ impl State {
 }
 
 /// Marks an acquisition of `key` in flight, so watch events for it are recorded before
-/// the acquisition's result is known. Dropping it (also on cancellation) unmarks.
+/// the acquisition's result is known. Dropping it (also on cancellation) unmarks; dropping
+/// it before [`Pending::settle`] (the call failed, timed out or was dropped without a
+/// reply) records the key as an [`Orphan`] the next renewals delete.
 pub(crate) struct Pending {
     shared: Arc<Shared>,
     key: Vec<u8>,
+    unsettled: Option<Orphan>,
 }
 
 impl Pending {
-    pub(crate) fn new(shared: Arc<Shared>, key: Vec<u8>) -> Self {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        key: Vec<u8>,
+        value: Vec<u8>,
+        token: OwnerToken,
+        lease: i64,
+    ) -> Self {
         shared.lock().keys.entry(key.clone()).or_default().pending += 1;
-        Pending { shared, key }
+        Pending {
+            shared,
+            unsettled: Some(Orphan {
+                key: key.clone(),
+                value,
+                token,
+                lease,
+                sent: Instant::now(),
+                deleting: false,
+            }),
+            key,
+        }
+    }
+
+    /// The store answered: whatever the acquire did is known to its caller.
+    pub(crate) fn settle(&mut self) {
+        self.unsettled = None;
     }
 }
 
@@ -268,6 +360,9 @@ impl Drop for Pending {
             k.pending = k.pending.saturating_sub(1);
         }
         st.forget_if_idle(&self.key);
+        if let Some(orphan) = self.unsettled.take() {
+            st.orphans.push(orphan);
+        }
     }
 }
 
