@@ -30,14 +30,16 @@
 //!
 //! # Primitives and round trips
 //!
-//! - acquire: one `INSERT ... ON DUPLICATE KEY UPDATE` that decides on `NOW(6)` and
-//!   returns the fencing token in its OK packet; when the lease is held, one more
-//!   `SELECT` reads the holder and its remaining time for the answer;
+//! - acquire: one `INSERT ... ON DUPLICATE KEY UPDATE` that decides on
+//!   `UTC_TIMESTAMP(6)` and returns the fencing token in its OK packet; when the lease is
+//!   held, one more `SELECT` reads the holder and its remaining time for the answer;
 //! - renew: one round trip per batch (up to [`MAX_RENEW_BATCH`] leases);
 //! - release (with keep-for), inspect, force release: one statement each.
 //!
 //! Release notification: none; waiters poll with backoff (the capabilities say so).
-//! See `sql.rs` for why `NOW(6)` is the clock.
+//! See `sql.rs` for why `UTC_TIMESTAMP(6)` is the clock: the statements read the server's
+//! time in UTC whatever the session's time zone, so a pool of your own
+//! ([`MysqlBackend::from_pool`]) may use any zone.
 //!
 //! # Fencing durability
 //!
@@ -322,7 +324,9 @@ impl MysqlBackend {
         if !config.tls.is_empty() && !url_tls.mode_given {
             options = options.ssl_mode(MySqlSslMode::VerifyIdentity);
         }
-        // UTC sessions: DATETIME deadlines must not move with a session's time zone.
+        // UTC sessions (the driver's default too). The lock statements read
+        // UTC_TIMESTAMP(6) and do not depend on it; it keeps the session's NOW() in the
+        // table's zone for anyone reading the pool's connections.
         let options = options.timezone(Some("+00:00".to_owned()));
         let pool = MySqlPoolOptions::new()
             .max_connections(config.max_connections)
@@ -332,8 +336,10 @@ impl MysqlBackend {
         Self::build(pool, config, server).await
     }
 
-    /// A backend on a pool of your own (its connections must use `time_zone = '+00:00'`;
-    /// `MySqlConnectOptions` sets that by default). The pool's options carry its TLS
+    /// A backend on a pool of your own. Its sessions may use any time zone: the
+    /// statements read the time with `UTC_TIMESTAMP(6)` and the table holds UTC, so the
+    /// pool agrees with backends on other pools whatever their zones (a zone with
+    /// daylight saving included). The pool's options carry its TLS
     /// settings: a non-empty [`MysqlConfig::tls`] is an [`Error::InvalidInput`] here.
     ///
     /// Cancel safe, as [`MysqlBackend::connect_with`].

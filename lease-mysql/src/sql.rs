@@ -1,23 +1,29 @@
 //! The SQL of the lock table, built once per backend for its table.
 //!
-//! **Time.** Every statement reads the time with `NOW(6)`: the moment the statement
-//! began, on the database server's clock, to the microsecond.
+//! **Time.** Every statement reads the time with `UTC_TIMESTAMP(6)`: the moment the
+//! statement began, on the database server's clock, to the microsecond, in UTC.
+//! - Not `NOW(6)` (or its synonym `CURRENT_TIMESTAMP(6)`): it is the same moment in the
+//!   session's time zone. The columns are `DATETIME(6)`, which no session converts, so a
+//!   session in another zone than the one that wrote a deadline would misread it by the
+//!   zones' offset: a pool of the caller's in `+05:00` took over at once a lease just
+//!   taken in UTC, and a lease it took read as held for five hours in UTC, also after
+//!   its release (`tests/time_zone.rs`). A daylight-saving change would move every
+//!   deadline by an hour. `UTC_TIMESTAMP(6)` ignores the session's zone, so any pool
+//!   works and the rows are in UTC whichever wrote them.
 //! - Not `SYSDATE(6)`: it reads the clock when it is evaluated, so two readings in one
 //!   statement differ, and under statement-based replication a replica evaluates it
 //!   again, at another time (unless the replica runs with `--sysdate-is-now`): the
 //!   replica's table would then disagree with the primary's.
-//! - `CURRENT_TIMESTAMP(6)` is a synonym of `NOW(6)`.
-//! - Unlike PostgreSQL's `now()`, MySQL's and MariaDB's `NOW()` is per statement, not per
-//!   transaction: a lock statement inside a caller's open transaction still decides on
-//!   the time the statement began, not when the transaction began
-//!   (`now_is_per_statement_inside_a_transaction` shows it). The binary log carries each
-//!   statement's `NOW()` (`SET TIMESTAMP`), so replicas apply the same value
-//!   (`tests/replication.rs`: with a replica applying the statements half a second late
-//!   under `binlog_format=STATEMENT`, the rows of acquire and renew are identical on
-//!   both, while a `SYSDATE(6)` deadline is half a second later on the replica).
-//! - The columns are `DATETIME(6)` in UTC: the backend's connections set `time_zone` to
-//!   `+00:00`, so no session time zone or daylight-saving change moves a deadline. SQL of
-//!   your own against the table must do the same.
+//! - Like `NOW()`, and unlike PostgreSQL's `now()`, `UTC_TIMESTAMP()` is per statement,
+//!   not per transaction: a lock statement inside a caller's open transaction still
+//!   decides on the time the statement began, not when the transaction began
+//!   (`utc_timestamp_is_per_statement_inside_a_transaction` shows it). The binary log
+//!   carries each statement's start time (`SET TIMESTAMP`), from which both are read, so
+//!   replicas apply the same value (`tests/replication.rs`: with a replica applying the
+//!   statements half a second late under `binlog_format=STATEMENT`, the rows of acquire
+//!   and renew are identical on both, while a `SYSDATE(6)` deadline is half a second
+//!   later on the replica).
+//! - SQL of your own against the table must read the time the same way.
 //!
 //! Reading the time at the statement's start errs on the safe side: a statement that
 //! waited for a row lock decides as if earlier, so it may call held a lease that lapsed
@@ -124,8 +130,9 @@ impl Statements {
         // ? name, ? owner token (16 bytes), ? holder label, ? ttl in µs.
         //
         // One statement decides and writes. A new name is inserted with fencing 1. An
-        // existing row is taken only if it is free at NOW(6) (never used, released, or
-        // expired: `lock_until <= NOW(6)`); a live row is written back unchanged.
+        // existing row is taken only if it is free at UTC_TIMESTAMP(6) (never used,
+        // released, or expired: `lock_until <= UTC_TIMESTAMP(6)`); a live row is written
+        // back unchanged.
         //
         // The answer rides on LAST_INSERT_ID, which the server returns with the
         // statement's OK packet: the VALUES list sets it to 1 (a new row); on a
@@ -137,14 +144,14 @@ impl Statements {
         // value later: every condition reads `lock_until`, assigned last.
         let acquire = format!(
             "INSERT INTO {t} (name, owner_token, holder, fencing, locked_at, lock_until, released)\n\
-             VALUES (?, ?, ?, LAST_INSERT_ID(1), NOW(6), NOW(6) + INTERVAL ? MICROSECOND, 0)\n\
+             VALUES (?, ?, ?, LAST_INSERT_ID(1), UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, 0)\n\
              ON DUPLICATE KEY UPDATE\n\
-             \x20 released = IF(LAST_INSERT_ID(0) = 0 AND lock_until <= NOW(6), 0, released),\n\
-             \x20 owner_token = IF(lock_until <= NOW(6), VALUES(owner_token), owner_token),\n\
-             \x20 holder = IF(lock_until <= NOW(6), VALUES(holder), holder),\n\
-             \x20 fencing = IF(lock_until <= NOW(6), LAST_INSERT_ID(fencing + 1), fencing),\n\
-             \x20 locked_at = IF(lock_until <= NOW(6), VALUES(locked_at), locked_at),\n\
-             \x20 lock_until = IF(lock_until <= NOW(6), VALUES(lock_until), lock_until)"
+             \x20 released = IF(LAST_INSERT_ID(0) = 0 AND lock_until <= UTC_TIMESTAMP(6), 0, released),\n\
+             \x20 owner_token = IF(lock_until <= UTC_TIMESTAMP(6), VALUES(owner_token), owner_token),\n\
+             \x20 holder = IF(lock_until <= UTC_TIMESTAMP(6), VALUES(holder), holder),\n\
+             \x20 fencing = IF(lock_until <= UTC_TIMESTAMP(6), LAST_INSERT_ID(fencing + 1), fencing),\n\
+             \x20 locked_at = IF(lock_until <= UTC_TIMESTAMP(6), VALUES(locked_at), locked_at),\n\
+             \x20 lock_until = IF(lock_until <= UTC_TIMESTAMP(6), VALUES(lock_until), lock_until)"
         );
         // ? keep-for in µs, ? name, ? token. The connection reports matched rows
         // (CLIENT_FOUND_ROWS): 1 when this owner held the lease. keep-for zero (or already
@@ -152,18 +159,18 @@ impl Statements {
         // fencing counter never resets.
         let release = format!(
             "UPDATE {t} SET owner_token = NULL, released = 1,\n\
-             \x20 lock_until = GREATEST(NOW(6), locked_at + INTERVAL ? MICROSECOND)\n\
-             WHERE name = ? AND owner_token = ? AND released = 0 AND lock_until > NOW(6)"
+             \x20 lock_until = GREATEST(UTC_TIMESTAMP(6), locked_at + INTERVAL ? MICROSECOND)\n\
+             WHERE name = ? AND owner_token = ? AND released = 0 AND lock_until > UTC_TIMESTAMP(6)"
         );
         // ? name.
         let inspect = format!(
-            "SELECT holder, fencing, TIMESTAMPDIFF(MICROSECOND, NOW(6), lock_until)\n\
-             FROM {t} WHERE name = ? AND lock_until > NOW(6)"
+            "SELECT holder, fencing, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), lock_until)\n\
+             FROM {t} WHERE name = ? AND lock_until > UTC_TIMESTAMP(6)"
         );
         // ? name. Frees a live lease whoever holds it (also one kept by keep-for).
         let force_release = format!(
-            "UPDATE {t} SET owner_token = NULL, released = 1, lock_until = NOW(6)\n\
-             WHERE name = ? AND lock_until > NOW(6)"
+            "UPDATE {t} SET owner_token = NULL, released = 1, lock_until = UTC_TIMESTAMP(6)\n\
+             WHERE name = ? AND lock_until > UTC_TIMESTAMP(6)"
         );
         Statements {
             acquire,
@@ -197,10 +204,10 @@ impl Statements {
         }
         let t = &self.table;
         format!(
-            "SET @lease_renewed_until = NOW(6) + INTERVAL {ttl_us} MICROSECOND;\n\
+            "SET @lease_renewed_until = UTC_TIMESTAMP(6) + INTERVAL {ttl_us} MICROSECOND;\n\
              UPDATE {t} SET lock_until = @lease_renewed_until\n\
              WHERE name IN ({names}) AND (name, owner_token) IN ({both})\n\
-             \x20 AND released = 0 AND lock_until > NOW(6);\n\
+             \x20 AND released = 0 AND lock_until > UTC_TIMESTAMP(6);\n\
              SELECT name, owner_token FROM {t}\n\
              WHERE name IN ({names}) AND (name, owner_token) IN ({both})\n\
              \x20 AND lock_until = @lease_renewed_until"
@@ -240,12 +247,20 @@ mod tests {
     }
 
     #[test]
-    fn statements_use_the_statement_clock_only() {
+    fn statements_use_the_statement_clock_in_utc_only() {
         let s = Statements::new(&TableName::parse("t").expect("valid"));
         let renew = s.renew(&[(b"a'\\", &[0u8; 16])], 5);
         for sql in [&s.acquire, &s.release, &s.inspect, &s.force_release, &renew] {
-            assert!(sql.contains("NOW(6)"), "{sql}");
-            assert!(!sql.contains("SYSDATE"), "{sql}");
+            assert!(sql.contains("UTC_TIMESTAMP(6)"), "{sql}");
+            for zoned in [
+                "SYSDATE",
+                "NOW(",
+                "CURRENT_TIMESTAMP",
+                "LOCALTIME",
+                "CURDATE",
+            ] {
+                assert!(!sql.contains(zoned), "{zoned} in {sql}");
+            }
         }
         assert!(renew.contains("X'61275c'"), "{renew}");
         assert!(!renew.contains("a'"), "{renew}");

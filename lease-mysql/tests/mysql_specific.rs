@@ -25,12 +25,12 @@ async fn acquired(outcome: AcquireOutcome) -> u64 {
     }
 }
 
-/// `NOW(6)` is the time the statement began, also inside a transaction that began
-/// earlier: the acquire statement, run in a caller's transaction opened before the
+/// `UTC_TIMESTAMP(6)` is the time the statement began, also inside a transaction that
+/// began earlier: the acquire statement, run in a caller's transaction opened before the
 /// previous holder's lease ran out, still sees it expired (PostgreSQL's `now()`, the
 /// transaction's start, would still see it held).
 #[tokio::test]
-async fn now_is_per_statement_inside_a_transaction() {
+async fn utc_timestamp_is_per_statement_inside_a_transaction() {
     let db = MariaDbServer::shared().await.unwrap();
     let backend = MysqlBackend::connect(&db.url()).await.unwrap();
     let lease = name("in-a-transaction");
@@ -44,25 +44,21 @@ async fn now_is_per_statement_inside_a_transaction() {
     assert_eq!(first, 1);
 
     let mut conn = sqlx::MySqlConnection::connect(&db.url()).await.unwrap();
-    sqlx::query("SET time_zone = '+00:00'")
-        .execute(&mut conn)
-        .await
-        .unwrap();
     let mut tx = conn.begin().await.unwrap();
-    let (at_begin,): (String,) = sqlx::query_as("SELECT CAST(NOW(6) AS CHAR)")
+    let (at_begin,): (String,) = sqlx::query_as("SELECT CAST(UTC_TIMESTAMP(6) AS CHAR)")
         .fetch_one(&mut *tx)
         .await
         .unwrap();
     // The lease lapses while the transaction stays open (time is the subject here: 500 ms
     // TTL, 900 ms wait, 400 ms of margin for a loaded machine).
     tokio::time::sleep(Duration::from_millis(900)).await;
-    let (later,): (String,) = sqlx::query_as("SELECT CAST(NOW(6) AS CHAR)")
+    let (later,): (String,) = sqlx::query_as("SELECT CAST(UTC_TIMESTAMP(6) AS CHAR)")
         .fetch_one(&mut *tx)
         .await
         .unwrap();
     assert!(
         later > at_begin,
-        "NOW(6) did not move inside the transaction"
+        "UTC_TIMESTAMP(6) did not move inside the transaction"
     );
     let (acquire, _) = backend.cycle_statements();
     let b = owner("b");

@@ -1,13 +1,14 @@
 //! Statement-based replication of the lock table, on a real primary and replica (two
 //! local `mariadbd`, the primary with `--binlog-format=STATEMENT`): why the backend reads
-//! the time with `NOW(6)` and not `SYSDATE(6)`.
+//! the time with `UTC_TIMESTAMP(6)` (the statement's start, as `NOW(6)`) and not
+//! `SYSDATE(6)`.
 //!
 //! The replica's SQL thread is held while the primary runs the statements, and released
 //! 500 ms later, so the replica applies them half a second after the primary did (time is
 //! the subject here; 500 ms is far above the clock's microsecond resolution and the
 //! 400 ms the check asks for leaves 100 ms for scheduling). A statement that reads
-//! `NOW(6)` gives the same row on both: the binary log carries each statement's start
-//! time. One that reads `SYSDATE(6)` gives a replica row half a second later than the
+//! `UTC_TIMESTAMP(6)` gives the same row on both: the binary log carries each
+//! statement's start time. One that reads `SYSDATE(6)` gives a replica row half a second later than the
 //! primary's: after a failover, the promoted replica would hold such a lease longer than
 //! its holder was told.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
@@ -46,7 +47,7 @@ fn caught_up(primary: &MariaDbServer, replica: &MariaDbServer) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn statement_based_replication_carries_now_but_not_sysdate() {
+async fn statement_based_replication_carries_utc_timestamp_but_not_sysdate() {
     let primary = MariaDbServer::start_with_options(&[
         "--server-id=1",
         "--log-bin=binlog",
@@ -112,7 +113,7 @@ async fn statement_based_replication_carries_now_but_not_sysdate() {
     replica.sql("START SLAVE SQL_THREAD").unwrap();
     caught_up(&primary, &replica);
 
-    // NOW(6): the same row on both, to the microsecond (acquire and renew).
+    // UTC_TIMESTAMP(6): the same row on both, to the microsecond (acquire and renew).
     let rows = "SELECT name, HEX(owner_token), holder, fencing, locked_at, lock_until, released \
                 FROM repl.lease_locks ORDER BY name";
     let on_primary = primary.sql(rows).unwrap();
@@ -143,7 +144,7 @@ async fn statement_based_replication_carries_now_but_not_sysdate() {
         "SYSDATE(6) on the replica was only {late_us} µs later than on the primary"
     );
     eprintln!(
-        "statement-based replication: the NOW(6) row is identical on the replica; the \
+        "statement-based replication: the UTC_TIMESTAMP(6) row is identical on the replica; the \
          SYSDATE(6) row's deadline is {:.3} s later there",
         late_us as f64 / 1e6
     );
