@@ -808,7 +808,7 @@ impl RedisBackend {
         let mut cmd = redis::cmd("HDEL");
         cmd.arg(lock).arg(token).arg(&marker);
         let cmd = &cmd;
-        let (reply, _) = self
+        let (reply, retried) = self
             .send(OP, |mut conn| async move {
                 match cmd.query_async::<Value>(&mut conn).await {
                     // Not a hash: not a lease of this crate, so not ours.
@@ -818,7 +818,12 @@ impl RedisBackend {
             })
             .await?;
         let removed = int(OP, "HDEL", &reply)?;
-        if removed == 2 {
+        // A second run of this `HDEL` (our retry after a dropped connection, or the
+        // cluster client's own re-send, which this code does not see) removes nothing
+        // although the first one may have freed a waited-for lease: announce it then too
+        // (a waiter woken for nothing checks again and waits on).
+        let maybe_rerun = removed == 0 && (retried || self.inner.slots.is_some());
+        if removed == 2 || maybe_rerun {
             let mut conn = self.conn();
             let mut cmd = redis::cmd("PUBLISH");
             cmd.arg(keys::sibling(lock, ":released")).arg("1");
@@ -1381,11 +1386,15 @@ impl LeaseBackend for RedisBackend {
         let ttl_ms = ttl_millis("ttl", ttl)?;
         let req = AcquireReq::new(self.prefix(), name, owner, ttl_ms);
         let (reply, retried, acks) = self.acquire_req(&req).await?;
-        let acquired = matches!(reply, Value::Int(_))
-            || (retried
-                && matches!(&reply, Value::Array(a) if matches!(a.first(), Some(Value::Int(2)))));
+        // Flag 2, "held by this very token", can only be a second run of this same call
+        // (the owner token is new for every acquisition): our retry after a dropped
+        // connection, or the cluster client's own re-send, which this code does not see.
+        // Either way the lease is ours, and a `WAIT` in the second run's pipeline covers
+        // nothing the first run wrote.
+        let rerun = matches!(&reply, Value::Array(a) if matches!(a.first(), Some(Value::Int(2))));
+        let acquired = matches!(reply, Value::Int(_)) || rerun;
         if acquired {
-            if let Err(e) = self.acknowledged("acquisition", acks, retried) {
+            if let Err(e) = self.acknowledged("acquisition", acks, retried || rerun) {
                 // Not counted: give back what the primary took (the TTL frees it if this
                 // fails too); if the caller gives up meanwhile, a task of its own does.
                 let mut giving_back = InFlight {
@@ -1414,8 +1423,8 @@ impl LeaseBackend for RedisBackend {
             None => return Err(unexpected(OP, "empty reply")),
         };
         match (flag, rest) {
-            // Our own acquisition, seen by the retry after a dropped connection.
-            (2, [_, pttl, fencing]) if retried => {
+            // Our own acquisition, seen by a second run of the same call.
+            (2, [_, pttl, fencing]) => {
                 let fencing = non_negative(OP, "fencing token", fencing)?;
                 let pttl = non_negative(OP, "pttl", pttl)?;
                 tracing::debug!(lease = %name, fencing, ttl_ms = pttl, "redis lease acquired (confirmed by retry)");
@@ -1431,7 +1440,7 @@ impl LeaseBackend for RedisBackend {
                     format!("the acquire script failed, nothing taken: {error}"),
                 ))
             }
-            (0, [holder, pttl]) | (2, [holder, pttl, _]) => {
+            (0, [holder, pttl]) => {
                 let holder =
                     text(holder).ok_or_else(|| unexpected(OP, "holder label is not a string"))?;
                 let pttl = int(OP, "pttl", pttl)?;

@@ -1001,6 +1001,58 @@ impl RedisCluster {
             .ok_or_else(|| HarnessError::Start("no cluster node is running".into()))
     }
 
+    /// Freezes the node on `port` (SIGSTOP; `docker pause` for a container): it keeps its
+    /// connections but answers nothing, replicates nothing, until [`Self::resume_node`].
+    pub fn pause_node(&self, port: u16) -> Result<(), HarnessError> {
+        self.signal_node(port, Signal::SIGSTOP, "pause")
+    }
+
+    /// Undoes [`Self::pause_node`] (SIGCONT; `docker unpause`).
+    pub fn resume_node(&self, port: u16) -> Result<(), HarnessError> {
+        self.signal_node(port, Signal::SIGCONT, "unpause")
+    }
+
+    fn signal_node(&self, port: u16, signal: Signal, docker: &str) -> Result<(), HarnessError> {
+        let i = self
+            .ports
+            .iter()
+            .position(|p| *p == port)
+            .ok_or_else(|| HarnessError::Start(format!("no cluster node on port {port}")))?;
+        match &self.nodes {
+            ClusterNodes::Local { processes, .. } => processes[i].signal(signal),
+            ClusterNodes::Containers { containers, .. } => super::engine::docker_blocking(
+                &[docker, containers[i].id()],
+                super::engine::CALL_BOUND,
+            )
+            .map(drop)
+            .map_err(HarnessError::Start),
+        }
+    }
+
+    /// The ports of the nodes that are replicas now, as the first running node sees it.
+    pub async fn replicas(&mut self) -> Result<Vec<u16>, HarnessError> {
+        let port = self.live_port()?;
+        let nodes = self.cli(port, &["CLUSTER", "NODES"]).await?;
+        let mut out: Vec<u16> = nodes
+            .lines()
+            .filter_map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let [_, addr, flags, ..] = fields.as_slice() else {
+                    return None;
+                };
+                if !flags.split(',').any(|f| f == "slave") || flags.contains("fail") {
+                    return None;
+                }
+                addr.split('@')
+                    .next()
+                    .and_then(|a| a.rsplit(':').next())
+                    .and_then(|p| p.parse().ok())
+            })
+            .collect();
+        out.sort_unstable();
+        Ok(out)
+    }
+
     /// SIGKILLs the node on `port` (`docker kill` for a container).
     pub fn kill_node(&mut self, port: u16) -> Result<(), HarnessError> {
         let i = self
