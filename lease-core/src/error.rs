@@ -339,6 +339,23 @@ pub enum InvalidInput {
         /// The job's period.
         period: Duration,
     },
+    /// A scheduled job's keep-for is below its period, but not by the store's minimum TTL:
+    /// a run released just before its keep-for ends keeps its lease for at least that
+    /// minimum (etcd: 2 s), past the next tick.
+    #[error(
+        "keep-for {keep_for:?} plus the store's minimum TTL {min_ttl:?} must be below the \
+         period {period:?}: a run released shortly before its keep-for ends keeps the lease \
+         for at least the minimum TTL, and the next tick would find it still held (lower \
+         keep_for, lengthen the period, or leave keep_for zero to derive it)"
+    )]
+    KeepForTooLongForStore {
+        /// The rejected keep-for.
+        keep_for: Duration,
+        /// The job's period.
+        period: Duration,
+        /// The store's minimum TTL.
+        min_ttl: Duration,
+    },
     /// A scheduled job's period is too short to derive a keep-for below it on this store.
     #[error(
         "period {period:?} is not above the store's TTL granularity {granularity:?}: no \

@@ -106,9 +106,17 @@ impl ScheduledJob {
                        once per period",
             });
         }
+        // A lease released with a sliver of its keep-for left still lives the store's
+        // minimum TTL (etcd grants at least 2 s): that much more must fit in the period.
+        let tail = if caps.min_ttl > caps.ttl_granularity {
+            caps.min_ttl
+        } else {
+            Duration::ZERO
+        };
         let keep_for = if opts.keep_for().is_zero() {
             let derived = period
                 .saturating_sub((period / 10).max(caps.ttl_granularity))
+                .saturating_sub(tail)
                 .min(MAX_TTL);
             if derived.is_zero() {
                 return Err(InvalidInput::PeriodTooShort {
@@ -123,6 +131,14 @@ impl ScheduledJob {
         };
         if keep_for >= period {
             return Err(InvalidInput::KeepForNotBelowPeriod { keep_for, period }.into());
+        }
+        if keep_for.saturating_add(tail) >= period {
+            return Err(InvalidInput::KeepForTooLongForStore {
+                keep_for,
+                period,
+                min_ttl: tail,
+            }
+            .into());
         }
         Ok(ScheduledJob {
             client,

@@ -40,9 +40,8 @@ const SWEEP_EVERY: Duration = Duration::from_millis(250);
 
 /// The shortest etcd lease a default etcd server grants: it raises any shorter TTL to
 /// `ceil(1.5 × election timeout)`, 2 s with the default election timeout of 1 s (a lease
-/// asked for 1 s lives 2 s). A server started with a longer `--election-timeout` grants
-/// longer minimum leases; the backend reads every granted TTL back and logs when it
-/// exceeds this.
+/// asked for 1 s lives 2 s). The default of [`EtcdConfig::min_ttl`]; the backend reads
+/// every granted TTL back and logs when a server grants more.
 pub const MIN_TTL: Duration = Duration::from_secs(2);
 
 /// Largest renewal batch accepted in one call. A batch costs one keepalive per etcd lease
@@ -80,6 +79,11 @@ pub struct EtcdConfig {
     /// URLs give), verifying the server with `files.ca` (default: the system's trust
     /// store) and presenting `files.cert` and `files.key` when given (mutual TLS).
     pub tls: Option<TlsFiles>,
+    /// The server's minimum lease TTL, reported as [`Capabilities::min_ttl`] (default
+    /// [`MIN_TTL`], 2 s: etcd's minimum with its default 1 s election timeout). etcd
+    /// raises every shorter lease to `ceil(1.5 × --election-timeout)`; set this to that
+    /// value for a server with other raft timing. Whole seconds, at least 1 s.
+    pub min_ttl: Duration,
 }
 
 impl Default for EtcdConfig {
@@ -91,6 +95,7 @@ impl Default for EtcdConfig {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
             tls: None,
+            min_ttl: MIN_TTL,
         }
     }
 }
@@ -104,6 +109,7 @@ impl fmt::Debug for EtcdConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
             .field("tls", &self.tls)
+            .field("min_ttl", &self.min_ttl)
             .finish()
     }
 }
@@ -132,6 +138,12 @@ impl EtcdConfig {
 
     fn validate(&self) -> std::result::Result<(), InvalidInput> {
         keys::validate_prefix(&self.prefix)?;
+        if self.min_ttl < Duration::from_secs(1) || self.min_ttl.subsec_nanos() != 0 {
+            return Err(InvalidInput::Other(format!(
+                "etcd min_ttl {:?} must be whole seconds, at least 1 s",
+                self.min_ttl
+            )));
+        }
         for (what, value) in [
             ("connect_timeout", self.connect_timeout),
             ("request_timeout", self.request_timeout),
@@ -494,14 +506,14 @@ impl Inner {
         if resp.id() == 0 {
             return Err(unexpected(operation, "lease granted with id 0"));
         }
-        if granted > secs.max(MIN_TTL.as_secs()) {
+        if granted > secs.max(self.config.min_ttl.as_secs()) {
             tracing::warn!(
                 asked_secs = secs,
                 granted_secs = granted,
                 "etcd granted a longer lease than asked: its minimum lease TTL (1.5 x its \
-                 election timeout) is above the {}s this backend reports as min_ttl; leases \
-                 of crashed holders stay taken that long",
-                MIN_TTL.as_secs()
+                 election timeout) is above the {}s of EtcdConfig::min_ttl; leases of \
+                 crashed holders stay taken that long",
+                self.config.min_ttl.as_secs()
             );
         }
         let session = Session {
@@ -787,7 +799,7 @@ impl LeaseBackend for EtcdBackend {
         caps.backend = BACKEND;
         caps.fencing = Fencing::Durable;
         caps.expires = true;
-        caps.min_ttl = MIN_TTL;
+        caps.min_ttl = self.inner.config.min_ttl;
         caps.ttl_granularity = Duration::from_secs(1);
         caps.holder_info = true;
         caps.keep_for = true;

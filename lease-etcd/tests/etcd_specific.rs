@@ -415,3 +415,110 @@ async fn client_renews_many_guards_with_one_keepalive_per_tick() {
         .await;
     assert_eq!(released, GUARDS);
 }
+
+/// The server's minimum lease TTL, measured: a lease asked for 1 s is granted 2 s by an
+/// etcd with the default raft timing (1.5 × its 1 s election timeout), 1 s by the tests'
+/// fast single node (100 ms). The capabilities say what the config says (2 s by default),
+/// and a scheduled job's keep-for leaves room for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_ttl_is_what_the_server_grants() {
+    async fn measured(endpoints: Vec<String>) -> Duration {
+        let mut raw = lease_etcd::etcd_client::Client::connect(endpoints, None)
+            .await
+            .unwrap();
+        let granted = raw.lease_grant(1, None).await.unwrap();
+        raw.lease_revoke(granted.id()).await.unwrap();
+        Duration::from_secs(u64::try_from(granted.ttl()).unwrap())
+    }
+    let default_timing = EtcdServer::start_local_with(&[
+        "--heartbeat-interval",
+        "100",
+        "--election-timeout",
+        "1000",
+    ])
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let on_default = measured(default_timing.endpoints()).await;
+    eprintln!("etcd with default raft timing granted {on_default:?} for a lease asked for 1 s");
+    assert_eq!(on_default, lease_etcd::MIN_TTL);
+    let b = backend(&default_timing.endpoints(), &config()).await;
+    let caps = b.capabilities();
+    assert_eq!(caps.min_ttl, on_default, "capabilities' min_ttl");
+    assert_eq!(caps.effective_ttl(Duration::from_secs(1)), on_default);
+    // An acquire asked for 1 s reports what the store applies.
+    let owner = Owner::new(HolderLabel::new("min-ttl").unwrap());
+    let name = LeaseName::new(format!("min-ttl-{}", uuid::Uuid::new_v4().simple())).unwrap();
+    match b
+        .acquire(&name, &owner, Duration::from_secs(1))
+        .await
+        .unwrap()
+    {
+        AcquireOutcome::Acquired { ttl, .. } => {
+            assert!(ttl > Duration::from_secs(1) && ttl <= on_default, "{ttl:?}")
+        }
+        other => panic!("{other:?}"),
+    }
+    b.release(&name, &owner.token, Duration::ZERO)
+        .await
+        .unwrap();
+
+    // The tests' fast node grants 1 s, and a config may say so.
+    let fast = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let on_fast = measured(fast.endpoints()).await;
+    eprintln!("etcd with the tests' raft timing granted {on_fast:?}");
+    let fast_config = EtcdConfig {
+        min_ttl: on_fast,
+        ..config()
+    };
+    assert_eq!(
+        backend(&fast.endpoints(), &fast_config)
+            .await
+            .capabilities()
+            .min_ttl,
+        on_fast
+    );
+    let bad = EtcdConfig {
+        min_ttl: Duration::from_millis(1500),
+        ..config()
+    };
+    assert!(EtcdBackend::connect(&fast.endpoints(), bad).await.is_err());
+
+    // ScheduledJob: a derived keep-for leaves the minimum TTL before the next tick, and an
+    // explicit one that does not is refused.
+    let client = client(b.clone(), "job");
+    let opts = LeaseOptions::new(Duration::from_secs(10)).unwrap();
+    let job =
+        lease_core::ScheduledJob::new(client.clone(), "job", Duration::from_secs(10), opts.clone())
+            .unwrap();
+    assert!(
+        job.keep_for() + on_default < Duration::from_secs(10),
+        "{:?}",
+        job.keep_for()
+    );
+    let err = lease_core::ScheduledJob::new(
+        client.clone(),
+        "job",
+        Duration::from_secs(4),
+        LeaseOptions::builder(Duration::from_secs(10))
+            .keep_for(Duration::from_secs(3))
+            .build()
+            .unwrap(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidInput(lease_core::InvalidInput::KeepForTooLongForStore { .. })
+        ),
+        "{err}"
+    );
+    let err =
+        lease_core::ScheduledJob::new(client, "job", Duration::from_secs(2), opts).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            Error::InvalidInput(lease_core::InvalidInput::PeriodTooShort { .. })
+        ),
+        "{err}"
+    );
+}

@@ -608,8 +608,10 @@ pub async fn scheduled_job_defaults_once_per_period(backend: Arc<dyn LeaseBacken
     let ns = namespace();
     let ttl = base_ttl(&*backend);
     // At least two granules: a store that rounds keep-for up to whole seconds still
-    // frees the lease before the next tick of the instance that ran.
-    let period = ttl.max(caps.ttl_granularity * 2);
+    // frees the lease before the next tick of the instance that ran; plus the store's
+    // minimum TTL where it exceeds a granule (etcd: a lease released with a sliver of
+    // keep-for left lives 2 s).
+    let period = ttl.max(caps.ttl_granularity * 2 + crate::suite::min_ttl_tail(&caps));
     let periods = 5u32;
     let options = LeaseOptions::new(ttl).expect("defaults");
     let keep_for = ScheduledJob::new(client(&backend, "probe"), "probe", period, options.clone())

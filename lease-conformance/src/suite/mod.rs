@@ -1237,7 +1237,8 @@ pub async fn store_down_typed_errors(backend: Arc<dyn LeaseBackend>) {
         Err(Error::Unavailable { .. })
     ));
     if backend.capabilities().keep_for {
-        let period = ttl.max(backend.capabilities().ttl_granularity * 2);
+        let caps = backend.capabilities();
+        let period = ttl.max(caps.ttl_granularity * 2 + min_ttl_tail(&caps));
         let job = ScheduledJob::new(c.clone(), &n, period, options.clone()).expect("job");
         assert!(matches!(
             job.run_once(|_| async {}).await,
@@ -1344,4 +1345,15 @@ pub async fn force_release_frees_and_holder_learns(backend: Arc<dyn LeaseBackend
         .release(&n, &o.token, Duration::ZERO)
         .await
         .expect("release");
+}
+
+/// How long past its release a lease released with a sliver of keep-for left may live:
+/// the store's minimum TTL where it exceeds the TTL granularity (etcd: 2 s), else nothing.
+/// A scheduled job's period must leave room for it (see `ScheduledJob::new`).
+pub fn min_ttl_tail(caps: &lease_core::Capabilities) -> Duration {
+    if caps.min_ttl > caps.ttl_granularity {
+        caps.min_ttl
+    } else {
+        Duration::ZERO
+    }
 }
