@@ -19,8 +19,8 @@ pub use async_trait::async_trait;
 pub use backend::LeaseBackend;
 pub use client::{LeaseClient, LeaseContext, RunOutcome, TryAcquire};
 pub use connection::{
-    TlsFiles, TlsPem, error_chain_text, find_cause, percent_decode, redact_url, tls_failure,
-    tls_failure_for,
+    TlsFiles, TlsPem, check_url_userinfo, error_chain_text, find_cause, percent_decode, redact_url,
+    tls_failure, tls_failure_for, url_password,
 };
 pub use election::{Election, Leader, Leadership};
 pub use error::{BoxError, Error, InvalidInput, Result};

@@ -7,8 +7,9 @@
 //!
 //! `etcds://` connects over TLS (`https://` endpoints).
 //! The port defaults to 2379; IPv6 hosts are written in brackets (`[::1]:2379`). User,
-//! password and prefix may be percent-encoded (`%40` for `@`). Error messages never
-//! contain the password.
+//! password and prefix may be percent-encoded (`%40` for `@`); a `/`, `?` or `#` in the
+//! user or password, or an `@` in the prefix, must be (such a URL is refused, see
+//! [`lease_core::check_url_userinfo`]). Error messages never contain the password.
 
 use lease_core::InvalidInput;
 
@@ -187,6 +188,11 @@ mod tests {
             "etcd://u:secret@h:1?x=1",
             "redis://u:secret@h:1",
             "etcd://u:secret@h:1/%zz",
+            // Issue 31, finding 4: unencoded '/', '?', '#' in the password. Cut at the
+            // '/', the first was "bad port \"secret\"".
+            "etcd://u:secret/x@h1:2379,h2:2379/app",
+            "etcds://u:secret?x@h:1",
+            "etcd://u:secret#x@h",
         ] {
             let e = parse(bad).unwrap_err();
             assert!(matches!(e, InvalidInput::MalformedUrl(_)), "{bad}: {e:?}");
@@ -211,6 +217,7 @@ mod tests {
     #[test]
     fn redaction() {
         assert_eq!(redact("etcd://u:pw@h:1/p"), "etcd://u:***@h:1/p");
-        assert_eq!(redact("etcd://h:1/p@x"), "etcd://h:1/p@x");
+        // An '@' after the path's '/' may end a password with a '/': hidden.
+        assert_eq!(redact("etcd://h:1/p@x"), "etcd://h:***@x");
     }
 }

@@ -203,8 +203,11 @@ struct UrlTls {
 
 /// Splits this crate's own parameters (`table`, `create_table`) and the TLS files
 /// (`ssl-ca`, `ssl-cert`, `ssl-key`, merged into `config.tls`) off `url`; the rest is for
-/// the driver. `mariadb://` is read as `mysql://`.
+/// the driver. `mariadb://` is read as `mysql://`. Refuses a URL whose password has
+/// unencoded reserved characters ([`lease_core::check_url_userinfo`]), before anything
+/// splits it.
 fn split_own_params(url: &str, config: &mut MysqlConfig) -> Result<(String, UrlTls)> {
+    lease_core::check_url_userinfo(url)?;
     let url = match url.strip_prefix("mariadb://") {
         Some(rest) => format!("mysql://{rest}"),
         None => url.to_owned(),
@@ -681,6 +684,31 @@ mod tests {
         assert_eq!(c.table, "ops.locks");
         assert!(!c.create_table);
         assert!(split_own_params("mysql://h/db?create_table=maybe", &mut c).is_err());
+    }
+
+    /// Issue 31, finding 4: a password with an unencoded '/', '?' or '#' was cut there by
+    /// the driver and printed in its "invalid port number" error.
+    #[test]
+    fn passwords_with_reserved_characters_are_refused_unshown() {
+        for url in [
+            "mysql://u:my/s3cr#t@h:3306/db",
+            "mariadb://u:my?s3cret@h/db?table=t",
+        ] {
+            let mut c = MysqlConfig::default();
+            let Err(e) = split_own_params(url, &mut c) else {
+                panic!("{url} accepted");
+            };
+            assert!(
+                matches!(e, Error::InvalidInput(InvalidInput::MalformedUrl(_))),
+                "{url}: {e:?}"
+            );
+            assert!(!e.to_string().contains("s3cr"), "{url}: {e}");
+            assert!(e.to_string().contains("percent-encode"), "{url}: {e}");
+        }
+        let mut c = MysqlConfig::default();
+        let (url, _) =
+            split_own_params("mysql://u:my%2Fs3cr%23t@h:3306/db", &mut c).expect("valid");
+        assert!(MySqlConnectOptions::from_str(&url).is_ok());
     }
 
     #[test]

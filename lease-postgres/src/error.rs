@@ -139,21 +139,10 @@ fn from_sqlstate(
 
 pub(crate) use lease_core::redact_url;
 
-/// The password of a connection URL as written (still percent-encoded), if any.
-pub(crate) fn url_password(url: &str) -> Option<&str> {
-    let scheme_end = url.find("://")?;
-    let rest = &url[scheme_end + 3..];
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let authority = &rest[..authority_end];
-    let at = authority.rfind('@')?;
-    let (_, password) = authority[..at].split_once(':')?;
-    (!password.is_empty()).then_some(password)
-}
-
 /// `message` with every occurrence of the password (as written in the URL and
-/// percent-decoded) replaced by `***`.
+/// percent-decoded, found by [`lease_core::url_password`]) replaced by `***`.
 pub(crate) fn scrub(message: &str, url: &str) -> String {
-    let Some(password) = url_password(url) else {
+    let Some(password) = lease_core::url_password(url) else {
         return message.to_owned();
     };
     let mut out = message.replace(password, "***");

@@ -143,10 +143,13 @@ pub(crate) struct OwnParams {
 }
 
 /// Takes this crate's own URL parameters (`pooler`, `table`, `create_table`) out of
-/// `url`. Returns the URL without them, and what they said.
+/// `url`. Returns the URL without them, and what they said. Refuses a URL whose password
+/// has unencoded reserved characters ([`lease_core::check_url_userinfo`]), before anything
+/// splits it.
 pub(crate) fn split_own_params(
     url: &str,
 ) -> std::result::Result<(String, OwnParams), InvalidInput> {
+    lease_core::check_url_userinfo(url)?;
     let mut own = OwnParams::default();
     let Some((base, query)) = url.split_once('?') else {
         return Ok((url.to_owned(), own));
@@ -1138,6 +1141,28 @@ mod tests {
         assert!(e.to_string().contains("transaction"), "{e}");
         let e = split_own_params("postgres://u:secret@h/db?create_table=maybe").unwrap_err();
         assert!(!e.to_string().contains("secret"), "{e}");
+    }
+
+    /// Issue 31, finding 4: a password with an unencoded '/', '?' or '#' was cut there by
+    /// the driver and printed in its "invalid port number" error.
+    #[test]
+    fn passwords_with_reserved_characters_are_refused_unshown() {
+        for (url, secret) in [
+            ("postgres://u:pg/w0rd@h:5432/db", "w0rd"),
+            ("postgresql://u:pg?w0rd#x@h/db?pooler=transaction", "w0rd"),
+            ("postgres://u:pg#w0rd@h1,h2/db", "w0rd"),
+        ] {
+            let e = split_own_params(url).unwrap_err();
+            assert!(matches!(e, InvalidInput::MalformedUrl(_)), "{url}: {e:?}");
+            assert!(!e.to_string().contains(secret), "{url}: {e}");
+            assert!(e.to_string().contains("percent-encode"), "{url}: {e}");
+        }
+        // Percent-encoded, the same password is fine; '@' needs no encoding.
+        for url in ["postgres://u:pg%2Fw0rd@h:5432/db", "postgres://u:p@ss@h/db"] {
+            let (url, _) = split_own_params(url).unwrap();
+            let tls = TlsFiles::default();
+            assert!(connect_options(&url, Duration::from_secs(1), false, &tls).is_ok());
+        }
     }
 
     #[test]

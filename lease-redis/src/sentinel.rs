@@ -58,6 +58,7 @@ impl SentinelUrl {
         if !is_sentinel_url(url) {
             return Err(malformed("not a redis+sentinel:// URL"));
         }
+        lease_core::check_url_userinfo(url)?;
         let rest = &url[SCHEME.len()..];
         if rest.contains(['?', '#']) {
             return Err(malformed(
@@ -198,6 +199,9 @@ mod tests {
             "redis+sentinel://h:1",
             "redis+sentinel://h:1/",
             "redis+sentinel://:pw-secret@h:x/svc",
+            // Issue 31, finding 4: cut at the '/', this was "port \"pw-secret\"".
+            "redis+sentinel://:pw-secret/x@h/svc",
+            "redis+sentinel://:pw-secret#x@h/svc",
             "redis+sentinel://h:1,,h:2/svc",
             "redis+sentinel://h:1/svc/-1",
             "redis+sentinel://h:1/svc/0/x",
