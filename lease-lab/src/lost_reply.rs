@@ -36,6 +36,18 @@ pub struct LostReplies {
     pub releases_failed: usize,
     /// The longest a name stayed held after a call whose reply was lost had returned.
     pub longest_blocked: Duration,
+    /// Releases with keep-for whose reply was lost (where the store has keep-for): the
+    /// name stayed taken until acquisition + keep-for, and was free soon after.
+    pub keep_for_kept: usize,
+    /// The latest, after acquisition + keep-for, that such a name became free.
+    pub keep_for_overrun: Duration,
+    /// Acquires whose reply was lost and whose cleanup failed too (the store unreachable
+    /// at once after the lost reply, for longer than both cleanup releases take), while the
+    /// same client kept another lease of the same TTL alive.
+    pub orphans: usize,
+    /// The longest such a name stayed held after the store came back; every one must be
+    /// free within one TTL.
+    pub orphan_held_after_restore: Duration,
 }
 
 /// Rounds per primitive: each loses one reply.
@@ -197,6 +209,113 @@ pub async fn lost_replies_with(store: &str, url: &str, connect: Connect<'_>) -> 
         let blocked = free_within(&*direct, &n, cleanup).await;
         seen.longest_blocked = seen.longest_blocked.max(blocked);
     }
+    // Release with keep-for: whether the release's reply is lost or not, the name stays
+    // taken until acquisition + keep-for, and no longer than that plus the store's
+    // rounding (etcd: whole seconds, and an expiry check every 500 ms).
+    if caps.keep_for {
+        let keep_for = caps.effective_ttl(Duration::from_secs(3));
+        let kept = LeaseOptions::builder(caps.effective_ttl(Duration::from_secs(60)))
+            .call_timeout(call_timeout)
+            .keep_for(keep_for)
+            .build()
+            .unwrap();
+        for i in 0..KEEP_FOR_ROUNDS {
+            let n = name("release-keep-for", i);
+            let t0 = Instant::now();
+            let g = match client.try_acquire(&n, &kept).await.unwrap() {
+                TryAcquire::Acquired(g) => g,
+                TryAcquire::Held(by) => panic!("{store}: held by {by}"),
+            };
+            proxy.set(ProxyFault::LoseNextReply);
+            let released = g.release().await;
+            proxy.set(ProxyFault::Pass);
+            if let Err(e) = &released {
+                assert!(e.is_retryable(), "{store}: {e}");
+            }
+            loop {
+                let held = direct.inspect(&n).await.unwrap().is_some();
+                let at = t0.elapsed();
+                if !held {
+                    // 500 ms: the acquire's start here is before the store's.
+                    assert!(
+                        at + Duration::from_millis(500) >= keep_for,
+                        "{store}: {n} free {at:?} after acquisition, keep-for {keep_for:?} \
+                         (release: {released:?})"
+                    );
+                    seen.keep_for_overrun = seen.keep_for_overrun.max(at.saturating_sub(keep_for));
+                    break;
+                }
+                assert!(
+                    at < keep_for + Duration::from_secs(3),
+                    "{store}: {n} still held {at:?} after acquisition, keep-for {keep_for:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            seen.keep_for_kept += 1;
+        }
+    }
+
+    // An acquire whose reply is lost, and the store unreachable right after, for longer
+    // than both cleanup releases take: nothing can release the name. It must still be
+    // free within one TTL of the store coming back, although the same client keeps
+    // another lease of the same TTL alive meanwhile (on etcd, the same etcd lease).
+    let ttl = caps.effective_ttl(Duration::from_secs(6));
+    let orphan_opts = LeaseOptions::builder(ttl)
+        .call_timeout(call_timeout)
+        .build()
+        .unwrap();
+    let cut_for = call_timeout * 3;
+    for i in 0..ORPHAN_ROUNDS {
+        let neighbour = name("orphan-neighbour", i);
+        let a = match client.try_acquire(&neighbour, &orphan_opts).await.unwrap() {
+            TryAcquire::Acquired(g) => g,
+            TryAcquire::Held(by) => panic!("{store}: held by {by}"),
+        };
+        let n = name("orphan", i);
+        let before = proxy.replies_lost();
+        proxy.set(ProxyFault::LoseNextReplyThenReset);
+        let out = client.try_acquire(&n, &orphan_opts).await;
+        let lost = proxy.replies_lost() > before;
+        tokio::time::sleep(cut_for).await;
+        proxy.set(ProxyFault::Pass);
+        let restored = Instant::now();
+        let held_at_restore = direct.inspect(&n).await.unwrap().is_some();
+        match out {
+            Ok(TryAcquire::Acquired(g)) => {
+                // The reply lost was another call's (a renewal of the neighbour's): no
+                // orphan this round.
+                let _ = g.release().await;
+            }
+            Ok(TryAcquire::Held(by)) => panic!("{store}: {n} held by {by}"),
+            Err(e) => {
+                assert!(e.is_retryable(), "{store}: {e}");
+                if lost && held_at_restore {
+                    seen.orphans += 1;
+                }
+            }
+        }
+        loop {
+            if direct.inspect(&n).await.unwrap().is_none() {
+                break;
+            }
+            assert!(
+                restored.elapsed() < ttl + Duration::from_secs(1),
+                "{store}: {n} still held {:?} after the store came back (TTL {ttl:?}), \
+                 with no guard for it",
+                restored.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        seen.orphan_held_after_restore = seen.orphan_held_after_restore.max(restored.elapsed());
+        let _ = a.release().await;
+    }
+
     seen.lost = proxy.replies_lost();
     seen
 }
+
+/// Rounds of the release with keep-for.
+pub const KEEP_FOR_ROUNDS: usize = 3;
+
+/// Rounds of the acquire whose cleanup fails.
+pub const ORPHAN_ROUNDS: usize = 3;

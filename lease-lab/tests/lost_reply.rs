@@ -3,13 +3,22 @@
 //! with a guard, or with nothing held once the cleanup has run.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-use lease_lab::lost_reply::{ROUNDS, lost_replies};
+use lease_lab::lost_reply::{KEEP_FOR_ROUNDS, ROUNDS, lost_replies};
 
-async fn run(store: &str, url: &str) {
+/// `orphans`: whether the store must show the orphan case happening (an acquire applied,
+/// its reply lost, its cleanup cut off). On PostgreSQL and MySQL the reply the proxy loses
+/// first is not the acquire's (the pool's connection check comes before it), so there the
+/// round checks only that nothing stays held.
+async fn run(store: &str, url: &str, orphans: bool) {
     let seen = lost_replies(store, url).await;
     assert!(
         seen.acquired_anyway + seen.failed_and_cleaned == ROUNDS,
         "{store}: {seen:?}"
+    );
+    assert_eq!(seen.keep_for_kept, KEEP_FOR_ROUNDS, "{store}: {seen:?}");
+    assert!(
+        seen.orphans > 0 || !orphans,
+        "{store}: no acquire left a key behind with its cleanup failing: {seen:?}"
     );
     eprintln!("{store}: {seen:?}");
 }
@@ -19,7 +28,7 @@ async fn redis_lost_replies() {
     let server = lease_test_servers::RedisServer::start()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    run("redis", &server.url()).await;
+    run("redis", &server.url(), true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -27,7 +36,7 @@ async fn postgres_lost_replies() {
     let db = lease_test_servers::PostgresServer::shared()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    run("postgres", &db.url()).await;
+    run("postgres", &db.url(), false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -35,7 +44,7 @@ async fn etcd_lost_replies() {
     let server = lease_test_servers::EtcdServer::start()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    run("etcd", &server.url()).await;
+    run("etcd", &server.url(), true).await;
 }
 
 /// The advisory-lock mode: a lock lives as long as its session, and a lost reply cuts the
@@ -70,5 +79,5 @@ async fn mysql_lost_replies() {
     let db = lease_test_servers::MariaDbServer::shared()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    run("mysql", &db.url()).await;
+    run("mysql", &db.url(), false).await;
 }

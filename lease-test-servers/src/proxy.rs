@@ -25,6 +25,11 @@ pub enum ProxyFault {
     /// the server applied the request, the client never hears of it. Back to `Pass`
     /// afterwards.
     LoseNextReply,
+    /// As `LoseNextReply`, then `Reset` from that moment on (every open connection cut,
+    /// new ones refused) until another fault is set: the store applied a call, its reply
+    /// was lost, and the store stays unreachable (so that a cleanup sent at once fails
+    /// too).
+    LoseNextReplyThenReset,
     /// Read what the client sends and forward nothing either way (a black hole).
     Blackhole,
     /// Hold every chunk this long, both ways.
@@ -99,7 +104,10 @@ impl FaultProxy {
     /// Sets what the proxy does from now on.
     pub fn set(&self, fault: ProxyFault) {
         let mut st = self.shared.state();
-        if fault == ProxyFault::LoseNextReply {
+        if matches!(
+            fault,
+            ProxyFault::LoseNextReply | ProxyFault::LoseNextReplyThenReset
+        ) {
             st.armed_at += 1;
         }
         st.fault = fault;
@@ -109,7 +117,8 @@ impl FaultProxy {
         }
     }
 
-    /// The fault in force (`LoseNextReply` turns back to `Pass` once a reply was lost).
+    /// The fault in force (`LoseNextReply` turns back to `Pass` once a reply was lost,
+    /// `LoseNextReplyThenReset` into `Reset`).
     pub fn fault(&self) -> ProxyFault {
         self.shared.state().fault
     }
@@ -219,7 +228,7 @@ async fn pump(
             ProxyFault::Blackhole => continue,
             ProxyFault::Delay(d) => tokio::time::sleep(d).await,
             ProxyFault::Reset => return,
-            ProxyFault::Pass | ProxyFault::LoseNextReply => {}
+            ProxyFault::Pass | ProxyFault::LoseNextReply | ProxyFault::LoseNextReplyThenReset => {}
         }
         match &direction {
             Direction::Up(sent_after) => {
@@ -228,14 +237,21 @@ async fn pump(
             }
             Direction::Down(sent_after) => {
                 let mut st = shared.state();
-                if st.fault == ProxyFault::LoseNextReply
+                let then_reset = st.fault == ProxyFault::LoseNextReplyThenReset;
+                if (st.fault == ProxyFault::LoseNextReply || then_reset)
                     && st.armed_at > 0
                     && sent_after.load(Ordering::SeqCst) == st.armed_at
                 {
                     // The request went through after the arming: its reply is lost, and
                     // the connection with it.
-                    st.fault = ProxyFault::Pass;
                     shared.replies_lost.fetch_add(1, Ordering::SeqCst);
+                    if then_reset {
+                        st.fault = ProxyFault::Reset;
+                        st.generation += 1;
+                        let _ = shared.cut.send(st.generation);
+                    } else {
+                        st.fault = ProxyFault::Pass;
+                    }
                     return;
                 }
             }
