@@ -36,11 +36,13 @@ use lease_core::LeaseBackend;
 pub struct WritingABackendGuide;
 
 mod faulty;
+mod not_applicable;
 pub mod outage;
 pub mod suite;
 mod timed;
 
 pub use faulty::{Fault, FaultyBackend, Op, RenewCall};
+pub use not_applicable::{NO_EXPIRY, NO_LEAD_TIME, NotApplicable, not_applicable_reports};
 pub use timed::{Overrun, TimedBackend};
 
 /// A backend under test, plus whatever must live as long as the test (a server handle).

@@ -224,7 +224,9 @@ impl Leadership {
     }
 
     /// Resolves when leadership is lost: before the store can elect anyone else (unless
-    /// an operator frees the lease by force, which the next renewal reports).
+    /// an operator frees the lease by force, which the next renewal reports, or the store
+    /// has no lead time: see
+    /// [`Capabilities::lost_before_taken`](crate::Capabilities::lost_before_taken)).
     ///
     /// Cancel safety: cancel-safe; it only waits.
     pub async fn lost(&self) -> LossReason {

@@ -20,8 +20,11 @@ use crate::types::{FencingToken, HolderLabel, LeaseName, OwnerToken, ReleaseOutc
 /// local safety deadline; if no renewal succeeds before it, or the store says the lease is
 /// gone, the guard is *lost*: [`LeaseGuard::lost`] completes, [`LeaseGuard::lost_token`]
 /// is cancelled and [`LeaseGuard::is_held`] turns false, before the store can hand the
-/// lease to anyone else. The deadline is enforced by the guard itself too, so the signal
-/// comes on time even if the heartbeat has died or its runtime is not running.
+/// lease to anyone else (on stores whose capabilities say
+/// [`lost_before_taken`](crate::Capabilities::lost_before_taken); a Postgres advisory
+/// lock is free the moment its holder's session ends, and the guard learns at its next
+/// renewal). The deadline is enforced by the guard itself too, so the signal comes on
+/// time even if the heartbeat has died or its runtime is not running.
 ///
 /// Release with [`LeaseGuard::release`]: renewal stops first, then the lease is released
 /// (or shortened to keep-for). Dropping the guard does the same in the background when a

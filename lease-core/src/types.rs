@@ -258,6 +258,18 @@ pub struct Capabilities {
     /// Whether leases expire by TTL on the store. `false` for session-bound locks (a
     /// Postgres advisory lock), which are held until released or the session dies.
     pub expires: bool,
+    /// Whether a holder that can no longer renew hears "lost" before anyone else can take
+    /// the lease (the *lead time*): the store keeps a lease until its TTL from the last
+    /// successful renewal, and the guard gives up earlier, at its safety deadline
+    /// ([`LeaseGuard::lost`](crate::LeaseGuard::lost)). `true` for every store that frees
+    /// a lease only by release or expiry (the default). `false` where the store frees it
+    /// on its own before the holder's deadline: a Postgres advisory lock is free the
+    /// moment the holder's session ends, while the guard learns at its next renewal, so
+    /// for up to one renewal period two processes believe they hold the lease. An
+    /// operator's `force_release` frees a lease early on every store and does not count.
+    /// The conformance suite reports its lead-time checks as not applicable when this is
+    /// `false`.
+    pub lost_before_taken: bool,
     /// Smallest TTL the store honours; shorter TTLs are rounded up to it.
     pub min_ttl: Duration,
     /// TTL granularity on the store; TTLs are rounded up to a multiple of it.
@@ -278,6 +290,7 @@ impl Default for Capabilities {
             backend: "custom",
             fencing: Fencing::Volatile,
             expires: true,
+            lost_before_taken: true,
             min_ttl: Duration::from_millis(1),
             ttl_granularity: Duration::from_millis(1),
             holder_info: true,

@@ -138,6 +138,9 @@ impl LeaseBackend for SessionLockBackend {
         caps.backend = BACKEND;
         caps.fencing = Fencing::None;
         caps.expires = false;
+        // Freed the moment the holder's connection closes, and nothing tells the holder
+        // first (renew answers from this process's map): no lead time.
+        caps.lost_before_taken = false;
         caps.holder_info = false;
         caps.keep_for = false;
         caps

@@ -94,6 +94,16 @@ const TERMINATE_HOLDER: &str = concat!(
 ///   connection dying, or by an operator (`SELECT pg_terminate_backend(pid)`). The
 ///   requested TTL is ignored; `renew` reports whether the session still holds the lock
 ///   (one query on `pg_locks` for the whole batch).
+/// - **No lead time** ([`Capabilities::lost_before_taken`] is `false`). When the
+///   holder's session ends (its connection cut, a server-side timeout, an operator's
+///   `pg_terminate_backend`), the lock is free at once, while the holder's guard learns
+///   at its next renewal: for up to one renewal period
+///   ([`LeaseOptions::renew_every`](lease_core::LeaseOptions::renew_every)) two
+///   processes believe they hold the lease, and without fencing tokens nothing tells
+///   them apart (`tests/advisory_lead_time.rs` measures it: taken 5 ms after the
+///   session ended, the guard told 2 s later with renewals every 2 s). The table mode
+///   keeps a lease until its TTL, so its guard hears "lost" first. The conformance
+///   suite reports its lead-time checks as not applicable here.
 /// - **One connection per held lease.** Each held lease keeps its own connection, taken
 ///   out of the pool, so the server's `max_connections` bounds how many leases a fleet
 ///   can hold. After a release (or an attempt that found the lease held) the connection,
@@ -301,6 +311,7 @@ impl LeaseBackend for AdvisoryLockBackend {
         caps.backend = ADVISORY_BACKEND;
         caps.fencing = Fencing::None;
         caps.expires = false;
+        caps.lost_before_taken = false;
         caps.min_ttl = Duration::from_millis(1);
         caps.ttl_granularity = Duration::from_millis(1);
         caps.holder_info = false;

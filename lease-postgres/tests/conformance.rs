@@ -28,8 +28,9 @@ async fn table_mode() -> Fixture {
 
 lease_conformance::conformance_suite!(table_mode);
 
-/// The advisory-lock mode (no TTL, no fencing, no keep-for): the whole suite; checks
-/// that need a capability it lacks skip themselves.
+/// The advisory-lock mode (no TTL, no lead time, no fencing, no keep-for): the whole
+/// suite; checks that need a capability it lacks skip themselves, and the lead-time checks
+/// report themselves not applicable (a line on standard error).
 mod advisory {
     use super::*;
 

@@ -247,9 +247,10 @@ impl Observed {
 }
 
 /// A leader whose renewals fail (paused, cut off) learns it lost leadership before the
-/// next candidate leads.
+/// next candidate leads. Reported not applicable (see [`crate::not_applicable_reports`])
+/// to a backend without lead time or expiry.
 pub async fn election_deposed_leader_knows_first(backend: Arc<dyn LeaseBackend>) {
-    if !backend.capabilities().expires {
+    if !crate::not_applicable::lead_time_applies(&*backend, "election_deposed_leader_knows_first") {
         return;
     }
     let ns = namespace();

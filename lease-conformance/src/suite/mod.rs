@@ -936,9 +936,10 @@ pub async fn run_exclusive_skips_when_held(backend: Arc<dyn LeaseBackend>) {
 }
 
 /// When renewals fail, the guard signals lost at its safety deadline, before the store
-/// gives the lease to anyone else.
+/// gives the lease to anyone else. Reported not applicable (see
+/// [`crate::not_applicable_reports`]) to a backend without lead time or expiry.
 pub async fn lost_signal_before_store_expiry(backend: Arc<dyn LeaseBackend>) {
-    if !backend.capabilities().expires {
+    if !crate::not_applicable::lead_time_applies(&*backend, "lost_signal_before_store_expiry") {
         return;
     }
     let ns = namespace();

@@ -161,9 +161,14 @@ pub async fn semaphore_crashed_permit_expires(backend: Arc<dyn LeaseBackend>) {
 }
 
 /// A holder whose renewals fail (paused, cut off) signals its permit lost at its
-/// deadline, before a waiter takes that permit: never more than N believers.
+/// deadline, before a waiter takes that permit: never more than N believers. Reported
+/// not applicable (see [`crate::not_applicable_reports`]) to a backend without lead time
+/// or expiry.
 pub async fn semaphore_lost_before_permit_taken_over(backend: Arc<dyn LeaseBackend>) {
-    if !backend.capabilities().expires {
+    if !crate::not_applicable::lead_time_applies(
+        &*backend,
+        "semaphore_lost_before_permit_taken_over",
+    ) {
         return;
     }
     let ns = namespace();
