@@ -144,9 +144,10 @@ struct ExecArgs {
     /// Keep the lease this long after acquisition even if CMD ends sooner (lockAtLeastFor).
     #[arg(long, default_value = "0s", value_parser = parse_duration)]
     keep_for: Duration,
-    /// After a lost lease, time between SIGTERM and SIGKILL to the command (default: the
-    /// safety margin, TTL/10, so the command is gone before the store can give the lease
-    /// to another host).
+    /// After a lost lease, time between SIGTERM and SIGKILL to the command (default: half
+    /// the safety margin, TTL/20: the loss is reported a safety margin, TTL/10, before the
+    /// store can give the lease to another host, so the command is killed half a margin
+    /// before that, with the other half left for a late timer and the kill itself).
     #[arg(long, value_parser = parse_duration)]
     grace: Option<Duration>,
     /// Holder label stored with the lease (default hostname:pid).
@@ -482,7 +483,15 @@ async fn exec(store: &Store, args: ExecArgs) -> Result<u8, Fail> {
         .keep_for(args.keep_for)
         .build()
         .map_err(Error::from)?;
-    let grace = args.grace.unwrap_or(opts.safety_margin());
+    let grace = args.grace.unwrap_or_else(|| default_grace(&opts));
+    if grace >= opts.safety_margin() {
+        eprintln!(
+            "lease: warning: --grace {} is not shorter than the safety margin ({}): if the \
+             lease is lost, the command may still run when the store lets another host take it",
+            humantime::format_duration(round_ms(grace)),
+            humantime::format_duration(round_ms(opts.safety_margin())),
+        );
+    }
     let label = match &args.label {
         Some(l) => HolderLabel::new(l.clone()).map_err(Error::from)?,
         None => HolderLabel::default_for_process(),
@@ -610,6 +619,18 @@ async fn exec(store: &Store, args: ExecArgs) -> Result<u8, Fail> {
     Ok(supervise::exit_code_of(status))
 }
 
+/// The default `--grace`: half the safety margin.
+///
+/// A lost lease is reported at the safety deadline, a safety margin before the store can
+/// free it (counted from the send time of the last successful renewal, which the store
+/// received no earlier). SIGTERM goes out then and SIGKILL `grace` later; with the whole
+/// margin as grace, SIGKILL would land at the very moment another host can be granted the
+/// lease, so a timer firing late or a process taking a moment to die would overlap. Half
+/// the margin leaves the other half as slack.
+fn default_grace(opts: &LeaseOptions) -> Duration {
+    opts.safety_margin() / 2
+}
+
 fn round_ms(d: Duration) -> Duration {
     Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
@@ -694,6 +715,20 @@ mod tests {
             }
         }
         crates
+    }
+
+    #[test]
+    fn default_grace_leaves_slack_before_the_store_can_free_the_lease() {
+        for ttl_ms in [100, 1000, 2000, 30_000, 3_600_000] {
+            let opts = super::LeaseOptions::new(std::time::Duration::from_millis(ttl_ms)).unwrap();
+            let grace = super::default_grace(&opts);
+            assert!(!grace.is_zero(), "ttl {ttl_ms} ms");
+            assert!(
+                grace * 2 <= opts.safety_margin(),
+                "ttl {ttl_ms} ms: grace {grace:?}, margin {:?}",
+                opts.safety_margin()
+            );
+        }
     }
 
     #[test]

@@ -928,3 +928,101 @@ store_tests!(
             .unwrap_or_else(|e| panic!("{e}"))
     }
 );
+
+/// The lease is lost while the store stays up for everyone else (a black hole between
+/// `lease` and Redis: its renewals go unanswered), and the command ignores SIGTERM. With
+/// the default `--grace`, `lease` SIGKILLs it early enough that it is dead before the
+/// store lets another holder take the lease: a second client polling the store directly
+/// is still refused after the command's pid is gone. (Pause-free: `lease` itself runs
+/// on; a stopped `lease` is the case fencing tokens are for.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_lease_kills_the_command_before_another_holder_can_take_it() {
+    use lease::{LeaseClient, LeaseOptions, TryAcquire};
+    use lease_test_servers::proxy::{FaultProxy, ProxyFault};
+
+    let server = RedisServer::start_owned()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let port = server.port().unwrap();
+    let proxy = FaultProxy::start(format!("127.0.0.1:{port}").parse().unwrap())
+        .await
+        .unwrap();
+    let name = format!("slack-{}", uuid::Uuid::new_v4().simple());
+    let dir = tempdir();
+    let pidfile = dir.join("pid");
+    // The shell ignores SIGTERM and `sleep` inherits that: only SIGKILL ends it.
+    let mut a = lease(&format!("redis://{}/", proxy.addr()));
+    a.args([
+        "exec",
+        "--ttl",
+        "2s",
+        &name,
+        "--",
+        "sh",
+        "-c",
+        &format!(
+            "trap '' TERM; echo $$ > {}; exec sleep 60",
+            pidfile.display()
+        ),
+    ]);
+    a.stderr(Stdio::piped());
+    let a = a.spawn().unwrap();
+    let pid: u32 = wait_for_file(&pidfile, Duration::from_secs(10))
+        .await
+        .trim()
+        .parse()
+        .unwrap();
+    let other = LeaseClient::new(lease::connect(&server.url()).await.unwrap());
+    let opts = LeaseOptions::new(Duration::from_secs(10)).unwrap();
+    assert!(matches!(
+        other.try_acquire(&name, &opts).await.unwrap(),
+        TryAcquire::Held(_)
+    ));
+    // Let exec's sleep replace the shell (its comm shows `sleep`).
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy.set(ProxyFault::Blackhole);
+    let cut = Instant::now();
+    let watcher = tokio::spawn(async move {
+        while alive(pid) {
+            assert!(cut.elapsed() < Duration::from_secs(10), "never killed");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        Instant::now()
+    });
+    // The other client asks the store every 2 ms: when it was last refused, the lease
+    // was still held by `lease` on the store's clock.
+    let mut last_refused = None;
+    let granted = loop {
+        let sent = Instant::now();
+        match other.try_acquire(&name, &opts).await.unwrap() {
+            TryAcquire::Held(_) => last_refused = Some(sent),
+            TryAcquire::Acquired(g) => {
+                let _ = g.release().await;
+                break Instant::now();
+            }
+        }
+        assert!(cut.elapsed() < Duration::from_secs(10), "never freed");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    };
+    let last_refused = last_refused.expect("granted at the first try after the cut");
+    let dead = watcher.await.unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(10), a.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(76), "{err}");
+    eprintln!(
+        "cut at 0; command dead at {:?}; store refused another holder at {:?}, granted at {:?}",
+        dead - cut,
+        last_refused - cut,
+        granted - cut
+    );
+    assert!(
+        dead < last_refused,
+        "the command was still alive {:?} after the store last refused another holder \
+         (it was granted {:?} after the cut):\n{err}",
+        dead.saturating_duration_since(last_refused),
+        granted - cut
+    );
+}
