@@ -2,6 +2,9 @@
 //!
 //! See `lease --help` and the README for exit codes and examples.
 
+#[cfg(unix)]
+mod exec;
+#[cfg(unix)]
 mod supervise;
 
 use std::process::ExitCode;
@@ -9,17 +12,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use lease::{
-    Error, HolderLabel, LeaseBackend, LeaseClient, LeaseGuard, LeaseName, LeaseOptions, Semaphore,
-};
-use nix::sys::signal::Signal;
-use nix::unistd::getpgrp;
-use tokio::process::Command;
-use tokio::signal::unix::{SignalKind, signal};
+use lease::{Error, LeaseBackend, LeaseClient, LeaseName, Semaphore};
 
 /// Exit code: the lease is held elsewhere and the command did not run (like `flock -n`).
+#[cfg_attr(not(unix), allow(dead_code))]
 const EXIT_HELD: u8 = 75;
 /// Exit code: the lease was lost while the command ran; the command was terminated.
+#[cfg_attr(not(unix), allow(dead_code))]
 const EXIT_LOST: u8 = 76;
 /// Exit code: bad usage: arguments, durations, a malformed or unknown store URL, a store
 /// not compiled in.
@@ -32,6 +31,7 @@ const EXIT_AUTH: u8 = 77;
 /// certificate failing verification, a client certificate required).
 const EXIT_TLS: u8 = 78;
 /// Exit code: the command could not be started (not found or not executable).
+#[cfg_attr(not(unix), allow(dead_code))]
 const EXIT_SPAWN: u8 = 127;
 
 const AFTER_HELP: &str = "\
@@ -90,11 +90,13 @@ enum Cmd {
     /// Acquire NAME, run CMD while renewing, release when it exits.
     ///
     /// The command gets LEASE_NAME, LEASE_FENCING_TOKEN and LEASE_HOLDER in its
-    /// environment. Everything it starts stays in the process tree below `lease` (Linux),
-    /// which is signalled as a whole: SIGINT and SIGTERM are forwarded to it; if the lease
-    /// is lost, it gets SIGTERM, then SIGKILL after --grace, and `lease` exits with 76; if
-    /// `lease` itself is killed (even with SIGKILL), the tree is killed with it. What the
-    /// command leaves running when it exits is terminated before the lease is released.
+    /// environment. It runs in a process group of its own, which is signalled as a whole
+    /// (on Linux also what leaves the group, e.g. by setsid: it stays in the process tree
+    /// below `lease`): SIGINT, SIGTERM, SIGTSTP and SIGCONT are forwarded to it; if the
+    /// lease is lost, it gets SIGTERM, then SIGKILL after --grace, and `lease` exits with
+    /// 76; if `lease` itself is killed (even with SIGKILL), the group is killed with it.
+    /// What the command leaves running when it exits is terminated before the lease is
+    /// released. Unix only.
     Exec(ExecArgs),
     /// Show holder, fencing token and remaining TTL of leases.
     Status {
@@ -120,6 +122,7 @@ enum Cmd {
     /// Internal: runs the command of `lease exec` in its process group (see
     /// `supervise.rs`).
     #[command(name = "__supervise", hide = true)]
+    #[cfg_attr(not(unix), allow(dead_code))]
     Supervise {
         /// Pid of the `lease exec` process.
         #[arg(long)]
@@ -127,6 +130,9 @@ enum Cmd {
         /// Time between SIGTERM and SIGKILL for processes the command leaves behind.
         #[arg(long, value_parser = parse_duration)]
         grace: Duration,
+        /// Make the command's process group the terminal's foreground group.
+        #[arg(long)]
+        foreground: bool,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
         command: Vec<String>,
@@ -134,6 +140,7 @@ enum Cmd {
 }
 
 #[derive(Debug, Args)]
+#[cfg_attr(not(unix), allow(dead_code))]
 struct ExecArgs {
     /// Lease TTL (lockAtMostFor): how long a crashed holder blocks others.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
@@ -222,9 +229,11 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    #[cfg(unix)]
     if let Cmd::Supervise {
         parent,
         grace,
+        foreground,
         command,
     } = &cli.command
     {
@@ -232,7 +241,9 @@ fn main() -> ExitCode {
             .enable_all()
             .build();
         return match runtime {
-            Ok(rt) => ExitCode::from(rt.block_on(supervise::run(*parent, *grace, command))),
+            Ok(rt) => {
+                ExitCode::from(rt.block_on(supervise::run(*parent, *grace, *foreground, command)))
+            }
             Err(e) => {
                 eprintln!("lease: cannot start the runtime: {e}");
                 ExitCode::from(EXIT_STORE)
@@ -306,7 +317,16 @@ async fn run(cli: Cli) -> Result<u8, Fail> {
         options: lease::ConnectOptions::default().with_tls(tls),
     };
     match cli.command {
-        Cmd::Exec(args) => exec(&store, args).await,
+        #[cfg(unix)]
+        Cmd::Exec(args) => exec::exec(&store, args).await,
+        // Without process groups and signals nothing could stop the command when the
+        // lease is lost, so it is not run at all.
+        #[cfg(not(unix))]
+        Cmd::Exec(args) => Err(Fail::usage(format!(
+            "lease exec {} is not supported on this system: it needs Unix process groups \
+             and signals to stop the command if the lease is lost (status and release work)",
+            args.name
+        ))),
         Cmd::Status {
             names,
             json,
@@ -434,203 +454,6 @@ async fn status_permits(store: &Store, names: &[String], n: u32, json: bool) -> 
     Ok(0)
 }
 
-/// Takes the lease `name`, or with `permits` one permit of the semaphore `name`: the guard
-/// and the permit's slot. `Ok(None)`: held (all permits held) until the wait ran out.
-async fn take(
-    client: &LeaseClient,
-    name: &LeaseName,
-    permits: Option<u32>,
-    opts: &LeaseOptions,
-) -> Result<Option<(LeaseGuard, Option<u32>)>, Fail> {
-    let taken = match permits {
-        None => client.acquire(name, opts).await.map(|g| (g, None)),
-        Some(n) => {
-            let sem = Semaphore::new(client.clone(), name, n)?;
-            sem.acquire(opts).await.map(|p| {
-                let slot = p.slot();
-                (p.into_guard(), Some(slot))
-            })
-        }
-    };
-    match taken {
-        Ok(t) => Ok(Some(t)),
-        Err(Error::StillHeld { holder, waited, .. }) => {
-            let what = match permits {
-                None => format!(
-                    "{name} is held by {}",
-                    holder.as_deref().unwrap_or("another holder")
-                ),
-                Some(n) => format!("all {n} permits of {name} are held"),
-            };
-            eprintln!(
-                "lease: {what}{}; not running the command",
-                if waited.is_zero() {
-                    String::new()
-                } else {
-                    format!(" (waited {})", humantime::format_duration(round_ms(waited)))
-                }
-            );
-            Ok(None)
-        }
-        Err(e) => Err(e.into()),
-    }
-}
-
-async fn exec(store: &Store, args: ExecArgs) -> Result<u8, Fail> {
-    let name = LeaseName::new(&args.name).map_err(Error::from)?;
-    let opts = LeaseOptions::builder(args.ttl)
-        .wait(args.wait)
-        .keep_for(args.keep_for)
-        .build()
-        .map_err(Error::from)?;
-    let grace = args.grace.unwrap_or_else(|| default_grace(&opts));
-    if grace >= opts.safety_margin() {
-        eprintln!(
-            "lease: warning: --grace {} is not shorter than the safety margin ({}): if the \
-             lease is lost, the command may still run when the store lets another host take it",
-            humantime::format_duration(round_ms(grace)),
-            humantime::format_duration(round_ms(opts.safety_margin())),
-        );
-    }
-    let label = match &args.label {
-        Some(l) => HolderLabel::new(l.clone()).map_err(Error::from)?,
-        None => HolderLabel::default_for_process(),
-    };
-    let Some((program, program_args)) = args.command.split_first() else {
-        return Err(Fail::usage("no command given after --"));
-    };
-    let backend: Arc<dyn LeaseBackend> = store.connect().await?;
-    let client = LeaseClient::with_label(backend, label.clone());
-    let Some((guard, permit)) = take(&client, &name, args.permits, &opts).await? else {
-        return Ok(EXIT_HELD);
-    };
-    tracing::info!(lease = %name, permit, fencing = guard.fencing().get(), holder = %label, "acquired; starting the command");
-    // Orphans below us are re-parented to us, so the whole tree stays in reach (see
-    // supervise.rs).
-    if let Err(e) = supervise::become_subreaper() {
-        let _ = guard.release().await;
-        return Err(Fail {
-            code: EXIT_SPAWN,
-            message: format!("cannot keep the command's processes in check: {e}"),
-        });
-    }
-    // The supervisor (this binary) starts the command. It is spawned from the main
-    // thread, which lives as long as this process (the parent-death signal follows the
-    // thread that spawned).
-    let exe = std::env::current_exe()
-        .ok()
-        .filter(|p| p.exists())
-        .unwrap_or_else(|| "/proc/self/exe".into());
-    let (mut sigint, mut sigterm) = match (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) {
-        (Ok(a), Ok(b)) => (a, b),
-        _ => {
-            let _ = guard.release().await;
-            return Err(Fail {
-                code: EXIT_SPAWN,
-                message: "cannot install signal handlers".into(),
-            });
-        }
-    };
-    let mut command = Command::new(exe);
-    if let Some(slot) = permit {
-        command
-            .env("LEASE_PERMIT", slot.to_string())
-            .env("LEASE_PERMIT_NAME", guard.name().to_string_lossy());
-    }
-    let mut child = match command
-        .arg(supervise::SUBCOMMAND)
-        .arg("--parent")
-        .arg(std::process::id().to_string())
-        .arg("--grace")
-        .arg(humantime::format_duration(grace).to_string())
-        .arg("--")
-        .arg(program)
-        .args(program_args)
-        .env("LEASE_NAME", name.to_string_lossy())
-        .env("LEASE_FENCING_TOKEN", guard.fencing().to_string())
-        .env("LEASE_HOLDER", label.as_str())
-        .spawn()
-    {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = guard.release().await;
-            return Err(Fail {
-                code: EXIT_SPAWN,
-                message: format!("cannot run {program}: {e}"),
-            });
-        }
-    };
-    let me = supervise::own_pid();
-    let status = loop {
-        tokio::select! {
-            status = child.wait() => break Some(status),
-            _ = sigint.recv() => {
-                // From the terminal, the processes of our group have it already.
-                let skip = supervise::in_terminal_foreground().then(|| getpgrp().as_raw());
-                supervise::signal_tree(me, Signal::SIGINT, skip);
-            }
-            _ = sigterm.recv() => {
-                supervise::signal_tree(me, Signal::SIGTERM, None);
-            }
-            reason = guard.lost() => {
-                eprintln!("lease: lost {name} while the command ran ({reason}); terminating it");
-                supervise::signal_tree(me, Signal::SIGTERM, None);
-                if tokio::time::timeout(grace, child.wait()).await.is_err() {
-                    eprintln!("lease: the command did not exit within {}; killing it", humantime::format_duration(grace));
-                    supervise::terminate_tree(me, Duration::ZERO).await;
-                    let _ = child.wait().await;
-                }
-                supervise::terminate_tree(me, Duration::ZERO).await;
-                break None;
-            }
-        }
-    };
-    if let Some(Ok(st)) = &status {
-        // The supervisor terminates what the command leaves behind before it exits; if it
-        // did not exit normally itself, that is left to do here.
-        use std::os::unix::process::ExitStatusExt;
-        let grace = if st.signal().is_some() {
-            eprintln!(
-                "lease: the command's supervisor was killed ({st}); terminating what is left"
-            );
-            grace
-        } else {
-            Duration::ZERO
-        };
-        supervise::terminate_tree(me, grace).await;
-    }
-    let Some(status) = status else {
-        // Lost: nothing of ours is left to release (the store said so, or it is not
-        // answering and frees the lease at its TTL). Exit at once.
-        guard.disarm();
-        return Ok(EXIT_LOST);
-    };
-    let released = guard.release().await;
-    if let Err(e) = released {
-        tracing::warn!(lease = %name, error = %e, "release failed; the lease lapses at its ttl");
-    }
-    let status = status.map_err(|e| Fail {
-        code: EXIT_STORE,
-        message: format!("waiting for the command: {e}"),
-    })?;
-    Ok(supervise::exit_code_of(status))
-}
-
-/// The default `--grace`: half the safety margin.
-///
-/// A lost lease is reported at the safety deadline, a safety margin before the store can
-/// free it (counted from the send time of the last successful renewal, which the store
-/// received no earlier). SIGTERM goes out then and SIGKILL `grace` later; with the whole
-/// margin as grace, SIGKILL would land at the very moment another host can be granted the
-/// lease, so a timer firing late or a process taking a moment to die would overlap. Half
-/// the margin leaves the other half as slack.
-fn default_grace(opts: &LeaseOptions) -> Duration {
-    opts.safety_margin() / 2
-}
-
 fn round_ms(d: Duration) -> Duration {
     Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
@@ -717,11 +540,12 @@ mod tests {
         crates
     }
 
+    #[cfg(unix)]
     #[test]
     fn default_grace_leaves_slack_before_the_store_can_free_the_lease() {
         for ttl_ms in [100, 1000, 2000, 30_000, 3_600_000] {
-            let opts = super::LeaseOptions::new(std::time::Duration::from_millis(ttl_ms)).unwrap();
-            let grace = super::default_grace(&opts);
+            let opts = lease::LeaseOptions::new(std::time::Duration::from_millis(ttl_ms)).unwrap();
+            let grace = super::exec::default_grace(&opts);
             assert!(!grace.is_zero(), "ttl {ttl_ms} ms");
             assert!(
                 grace * 2 <= opts.safety_margin(),

@@ -40,10 +40,11 @@ fn tempdir() -> PathBuf {
 async fn wait_for_file(path: &std::path::Path, within: Duration) -> String {
     let start = Instant::now();
     loop {
-        if let Ok(s) = std::fs::read_to_string(path) {
-            if s.ends_with('\n') {
-                return s;
-            }
+        if let Some(s) = std::fs::read_to_string(path)
+            .ok()
+            .filter(|s| s.ends_with('\n'))
+        {
+            return s;
         }
         assert!(
             start.elapsed() < within,
@@ -420,13 +421,15 @@ async fn the_command_and_its_children_never_outlive_lease(url: &str) {
     let family_pids = read_pids(&pids).await;
     assert_eq!(family_pids.len(), 5);
     assert!(family_pids.iter().all(|p| alive(*p)));
-    // The command stays in lease's process group (the terminal's job), so Ctrl-Z stops
-    // both and the terminal's Ctrl-C reaches both.
-    assert_eq!(
-        process_group(family_pids[0]),
+    // The command runs in a process group of its own (which `lease` signals as a
+    // whole), with the children that did not leave it.
+    let group = process_group(family_pids[0]);
+    assert_ne!(
+        group,
         process_group(a.id().unwrap()),
-        "the command left lease's process group"
+        "the command runs in lease's process group"
     );
+    assert_eq!(process_group(family_pids[1]), group);
     kill(a.id().unwrap(), nix::sys::signal::Signal::SIGKILL);
     let killed_at = Instant::now();
     let _ = a.wait().await;
@@ -1025,4 +1028,330 @@ async fn lost_lease_kills_the_command_before_another_holder_can_take_it() {
         dead.saturating_duration_since(last_refused),
         granted - cut
     );
+}
+
+/// `lease exec ARGS -- sh -c SCRIPT` using only what every Unix system offers, as on
+/// systems other than Linux: no /proc scan, no subreaper, no parent-death signal.
+fn exec_portable(url: &str, args: &[&str], script: &str) -> Command {
+    let mut c = exec_sh(url, args, script);
+    c.env("LEASE_EXEC_PORTABLE", "1");
+    c
+}
+
+/// A command that starts children and a grandchild that stay in its process group and
+/// writes their pids and its own to `pids` once they run, then waits.
+fn group_family(pids: &std::path::Path) -> String {
+    format!(
+        "sleep 300 & a=$!; sh -c 'sleep 301 & echo $! > {p}.g; wait' & b=$!; \
+         while [ ! -s {p}.g ]; do sleep 0.01; done; \
+         echo \"$$ $a $b $(cat {p}.g)\" > {p}.tmp; mv {p}.tmp {p}; wait",
+        p = pids.display()
+    )
+}
+
+/// Off Linux: the command and everything it starts run in a process group of their own
+/// (not `lease`'s), and a lost lease terminates the whole group.
+#[tokio::test]
+async fn portable_lost_lease_terminates_the_command_group() {
+    let s = redis().await;
+    let url = s.url();
+    let dir = tempdir();
+    let pids = dir.join("pids");
+    let name = format!("portable-lost-{}", uuid::Uuid::new_v4().simple());
+    let mut a = exec_portable(&url, &["--ttl", "3s", &name], &group_family(&pids));
+    a.stderr(Stdio::piped());
+    let a = a.spawn().unwrap();
+    let lease_pid = a.id().unwrap();
+    let family_pids = read_pids(&pids).await;
+    assert_eq!(family_pids.len(), 4);
+    let group = process_group(family_pids[0]);
+    assert_ne!(
+        group,
+        process_group(lease_pid),
+        "the command runs in lease's process group"
+    );
+    for p in &family_pids {
+        assert_eq!(process_group(*p), group, "{p} left the command's group");
+    }
+    let mut force = lease(&url);
+    force.args(["release", "--force", &name]);
+    assert_eq!(output(force).await.0, 0);
+    let out = tokio::time::timeout(Duration::from_secs(10), a.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(76),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    all_gone(&family_pids, Duration::from_millis(200)).await;
+}
+
+/// Off Linux: SIGTERM to `lease` reaches the command's whole group.
+#[tokio::test]
+async fn portable_sigterm_reaches_the_command_group() {
+    let s = redis().await;
+    let url = s.url();
+    let dir = tempdir();
+    let pids = dir.join("pids");
+    let name = format!("portable-term-{}", uuid::Uuid::new_v4().simple());
+    let mut a: Child = exec_portable(&url, &["--ttl", "3s", &name], &group_family(&pids))
+        .spawn()
+        .unwrap();
+    let family_pids = read_pids(&pids).await;
+    kill(a.id().unwrap(), nix::sys::signal::Signal::SIGTERM);
+    let status = tokio::time::timeout(Duration::from_secs(5), a.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        status.code(),
+        Some(128 + 15),
+        "sh killed by the forwarded SIGTERM"
+    );
+    all_gone(&family_pids, Duration::from_millis(200)).await;
+}
+
+/// Off Linux (no parent-death signal): `lease` killed with SIGKILL, the supervisor
+/// notices that its parent is gone and kills the command's group.
+#[tokio::test]
+async fn portable_sigkilled_lease_takes_the_command_group_with_it() {
+    let s = redis().await;
+    let url = s.url();
+    let dir = tempdir();
+    let pids = dir.join("pids");
+    let name = format!("portable-kill-{}", uuid::Uuid::new_v4().simple());
+    let mut a: Child = exec_portable(&url, &["--ttl", "3s", &name], &group_family(&pids))
+        .spawn()
+        .unwrap();
+    let family_pids = read_pids(&pids).await;
+    kill(a.id().unwrap(), nix::sys::signal::Signal::SIGKILL);
+    let _ = a.wait().await;
+    let took = all_gone(&family_pids, Duration::from_secs(1)).await;
+    eprintln!("lease SIGKILLed (portable): the command's group gone after {took:?}");
+}
+
+/// Off Linux: what the command leaves running in its group when it exits is terminated
+/// before `lease` exits.
+#[tokio::test]
+async fn portable_leftovers_are_terminated_when_the_command_exits() {
+    let s = redis().await;
+    let url = s.url();
+    let dir = tempdir();
+    let left = dir.join("left");
+    let name = format!("portable-left-{}", uuid::Uuid::new_v4().simple());
+    let script = format!("sleep 300 & echo $! > {}; exit 4", left.display());
+    let (code, _, err) = output(exec_portable(&url, &["--ttl", "3s", &name], &script)).await;
+    assert_eq!(code, 4, "{err}");
+    let left_pid: u32 = wait_for_file(&left, Duration::from_secs(1))
+        .await
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        !alive(left_pid),
+        "a process the command left behind outlived lease"
+    );
+    assert!(err.contains("left") && err.contains("running"), "{err}");
+}
+
+/// A shell command run in a new terminal (a pty made by util-linux `script`), with what
+/// the terminal shows collected as it comes.
+struct Terminal {
+    child: Child,
+    input: tokio::process::ChildStdin,
+    shown: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Terminal {
+    /// Runs `shell -c line` (or `shell` alone if `line` is empty) in a new terminal, with
+    /// `env` in its environment.
+    fn start(shell: &str, line: &str, env: &[(&str, &str)]) -> Terminal {
+        let mut c = Command::new("script");
+        c.args(["-q", "-e", "-c", line, "/dev/null"])
+            .env("SHELL", shell)
+            .env("LEASE", LEASE)
+            .env_remove("LEASE_LOG")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let mut child = c.spawn().expect("util-linux script");
+        let input = child.stdin.take().unwrap();
+        let mut out = child.stdout.take().unwrap();
+        let shown = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let sink = shown.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 4096];
+            loop {
+                match tokio::io::AsyncReadExt::read(&mut out, &mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => sink
+                        .lock()
+                        .unwrap()
+                        .push_str(&String::from_utf8_lossy(&buf[..n])),
+                }
+            }
+        });
+        Terminal {
+            child,
+            input,
+            shown,
+        }
+    }
+
+    /// Types `keys` at the terminal.
+    async fn send(&mut self, keys: &str) {
+        tokio::io::AsyncWriteExt::write_all(&mut self.input, keys.as_bytes())
+            .await
+            .unwrap();
+        tokio::io::AsyncWriteExt::flush(&mut self.input)
+            .await
+            .unwrap();
+    }
+
+    /// Waits until the terminal has shown `text`.
+    async fn expect(&self, text: &str) {
+        let start = Instant::now();
+        loop {
+            let shown = self.shown.lock().unwrap().clone();
+            if shown.contains(text) {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(15),
+                "the terminal did not show {text:?}; it shows:\n{shown}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// `lease exec` in the foreground of a terminal (a non-interactive shell, no job control,
+/// so `lease` shares the shell's process group): the command, in a process group of its
+/// own, reads from the terminal and gets its Ctrl-C (once: the trap runs once, and the
+/// command's exit code is passed on); afterwards the terminal is the shell's again (its
+/// `read` is not stopped by SIGTTIN).
+async fn the_command_has_the_terminal(extra_env: &[(&str, &str)]) {
+    let s = redis().await;
+    let url = s.url();
+    let name = format!("tty-{}", uuid::Uuid::new_v4().simple());
+    let command = "echo ready; read line; echo \"got:$line\"; \
+                   trap 'echo INT; exit 5' INT; echo waiting; while :; do sleep 0.05; done";
+    let mut env = vec![
+        ("LEASE_BACKEND", url.as_str()),
+        ("NAME", name.as_str()),
+        ("CMD", command),
+    ];
+    env.extend_from_slice(extra_env);
+    let mut t = Terminal::start(
+        "/bin/sh",
+        "\"$LEASE\" exec --ttl 5s \"$NAME\" -- sh -c \"$CMD\"; echo \"lease:$?\"; \
+         read again; echo \"after:$again\"",
+        &env,
+    );
+    t.expect("ready").await;
+    t.send("hello\n").await;
+    t.expect("got:hello").await;
+    t.expect("waiting").await;
+    t.send("\x03").await;
+    t.expect("lease:5").await;
+    t.send("world\n").await;
+    t.expect("after:world").await;
+    let shown = t.shown.lock().unwrap().clone();
+    assert_eq!(shown.matches("INT").count(), 1, "{shown}");
+    let status = tokio::time::timeout(Duration::from_secs(10), t.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{shown}");
+}
+
+#[tokio::test]
+async fn the_command_has_the_terminal_in_the_foreground() {
+    the_command_has_the_terminal(&[]).await;
+}
+
+#[tokio::test]
+async fn portable_the_command_has_the_terminal_in_the_foreground() {
+    the_command_has_the_terminal(&[("LEASE_EXEC_PORTABLE", "1")]).await;
+}
+
+/// Ctrl-Z under an interactive shell: the command and `lease` stop, the shell reports
+/// the job stopped and has the terminal; `fg` continues both and gives the terminal back
+/// to the command, which then reads from it.
+#[tokio::test]
+async fn ctrl_z_stops_the_job_and_fg_continues_it() {
+    let s = redis().await;
+    let url = s.url();
+    let name = format!("tty-stop-{}", uuid::Uuid::new_v4().simple());
+    let dir = tempdir();
+    let pidfile = dir.join("pid");
+    let command = format!(
+        "echo $$ > {}; echo ready; read line; echo \"got:$line\"",
+        pidfile.display()
+    );
+    let mut t = Terminal::start(
+        "/bin/bash",
+        "bash --norc --noprofile -i",
+        &[("LEASE_BACKEND", &url), ("NAME", &name), ("CMD", &command)],
+    );
+    t.expect("bash-").await;
+    t.send("\"$LEASE\" exec --ttl 5s \"$NAME\" -- sh -c \"$CMD\"\n")
+        .await;
+    t.expect("ready").await;
+    let pid: u32 = wait_for_file(&pidfile, Duration::from_secs(5))
+        .await
+        .trim()
+        .parse()
+        .unwrap();
+    t.send("\x1a").await;
+    t.expect("Stopped").await;
+    let state = |pid: u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+        stat[stat.rfind(')').unwrap() + 2..][..1].to_owned()
+    };
+    assert_eq!(state(pid), "T", "the command runs on after Ctrl-Z");
+    // The shell has the terminal: it runs what is typed.
+    t.send("echo shell-$((40+2))\n").await;
+    t.expect("shell-42").await;
+    t.send("fg\n").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_ne!(state(pid), "T", "the command did not continue after fg");
+    t.send("hello\n").await;
+    t.expect("got:hello").await;
+    t.send("echo \"lease:$?\"\n").await;
+    t.expect("lease:0").await;
+    t.send("exit\n").await;
+    let _ = tokio::time::timeout(Duration::from_secs(10), t.child.wait()).await;
+}
+
+/// `lease exec ... | reader` in the foreground of a terminal: stdout is a pipe, so the
+/// terminal stays with the pipeline's process group, where the reader (think `less`)
+/// reads from it.
+#[tokio::test]
+async fn a_pipe_reader_keeps_the_terminal() {
+    let s = redis().await;
+    let url = s.url();
+    let name = format!("tty-pipe-{}", uuid::Uuid::new_v4().simple());
+    let mut t = Terminal::start(
+        "/bin/sh",
+        "\"$LEASE\" exec --ttl 5s \"$NAME\" -- sh -c \"$CMD\" | \
+         { read x < /dev/tty; echo \"reader:$x\"; cat; }; echo done",
+        &[
+            ("LEASE_BACKEND", &url),
+            ("NAME", &name),
+            ("CMD", "echo ready > /dev/tty; sleep 0.5; echo from-command"),
+        ],
+    );
+    t.expect("ready").await;
+    t.send("hi\n").await;
+    t.expect("reader:hi").await;
+    t.expect("from-command").await;
+    t.expect("done").await;
 }
