@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Sets up a new Debian machine for the test suite and runs every test.
+# Sets up a new Debian machine for the test suite, checks formatting, lints, docs and the
+# MSRV, and runs every test.
 # Installs the store servers the tests start themselves (redis-server, PostgreSQL,
 # etcd) and protoc (needed to build the etcd client), then runs the workspace tests.
 set -euo pipefail
@@ -44,6 +45,21 @@ bash scripts/build-test-images.sh
 if docker info >/dev/null 2>&1 && [ -z "${LEASE_TEST_SOURCE:-}" ]; then
   export LEASE_TEST_SOURCE=containers
 fi
+
+# What a release needs, before the tests: formatting, lints, docs without warnings, and a
+# rust-version no lower than the locked dependencies need. Each fails the run.
+if cargo fmt --version >/dev/null 2>&1; then
+  cargo fmt --all -- --check
+else
+  echo "setup-and-test: rustfmt is not installed; skipping the format check" >&2
+fi
+python3 scripts/check-msrv.py
+if cargo clippy --version >/dev/null 2>&1; then
+  cargo clippy --workspace --all-targets --all-features -- -D warnings
+else
+  echo "setup-and-test: clippy is not installed; skipping the lint check" >&2
+fi
+RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --all-features
 
 # Every test server prints one "lease test server: ..." line naming its source; the run
 # ends with how many servers and tests came from each (scripts/count-test-servers.sh).

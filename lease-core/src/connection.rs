@@ -413,10 +413,9 @@ pub fn find_cause<'a, T: std::error::Error + 'static>(
         if let Some(inner) = e
             .downcast_ref::<std::io::Error>()
             .and_then(|io| io.get_ref())
+            && let Some(t) = find_cause::<T>(inner)
         {
-            if let Some(t) = find_cause::<T>(inner) {
-                return Some(t);
-            }
+            return Some(t);
         }
         next = e.source();
     }

@@ -1039,12 +1039,12 @@ impl LeaseBackend for EtcdBackend {
             {
                 st.last_sweep = Some(now);
                 for (key, k) in &st.keys {
-                    if let Some(h) = &k.held {
-                        if let Some(sent) = renewed.get(&h.lease) {
-                            if h.deadline < *sent && !h.lost {
-                                sweep.push((key.clone(), h.rev));
-                            }
-                        }
+                    if let Some(h) = &k.held
+                        && let Some(sent) = renewed.get(&h.lease)
+                        && h.deadline < *sent
+                        && !h.lost
+                    {
+                        sweep.push((key.clone(), h.rev));
                     }
                 }
             }
@@ -1209,10 +1209,10 @@ impl LeaseBackend for EtcdBackend {
         {
             // A holder in this instance learns at once; one elsewhere through its watch.
             let mut st = inner.shared.lock();
-            if let Some(h) = st.keys.get_mut(&key).and_then(|k| k.held.as_mut()) {
-                if h.rev < rev {
-                    h.lost = true;
-                }
+            if let Some(h) = st.keys.get_mut(&key).and_then(|k| k.held.as_mut())
+                && h.rev < rev
+            {
+                h.lost = true;
             }
         }
         tracing::info!(lease = %name, freed = resp.deleted() > 0, "force release");

@@ -209,10 +209,10 @@ impl State {
 
     /// Forgets that we hold `key` at revision `rev` (released, lost or swept).
     pub(crate) fn forget_held(&mut self, key: &[u8], rev: i64) {
-        if let Some(k) = self.keys.get_mut(key) {
-            if k.held.as_ref().is_some_and(|h| h.rev == rev) {
-                k.held = None;
-            }
+        if let Some(k) = self.keys.get_mut(key)
+            && k.held.as_ref().is_some_and(|h| h.rev == rev)
+        {
+            k.held = None;
         }
         self.forget_if_idle(key);
     }
@@ -230,10 +230,8 @@ impl State {
                 }
             }
         }
-        if delete {
-            if let Some(w) = self.waiters.get(key) {
-                w.notify.notify_waiters();
-            }
+        if delete && let Some(w) = self.waiters.get(key) {
+            w.notify.notify_waiters();
         }
     }
 

@@ -300,10 +300,10 @@ impl Report {
             }
         }
         for pair in sorted.windows(2) {
-            if let Some(end) = pair[0].end {
-                if pair[1].start >= end {
-                    r.takeovers.push(pair[1].start - end);
-                }
+            if let Some(end) = pair[0].end
+                && pair[1].start >= end
+            {
+                r.takeovers.push(pair[1].start - end);
             }
         }
         r

@@ -195,7 +195,7 @@ async fn connect(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
 }
 
 fn decode_hex(hex: &str) -> Option<Vec<u8>> {
-    if hex.len() % 2 != 0 {
+    if !hex.len().is_multiple_of(2) {
         return None;
     }
     (0..hex.len())

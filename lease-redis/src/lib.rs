@@ -1393,20 +1393,18 @@ impl LeaseBackend for RedisBackend {
         // nothing the first run wrote.
         let rerun = matches!(&reply, Value::Array(a) if matches!(a.first(), Some(Value::Int(2))));
         let acquired = matches!(reply, Value::Int(_)) || rerun;
-        if acquired {
-            if let Err(e) = self.acknowledged("acquisition", acks, retried || rerun) {
-                // Not counted: give back what the primary took (the TTL frees it if this
-                // fails too); if the caller gives up meanwhile, a task of its own does.
-                let mut giving_back = InFlight {
-                    backend: self,
-                    taken: Some((&req.lock, &req.token)),
-                };
-                if let Err(error) = self.release_now(&req.lock, &req.token).await {
-                    tracing::warn!(lease = %name, %error, "releasing an unacknowledged acquisition failed; its TTL frees it");
-                }
-                giving_back.taken = None;
-                return Err(e);
+        if acquired && let Err(e) = self.acknowledged("acquisition", acks, retried || rerun) {
+            // Not counted: give back what the primary took (the TTL frees it if this
+            // fails too); if the caller gives up meanwhile, a task of its own does.
+            let mut giving_back = InFlight {
+                backend: self,
+                taken: Some((&req.lock, &req.token)),
+            };
+            if let Err(error) = self.release_now(&req.lock, &req.token).await {
+                tracing::warn!(lease = %name, %error, "releasing an unacknowledged acquisition failed; its TTL frees it");
             }
+            giving_back.taken = None;
+            return Err(e);
         }
         // Acquired: the fencing token alone, for the TTL asked for.
         if let Value::Int(_) = reply {

@@ -610,7 +610,7 @@ impl DockerStore {
         })
     }
 
-    /// Waits until the store answers on its published port ([`READY_BOUND`]).
+    /// Waits until the store answers on its published port (for at most `READY_BOUND`).
     pub async fn wait_ready(&self) -> Result<(), HarnessError> {
         let port = self.host_port();
         let kind = self.kind;

@@ -692,10 +692,10 @@ fn etcd_binary() -> Result<PathBuf, HarnessError> {
 /// that cheap), else in the default temp dir.
 fn data_root(prefix: &str) -> Result<tempfile::TempDir, HarnessError> {
     let shm = Path::new("/dev/shm");
-    if shm.is_dir() {
-        if let Ok(dir) = tempfile::Builder::new().prefix(prefix).tempdir_in(shm) {
-            return Ok(dir);
-        }
+    if shm.is_dir()
+        && let Ok(dir) = tempfile::Builder::new().prefix(prefix).tempdir_in(shm)
+    {
+        return Ok(dir);
     }
     tempfile::Builder::new()
         .prefix(prefix)
