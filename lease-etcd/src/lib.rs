@@ -339,7 +339,7 @@ impl EtcdBackend {
     /// use); with a user it authenticates at once.
     ///
     /// Errors: [`InvalidInput`] for a bad config or endpoint; [`Error::Unavailable`],
-    /// [`Error::Timeout`] or [`Error::Rejected`] (bad credentials) when authenticating fails.
+    /// [`Error::Timeout`] or [`Error::Auth`] (bad credentials) when authenticating fails.
     ///
     /// Cancel safety: cancel-safe: dropping it takes no lease and leaves nothing the caller
     /// must clean up.

@@ -1,4 +1,4 @@
-//! The comparison lab (not published): the source documents' scenarios and alternatives,
+//! The comparison lab (not published): the comparison scenarios and alternatives,
 //! the fault matrix (holder killed, paused, cut off; store down, restarted; the same at
 //! the container level) and the soak,
 //! run on real stores, and the `lease-report` binary that writes `docs/comparison.md`.

@@ -1,4 +1,4 @@
-//! The ADR comparison scenarios, taken from the source documents: each runs the
+//! The comparison scenarios (the usual alternatives for a distributed lock): each runs the
 //! alternatives side by side on one store and returns what it measured. Tests assert on the
 //! results; `lease-scenarios` writes them as a table.
 //!
@@ -26,7 +26,7 @@ fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", uuid::Uuid::new_v4().simple())
 }
 
-/// Room capacity (seed 001): concurrent joiners check a room's head count and then join.
+/// Room capacity: concurrent joiners check a room's head count and then join.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RoomResult {
     /// Joiners that got in.
@@ -421,7 +421,7 @@ pub async fn lock_at_least_for(
     total
 }
 
-/// ADR option C vs a lease: the holder is alive but stuck (frozen: it neither renews nor
+/// A session advisory lock vs a lease: the holder is alive but stuck (frozen: it neither renews nor
 /// releases, but its connection stays open). Returns how long until another instance got
 /// in, or `None` if it was still blocked after `give_up`.
 pub async fn stuck_holder_lease(

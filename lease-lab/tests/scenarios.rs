@@ -1,4 +1,4 @@
-//! The ADR comparison scenarios, asserting what each demonstrates, on every store here.
+//! The comparison scenarios, asserting what each demonstrates, on every store here.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::sync::Arc;
@@ -138,7 +138,7 @@ mod postgres {
         );
     }
 
-    /// ADR option C: a session advisory lock has no TTL: a holder that is alive but stuck
+    /// A session advisory lock has no TTL: a holder that is alive but stuck
     /// (its connection open) blocks everyone indefinitely, where the lease recovers.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn advisory_lock_blocks_while_holder_is_stuck() {

@@ -1,4 +1,4 @@
-//! The session advisory-lock mode (the ADR's option C), kept for comparison.
+//! The session advisory-lock mode, kept for comparison.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -84,7 +84,7 @@ const TERMINATE_HOLDER: &str = concat!(
 
 /// Leases as Postgres **session advisory locks**: `pg_try_advisory_lock(key)` on a
 /// connection dedicated to that one lease, held until released or until the session
-/// ends. This is the ADR's option C, kept to compare against the table mode
+/// ends. This is the session advisory-lock design, kept to compare against the table mode
 /// ([`PostgresBackend`](crate::PostgresBackend)); prefer the table mode.
 ///
 /// What it is, and what it cannot do:

@@ -455,8 +455,8 @@ impl PostgresBackend {
     ///
     /// Errors: [`InvalidInput::MalformedUrl`] (password redacted) for a bad URL;
     /// [`Error::Unavailable`] when the server cannot be reached within the call timeout;
-    /// [`Error::Rejected`] when it refuses (authentication, missing database, no
-    /// permission to create the table).
+    /// [`Error::Auth`] for wrong credentials; [`Error::Rejected`] when it refuses otherwise
+    /// (missing database, no permission to create the table).
     ///
     /// Cancel safety: cancel-safe: dropped, the table creation is rolled back or has
     /// committed (it is idempotent; call again); no lease is taken.

@@ -355,7 +355,8 @@ impl RedisBackend {
     ///
     /// Errors: [`InvalidInput::MalformedUrl`] (the message never shows the password),
     /// [`Error::Unavailable`] or [`Error::Timeout`] when the server cannot be reached within
-    /// the connect timeout, [`Error::Rejected`] for bad credentials.
+    /// the connect timeout, [`Error::Auth`] for bad credentials, [`Error::Rejected`] for a
+    /// user without the permissions the backend needs.
     ///
     /// Cancel safety: cancel-safe: dropping it takes no lease and leaves nothing the caller
     /// must clean up.

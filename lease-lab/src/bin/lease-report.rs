@@ -1,4 +1,4 @@
-//! Runs the ADR comparison scenarios and the fault matrix against every store on local
+//! Runs the comparison scenarios (fixed TTL against watchdog, keep-for, advisory locks, optimistic WATCH/MULTI) and the fault matrix against every store on local
 //! servers started by the harness, and the container-level fault matrix on servers in
 //! containers, and writes the comparison as Markdown tables.
 //!
@@ -369,26 +369,26 @@ async fn store_column(kind: &'static str, m: &Matrix) -> Column {
 }
 
 const ROWS: &[(&str, &str)] = &[
-    ("room", "Room capacity 3, 30 concurrent joiners (seed 001)"),
+    ("room", "Room capacity 3, 30 concurrent joiners"),
     (
         "room-semaphore",
-        "Room capacity 3 as a 3-permit `Semaphore`, 30 concurrent joiners (seed 001)",
+        "Room capacity 3 as a 3-permit `Semaphore`, 30 concurrent joiners",
     ),
     (
         "fixed-ttl",
-        "1,000 tasks, 100 ms TTL, 1 s of work (seed 004)",
+        "1,000 tasks, 100 ms TTL, 1 s of work",
     ),
     (
         "dilemma",
-        "lockAtMostFor dilemma: slow job 3x TTL, then a crash (seed 002)",
+        "lockAtMostFor dilemma: slow job 3x TTL, then a crash",
     ),
     (
         "at-least-for",
-        "Fast job, 2 instances 20% of a period apart (seed 003)",
+        "Fast job, 2 instances 20% of a period apart",
     ),
     (
         "stuck",
-        "Holder alive but stuck: frozen, connection open (ADR option C)",
+        "Holder alive but stuck: frozen, connection open (session advisory lock)",
     ),
     ("killed", "Holder SIGKILLed (TTL 1 s, renewal 333 ms)"),
     ("paused", "Holder SIGSTOPped for 2x TTL, then resumed"),
@@ -412,8 +412,8 @@ struct FixedTtlLabels {
     no_keep_for: &'static str,
 }
 
-/// The fixed-TTL alternatives on `backend` (the watchdog and keep-for off): seed 004's
-/// many tasks, seed 002's lockAtMostFor dilemma, seed 003's fast job.
+/// The fixed-TTL alternatives on `backend` (the watchdog and keep-for off): many tasks on a
+/// short fixed TTL, the lockAtMostFor dilemma, a fast job on instances a little apart.
 async fn fixed_ttl_cells(col: &mut Column, backend: Arc<dyn LeaseBackend>, l: FixedTtlLabels) {
     let b = backend.clone();
     col.cells.push((
@@ -521,7 +521,7 @@ async fn alternatives(redis_url: &str, pg_url: &str) -> Column {
 async fn mysql_alternatives(url: &str) -> Column {
     use lease_lab::mysql_alternatives::{self as alt, SessionLock, SessionLockBackend};
     let mut col = Column {
-        name: "Alternatives (MySQL, seed 002)",
+        name: "Alternatives (MySQL)",
         ..Column::default()
     };
     let backend = lease::connect(url).await.unwrap();
@@ -633,7 +633,7 @@ async fn main() {
     };
 
     let mut md = String::new();
-    writeln!(md, "# The ADR's alternatives, measured").unwrap();
+    writeln!(md, "# The alternatives, measured").unwrap();
     writeln!(md).unwrap();
     writeln!(
         md,
@@ -643,7 +643,7 @@ async fn main() {
          local processes on loopback for this table, containers for the next one; the last \
          column of each row says which. Store columns use the library (lease with watchdog, TTL 500 ms or the \
          store's minimum; etcd rounds to whole seconds); the Alternatives columns run the \
-         alternatives the source documents discuss. Bold marks the failure each scenario demonstrates.",
+         usual alternatives (fixed TTLs, ShedLock's statements, advisory locks, WATCH/MULTI). Bold marks the failure each scenario demonstrates.",
         if soak > 0 {
             format!(" --soak {soak}")
         } else {
