@@ -60,6 +60,9 @@ else
   echo "setup-and-test: clippy is not installed; skipping the lint check" >&2
 fi
 RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --all-features
+# Every published crate packages, and its packaged sources build on their own (the test
+# and comparison crates are publish = false).
+cargo package --workspace --exclude lease-test-servers --exclude lease-lab --exclude lease-bench
 
 # Every test server prints one "lease test server: ..." line naming its source; the run
 # ends with how many servers and tests came from each (scripts/count-test-servers.sh).

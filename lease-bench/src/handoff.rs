@@ -212,7 +212,7 @@ pub async fn takeover(
 /// The `hold` mode: takes `name` through the library, says `held FENCING`, renews until
 /// killed.
 pub async fn hold(url: &str, name: &str, ttl: Duration) {
-    let backend = lease::connect(url).await.expect("connect");
+    let backend = leasehold::connect(url).await.expect("connect");
     let client = LeaseClient::with_label(backend, HolderLabel::new("bench-holder").expect("label"));
     let opts = LeaseOptions::builder(ttl)
         .wait(Duration::from_secs(20))

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease::{
+use leasehold::{
     Error, HolderLabel, LeaseBackend, LeaseClient, LeaseGuard, LeaseName, LeaseOptions, Semaphore,
 };
 use nix::sys::signal::Signal;

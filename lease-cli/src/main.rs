@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use lease::{Error, LeaseBackend, LeaseClient, LeaseName, Semaphore};
+use leasehold::{Error, LeaseBackend, LeaseClient, LeaseName, Semaphore};
 
 /// Exit code: the lease is held elsewhere and the command did not run (like `flock -n`).
 #[cfg_attr(not(unix), allow(dead_code))]
@@ -64,9 +64,10 @@ Examples:
 #[derive(Debug, Parser)]
 #[command(name = "lease", version, after_help = AFTER_HELP)]
 struct Cli {
-    /// Store URL: redis://, rediss://, postgres://, etcd://, etcds://, or memory:// to try
-    /// it out. Credentials go in the URL (user:password@); PostgreSQL also reads
-    /// PGPASSWORD and ~/.pgpass.
+    /// Store URL: redis://, rediss://, redis+sentinel://, redis+cluster://, postgres://,
+    /// etcd://, etcds://, mysql://, or memory:// to try it out. Credentials go in the URL
+    /// (user:password@, with / ? # @ : percent-encoded); PostgreSQL also reads PGPASSWORD
+    /// and ~/.pgpass.
     #[arg(long, env = "LEASE_BACKEND", global = true, hide_env_values = true)]
     backend: Option<String>,
     /// CA bundle (PEM) to verify the store's certificate with (default: the system's).
@@ -292,12 +293,12 @@ fn log_filter(verbose: u8) -> String {
 /// Where and how to connect: the store URL and the TLS files.
 struct Store {
     url: String,
-    options: lease::ConnectOptions,
+    options: leasehold::ConnectOptions,
 }
 
 impl Store {
     async fn connect(&self) -> Result<Arc<dyn LeaseBackend>, Fail> {
-        Ok(lease::connect_with(&self.url, &self.options).await?)
+        Ok(leasehold::connect_with(&self.url, &self.options).await?)
     }
 }
 
@@ -307,14 +308,14 @@ async fn run(cli: Cli) -> Result<u8, Fail> {
             "no store given: use --backend URL or set LEASE_BACKEND",
         ));
     };
-    let tls = lease::TlsFiles {
+    let tls = leasehold::TlsFiles {
         ca: cli.tls_ca,
         cert: cli.tls_cert,
         key: cli.tls_key,
     };
     let store = Store {
         url,
-        options: lease::ConnectOptions::default().with_tls(tls),
+        options: leasehold::ConnectOptions::default().with_tls(tls),
     };
     match cli.command {
         #[cfg(unix)]
@@ -357,7 +358,9 @@ async fn run(cli: Cli) -> Result<u8, Fail> {
     }
 }
 
-async fn bounded<T>(fut: impl std::future::Future<Output = lease::Result<T>>) -> lease::Result<T> {
+async fn bounded<T>(
+    fut: impl std::future::Future<Output = leasehold::Result<T>>,
+) -> leasehold::Result<T> {
     let limit = Duration::from_secs(10);
     tokio::time::timeout(limit, fut)
         .await
@@ -516,7 +519,7 @@ mod tests {
     /// every crate the facade depends on (read from its Cargo.toml now, so that a backend
     /// added later is covered), and this one; as tracing targets.
     fn own_crates() -> Vec<String> {
-        let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../lease/Cargo.toml");
+        let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../leasehold/Cargo.toml");
         let text = std::fs::read_to_string(manifest).unwrap();
         let mut section = "";
         let mut crates = vec!["lease".to_owned(), "lease_cli".to_owned()];
@@ -544,7 +547,8 @@ mod tests {
     #[test]
     fn default_grace_leaves_slack_before_the_store_can_free_the_lease() {
         for ttl_ms in [100, 1000, 2000, 30_000, 3_600_000] {
-            let opts = lease::LeaseOptions::new(std::time::Duration::from_millis(ttl_ms)).unwrap();
+            let opts =
+                leasehold::LeaseOptions::new(std::time::Duration::from_millis(ttl_ms)).unwrap();
             let grace = super::exec::default_grace(&opts);
             assert!(!grace.is_zero(), "ttl {ttl_ms} ms");
             assert!(

@@ -940,8 +940,8 @@ store_tests!(
 /// on; a stopped `lease` is the case fencing tokens are for.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_lease_kills_the_command_before_another_holder_can_take_it() {
-    use lease::{LeaseClient, LeaseOptions, TryAcquire};
     use lease_test_servers::proxy::{FaultProxy, ProxyFault};
+    use leasehold::{LeaseClient, LeaseOptions, TryAcquire};
 
     let server = RedisServer::start_owned()
         .await
@@ -975,7 +975,7 @@ async fn lost_lease_kills_the_command_before_another_holder_can_take_it() {
         .trim()
         .parse()
         .unwrap();
-    let other = LeaseClient::new(lease::connect(&server.url()).await.unwrap());
+    let other = LeaseClient::new(leasehold::connect(&server.url()).await.unwrap());
     let opts = LeaseOptions::new(Duration::from_secs(10)).unwrap();
     assert!(matches!(
         other.try_acquire(&name, &opts).await.unwrap(),

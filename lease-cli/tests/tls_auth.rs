@@ -240,7 +240,7 @@ async fn postgres_tls_mtls_scram_pgpassword_pgpass_and_least_privilege() {
         )
         .unwrap_or_else(|e| panic!("{e}"));
     // The DDL the README gives for migrations.
-    let ddl = lease::postgres::schema_sql("lease_locks").unwrap();
+    let ddl = leasehold::postgres::schema_sql("lease_locks").unwrap();
     for sql in [
         ddl.as_str(),
         "CREATE ROLE lease_app LOGIN PASSWORD 'app-pw'",
@@ -477,7 +477,7 @@ async fn mysql_tls_mtls_password_and_least_privilege() {
     // The DDL the README gives for migrations, and two users with only SELECT, INSERT and
     // UPDATE on the table: one with a password that must use TLS, one whose client
     // certificate is its login.
-    let ddl = lease::mysql::schema_sql("lease.lease_locks").unwrap();
+    let ddl = leasehold::mysql::schema_sql("lease.lease_locks").unwrap();
     server
         .sql(&format!(
             "{ddl}; \

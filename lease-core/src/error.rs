@@ -135,7 +135,7 @@ pub enum Error {
 
     /// The URL names a store this build does not include.
     #[error(
-        "store {scheme}:// is not compiled in: enable the `{feature}` feature of the `lease` crate"
+        "store {scheme}:// is not compiled in: enable the `{feature}` feature of the `leasehold` crate"
     )]
     NotCompiledIn {
         /// URL scheme.

@@ -7,7 +7,7 @@
 use lease_core::{TlsFiles, check_url_userinfo, redact_url, url_password};
 use proptest::prelude::*;
 
-/// Every scheme `lease::connect` and the backends accept (with a password).
+/// Every scheme `leasehold::connect` and the backends accept (with a password).
 const SCHEMES: [&str; 13] = [
     "redis",
     "rediss",

@@ -9,8 +9,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease::{LeaseBackend, LeaseClient, LeaseName, LeaseOptions, ReleaseOutcome, TryAcquire};
 use lease_test_servers::proxy::{FaultProxy, ProxyFault};
+use leasehold::{LeaseBackend, LeaseClient, LeaseName, LeaseOptions, ReleaseOutcome, TryAcquire};
 use tokio::time::Instant;
 
 use crate::matrix::{store_addr, with_store_addr};
@@ -89,12 +89,12 @@ async fn until_lost(proxy: &FaultProxy, before: u64, within: Duration) -> bool {
 }
 
 /// Loses the reply of `ROUNDS` acquires, renewals and releases each against the store at
-/// `url` (one of `lease::connect`'s URLs). Panics on a violation: a lease held without a
+/// `url` (one of `leasehold::connect`'s URLs). Panics on a violation: a lease held without a
 /// guard beyond the cleanup, a guard that believes what the store denies, an error that
 /// says no retry may help.
 pub async fn lost_replies(store: &str, url: &str) -> LostReplies {
     lost_replies_with(store, url, &|u| {
-        Box::pin(async move { lease::connect(&u).await.expect("connect") })
+        Box::pin(async move { leasehold::connect(&u).await.expect("connect") })
     })
     .await
 }
@@ -105,7 +105,7 @@ pub type Connect<'a> =
     &'a (dyn Fn(String) -> Pin<Box<dyn Future<Output = Arc<dyn LeaseBackend>> + Send>> + Sync);
 
 /// [`lost_replies`] with backends made by `connect` from a URL (for backends
-/// `lease::connect` does not build, such as the PostgreSQL advisory-lock mode).
+/// `leasehold::connect` does not build, such as the PostgreSQL advisory-lock mode).
 pub async fn lost_replies_with(store: &str, url: &str, connect: Connect<'_>) -> LostReplies {
     let target = store_addr(url).expect("store address");
     let proxy = FaultProxy::start(target).await.unwrap();
@@ -178,7 +178,7 @@ pub async fn lost_replies_with(store: &str, url: &str, connect: Connect<'_>) -> 
             let on_store = on_store.unwrap_or_else(|| {
                 panic!("{store}: the guard believes it holds {n}, the store says free")
             });
-            if caps.fencing != lease::Fencing::None {
+            if caps.fencing != leasehold::Fencing::None {
                 assert_eq!(
                     on_store.fencing,
                     Some(g.fencing()),

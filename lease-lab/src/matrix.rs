@@ -477,7 +477,7 @@ impl RestartResult {
 /// durable claim does not hold.
 pub async fn store_restarted(url: &str, restart: impl AsyncFnOnce()) -> RestartResult {
     use lease_core::{AcquireOutcome, HolderLabel, LeaseName, Owner};
-    let backend = lease::connect(url).await.expect("connect");
+    let backend = leasehold::connect(url).await.expect("connect");
     let claim = backend.capabilities().fencing;
     let name =
         LeaseName::new(format!("matrix-restart-{}", uuid::Uuid::new_v4().simple())).expect("name");

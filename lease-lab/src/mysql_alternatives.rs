@@ -14,11 +14,11 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease::mysql::sqlx::{self, Connection, MySqlConnection};
 use lease_core::{
     AcquireOutcome, Capabilities, Error, Fencing, FencingToken, HeldBy, InvalidInput, LeaseBackend,
     LeaseInfo, LeaseName, Owner, OwnerToken, ReleaseOutcome, RenewItem, RenewOutcome, Result,
 };
+use leasehold::mysql::sqlx::{self, Connection, MySqlConnection};
 use tokio::sync::Mutex;
 
 /// Which session lock.

@@ -464,7 +464,7 @@ pub async fn room_with_watch_multi(
     joiners: usize,
     capacity: usize,
 ) -> Result<(RoomResult, usize), String> {
-    use lease::redis::redis;
+    use leasehold::redis::redis;
     let client = redis::Client::open(url).map_err(|e| e.to_string())?;
     let key = unique("room-watch");
     let aborted = Arc::new(AtomicUsize::new(0));

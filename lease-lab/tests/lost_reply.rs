@@ -63,7 +63,7 @@ async fn postgres_advisory_lost_replies() {
             )
             .await
             .expect("connect");
-            std::sync::Arc::new(b) as std::sync::Arc<dyn lease::LeaseBackend>
+            std::sync::Arc::new(b) as std::sync::Arc<dyn leasehold::LeaseBackend>
         })
     })
     .await;

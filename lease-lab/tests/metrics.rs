@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use lease::{LeaseBackend, LeaseClient, LeaseOptions, LossReason, TryAcquire};
+use leasehold::{LeaseBackend, LeaseClient, LeaseOptions, LossReason, TryAcquire};
 use metrics_util::CompositeKey;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::time::Instant;
@@ -40,7 +40,7 @@ fn recorded() -> &'static Recorded {
         recorder
             .install()
             .expect("the only recorder of this binary");
-        lease::metrics::set_lease_name_label(true);
+        leasehold::metrics::set_lease_name_label(true);
         Recorded {
             snapshotter,
             totals: Mutex::new(HashMap::new()),
@@ -193,7 +193,7 @@ async fn lifecycle(store: &str, backend: Arc<dyn LeaseBackend>) {
     // An operator frees `doomed`: its next renewal hears that it is no longer ours.
     assert!(
         backend
-            .force_release(&lease::LeaseName::new(&doomed).unwrap())
+            .force_release(&leasehold::LeaseName::new(&doomed).unwrap())
             .await
             .unwrap()
     );
@@ -255,31 +255,31 @@ async fn lifecycle(store: &str, backend: Arc<dyn LeaseBackend>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_metrics() {
-    lifecycle("memory", Arc::new(lease::MemoryBackend::new())).await;
+    lifecycle("memory", Arc::new(leasehold::MemoryBackend::new())).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_metrics() {
     let server = lease_test_servers::RedisServer::start().await.unwrap();
-    lifecycle("redis", lease::connect(&server.url()).await.unwrap()).await;
+    lifecycle("redis", leasehold::connect(&server.url()).await.unwrap()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_metrics() {
     let db = lease_test_servers::PostgresServer::shared().await.unwrap();
-    lifecycle("postgres", lease::connect(&db.url()).await.unwrap()).await;
+    lifecycle("postgres", leasehold::connect(&db.url()).await.unwrap()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_metrics() {
     let server = lease_test_servers::EtcdServer::start().await.unwrap();
-    lifecycle("etcd", lease::connect(&server.url()).await.unwrap()).await;
+    lifecycle("etcd", leasehold::connect(&server.url()).await.unwrap()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mysql_metrics() {
     let db = lease_test_servers::MariaDbServer::shared().await.unwrap();
-    lifecycle("mysql", lease::connect(&db.url()).await.unwrap()).await;
+    lifecycle("mysql", leasehold::connect(&db.url()).await.unwrap()).await;
 }
 
 /// A paused Redis: the renewals time out (counted as errors, by kind in the spans) until
@@ -290,7 +290,7 @@ async fn redis_paused_renewals_fail_until_the_deadline() {
     let server = lease_test_servers::RedisServer::start_owned()
         .await
         .unwrap();
-    let backend = lease::connect(&server.url()).await.unwrap();
+    let backend = leasehold::connect(&server.url()).await.unwrap();
     let client = LeaseClient::new(backend);
     let name = format!("metrics/paused/{}", uuid::Uuid::new_v4().simple());
     let opts = LeaseOptions::builder(Duration::from_secs(1))

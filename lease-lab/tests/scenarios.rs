@@ -10,7 +10,7 @@ use lease_test_servers::RedisServer;
 
 async fn redis() -> (RedisServer, Arc<dyn LeaseBackend>) {
     let server = RedisServer::start().await.unwrap_or_else(|e| panic!("{e}"));
-    let backend = lease::connect(&server.url()).await.unwrap();
+    let backend = leasehold::connect(&server.url()).await.unwrap();
     (server, backend)
 }
 
@@ -109,7 +109,7 @@ mod postgres {
         let db = PostgresServer::shared()
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        let backend = lease::connect(&db.url()).await.unwrap();
+        let backend = leasehold::connect(&db.url()).await.unwrap();
         let room = scenarios::room_with_lease(backend.clone(), 30, 3).await;
         assert_eq!(room.joined, 3);
         let (seats, _) = scenarios::room_with_semaphore(backend.clone(), 30, 3).await;
@@ -162,7 +162,7 @@ mod etcd {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn etcd_scenarios() {
         let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
-        let backend = lease::connect(&server.url()).await.unwrap();
+        let backend = leasehold::connect(&server.url()).await.unwrap();
         let room = scenarios::room_with_lease(backend.clone(), 30, 3).await;
         assert_eq!(room.joined, 3);
         // Timings scale with etcd's 1 s TTL granularity.

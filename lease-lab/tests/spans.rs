@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use lease::{HolderLabel, LeaseClient, LeaseOptions};
+use leasehold::{HolderLabel, LeaseClient, LeaseOptions};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Subscriber};
@@ -127,7 +127,7 @@ fn assert_no_secret(secret: &str) {
 /// checks the spans of each store call and that the secret appears nowhere.
 async fn audit(store: &str, url: &str, secret: &str) {
     let _ = captured();
-    let backend = lease::connect(url).await.expect("connect");
+    let backend = leasehold::connect(url).await.expect("connect");
     let label = HolderLabel::new(format!("audit-{store}")).unwrap();
     let client = LeaseClient::with_label(backend, label);
     let name = format!("spans/{store}/{}", uuid::Uuid::new_v4().simple());
@@ -211,7 +211,9 @@ async fn redis_spans_and_no_password() {
     .unwrap();
     // A wrong password first: refused, and neither the error nor a span shows it.
     let wrong = with_credentials(&server.url(), "default", "wrong-pw-Zk22");
-    let err = lease::connect(&wrong).await.expect_err("wrong password");
+    let err = leasehold::connect(&wrong)
+        .await
+        .expect_err("wrong password");
     assert!(
         !format!("{err} {err:?}").contains("wrong-pw-Zk22"),
         "{err:?}"
@@ -261,7 +263,7 @@ async fn etcd_spans_and_no_password() {
     let server = lease_test_servers::EtcdServer::start().await.unwrap();
     // The server has no users: credentials are refused, and not shown.
     let wrong = with_credentials(&server.url(), "root", "etcd-pw-Vb65");
-    if let Err(err) = lease::connect(&wrong).await {
+    if let Err(err) = leasehold::connect(&wrong).await {
         assert!(
             !format!("{err} {err:?}").contains("etcd-pw-Vb65"),
             "{err:?}"

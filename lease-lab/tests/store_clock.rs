@@ -11,12 +11,12 @@
 
 use std::time::Duration;
 
-use lease::{HolderLabel, LeaseClient, LeaseName, LeaseOptions, LossReason, TryAcquire};
 use lease_test_servers::clock::SteppedClock;
+use leasehold::{HolderLabel, LeaseClient, LeaseName, LeaseOptions, LossReason, TryAcquire};
 use tokio::time::Instant;
 
 async fn forward_step(store: &str, url: &str, clock: &mut SteppedClock) {
-    let backend = lease::connect(url).await.unwrap();
+    let backend = leasehold::connect(url).await.unwrap();
     let first = LeaseClient::with_label(backend.clone(), HolderLabel::new("first").unwrap());
     let second = LeaseClient::with_label(backend.clone(), HolderLabel::new("second").unwrap());
     let opts = LeaseOptions::new(Duration::from_secs(6)).unwrap();

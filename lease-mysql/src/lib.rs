@@ -1,3 +1,4 @@
+#![cfg_attr(docsrs, feature(doc_cfg))]
 //! MySQL and MariaDB backend for the `lease` crate family: a ShedLock-style lock table,
 //! every decision taken on the database server's clock.
 //!

@@ -367,7 +367,7 @@ impl EtcdServer {
         self.endpoints.clone()
     }
 
-    /// An `etcd://host:port[,host:port...]` URL for `lease::connect`.
+    /// An `etcd://host:port[,host:port...]` URL for `leasehold::connect`.
     pub fn url(&self) -> String {
         etcd_url(&self.endpoints)
     }

@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
-use lease::{HolderLabel, LeaseClient, LeaseOptions};
 use lease_conformance::TimedBackend;
+use leasehold::{HolderLabel, LeaseClient, LeaseOptions};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
@@ -116,7 +116,7 @@ async fn main() {
         w,
     };
     let backend = loop {
-        match lease::connect(&args.backend).await {
+        match leasehold::connect(&args.backend).await {
             Ok(b) => break b,
             Err(e) if e.is_retryable() => {
                 println!("connect-error {e}");

@@ -168,7 +168,7 @@ fn table(md: &mut String, rows: &[(&str, &str)], columns: &[Column], source: &st
 async fn store_column(kind: &'static str, m: &Matrix) -> Column {
     let server = Arc::new(Mutex::new(start(kind).await));
     let url = server.lock().await.url();
-    let backend: Arc<dyn LeaseBackend> = lease::connect(&url).await.unwrap();
+    let backend: Arc<dyn LeaseBackend> = leasehold::connect(&url).await.unwrap();
     let mut col = Column {
         name: match kind {
             "redis" => "Redis",
@@ -374,10 +374,7 @@ const ROWS: &[(&str, &str)] = &[
         "room-semaphore",
         "Room capacity 3 as a 3-permit `Semaphore`, 30 concurrent joiners",
     ),
-    (
-        "fixed-ttl",
-        "1,000 tasks, 100 ms TTL, 1 s of work",
-    ),
+    ("fixed-ttl", "1,000 tasks, 100 ms TTL, 1 s of work"),
     (
         "dilemma",
         "lockAtMostFor dilemma: slow job 3x TTL, then a crash",
@@ -482,7 +479,7 @@ async fn alternatives(redis_url: &str, pg_url: &str) -> Column {
     )
     .await;
     col.cells.push(("room", room));
-    let backend = lease::connect(redis_url).await.unwrap();
+    let backend = leasehold::connect(redis_url).await.unwrap();
     fixed_ttl_cells(
         &mut col,
         backend,
@@ -500,7 +497,7 @@ async fn alternatives(redis_url: &str, pg_url: &str) -> Column {
         cell(
             async move {
                 let adv: Arc<dyn LeaseBackend> = Arc::new(
-                    lease::postgres::AdvisoryLockBackend::connect(&pg)
+                    leasehold::postgres::AdvisoryLockBackend::connect(&pg)
                         .await
                         .unwrap(),
                 );
@@ -524,7 +521,7 @@ async fn mysql_alternatives(url: &str) -> Column {
         name: "Alternatives (MySQL)",
         ..Column::default()
     };
-    let backend = lease::connect(url).await.unwrap();
+    let backend = leasehold::connect(url).await.unwrap();
     fixed_ttl_cells(
         &mut col,
         backend,

@@ -3,13 +3,13 @@
 //! prints the exposition text a Prometheus server would scrape.
 //!
 //! ```text
-//! cargo run -p lease --example metrics --features metrics             # in memory
-//! cargo run -p lease --example metrics --features metrics,redis -- redis://127.0.0.1:6379
+//! cargo run -p leasehold --example metrics --features metrics             # in memory
+//! cargo run -p leasehold --example metrics --features metrics,redis -- redis://127.0.0.1:6379
 //! ```
 
 use std::time::Duration;
 
-use lease::{LeaseClient, LeaseOptions, LossReason};
+use leasehold::{LeaseClient, LeaseOptions, LossReason};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
 #[tokio::main]
@@ -29,7 +29,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "memory://".into());
-    let backend = lease::connect(&url).await?;
+    let backend = leasehold::connect(&url).await?;
     let client = LeaseClient::new(backend.clone());
     let opts = LeaseOptions::builder(Duration::from_secs(1))
         .renew_every(Duration::from_millis(200))

@@ -1,18 +1,18 @@
 //! `connect(url)`: schemes, stores not compiled in, malformed URLs.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-use lease::{Error, InvalidInput};
+use leasehold::{Error, InvalidInput};
 
 #[tokio::test]
 async fn memory_url_connects() {
-    let b = lease::connect("memory://").await.unwrap();
+    let b = leasehold::connect("memory://").await.unwrap();
     assert_eq!(b.capabilities().backend, "memory");
 }
 
 #[tokio::test]
 async fn unknown_scheme_and_malformed_urls_are_typed_errors() {
     for url in ["ftp://x", "no-scheme-here", ""] {
-        match lease::connect(url).await {
+        match leasehold::connect(url).await {
             Err(Error::InvalidInput(InvalidInput::MalformedUrl(msg))) => assert!(!msg.is_empty()),
             other => panic!("{url}: expected MalformedUrl, got {other:?}"),
         }
@@ -26,7 +26,7 @@ async fn errors_never_contain_the_password() {
         "postgres://u:s3cret@:bad/db",
         "etcd://u:s3cret@",
     ] {
-        if let Err(e) = lease::connect(url).await {
+        if let Err(e) = leasehold::connect(url).await {
             assert!(!e.to_string().contains("s3cret"), "{e}");
             assert!(!format!("{e:?}").contains("s3cret"), "{e:?}");
         }
@@ -36,7 +36,7 @@ async fn errors_never_contain_the_password() {
 #[cfg(not(feature = "etcd"))]
 #[tokio::test]
 async fn store_not_compiled_in_names_the_feature() {
-    match lease::connect("etcd://127.0.0.1:2379").await {
+    match leasehold::connect("etcd://127.0.0.1:2379").await {
         Err(Error::NotCompiledIn { feature, .. }) => assert_eq!(feature, "etcd"),
         other => panic!("expected NotCompiledIn, got {other:?}"),
     }

@@ -1,3 +1,4 @@
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![doc = include_str!("../README.md")]
 
 pub use lease_core::*;
@@ -47,9 +48,9 @@ use std::sync::Arc;
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> Result<(), lease::Error> {
-/// let backend = lease::connect("memory://").await?;
-/// let client = lease::LeaseClient::new(backend);
+/// # async fn main() -> Result<(), leasehold::Error> {
+/// let backend = leasehold::connect("memory://").await?;
+/// let client = leasehold::LeaseClient::new(backend);
 /// # let _ = client; Ok(()) }
 /// ```
 pub async fn connect(url: &str) -> Result<Arc<dyn LeaseBackend>> {
@@ -78,13 +79,13 @@ impl ConnectOptions {
 /// [`connect`], with settings that apply to every store (TLS files).
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), lease::Error> {
-/// let tls = lease::TlsFiles::default()
+/// # async fn demo() -> Result<(), leasehold::Error> {
+/// let tls = leasehold::TlsFiles::default()
 ///     .with_ca("/etc/lease/ca.pem")
 ///     .with_client("/etc/lease/client.pem", "/etc/lease/client.key");
-/// let backend = lease::connect_with(
+/// let backend = leasehold::connect_with(
 ///     "etcds://lease:secret@etcd-1:2379,etcd-2:2379/billing",
-///     &lease::ConnectOptions::default().with_tls(tls),
+///     &leasehold::ConnectOptions::default().with_tls(tls),
 /// )
 /// .await?;
 /// # let _ = backend; Ok(()) }
@@ -228,3 +229,16 @@ mod tests {
         assert!(!e.is_retryable());
     }
 }
+
+/// The repository's README, whose Rust code blocks are compiled as doc tests (they are
+/// what a reader sees first, on the repository's front page). Its store examples need
+/// every store compiled in, as the workspace's test build has them.
+#[cfg(all(
+    doctest,
+    feature = "redis",
+    feature = "postgres",
+    feature = "etcd",
+    feature = "mysql"
+))]
+#[doc = include_str!("../../README.md")]
+pub struct RepositoryReadme;

@@ -2,14 +2,14 @@
 //! killed (its process freezes: no renewal, no release) and another takes over within
 //! TTL + renewal period. Every tick writes to a fenced resource with its fencing token.
 //!
-//! Run: `cargo run -p lease --example failover`
+//! Run: `cargo run -p leasehold --example failover`
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use lease::{
+use leasehold::{
     AcquireOutcome, Capabilities, HolderLabel, LeaseBackend, LeaseClient, LeaseInfo, LeaseName,
     LeaseOptions, MemoryBackend, Owner, OwnerToken, ReleaseOutcome, RenewItem, RenewOutcome,
 };
@@ -56,7 +56,7 @@ impl Process {
     }
 }
 
-#[lease::async_trait]
+#[leasehold::async_trait]
 impl LeaseBackend for Process {
     fn capabilities(&self) -> Capabilities {
         self.store.capabilities()
@@ -66,11 +66,11 @@ impl LeaseBackend for Process {
         n: &LeaseName,
         o: &Owner,
         ttl: Duration,
-    ) -> lease::Result<AcquireOutcome> {
+    ) -> leasehold::Result<AcquireOutcome> {
         self.gate().await;
         self.store.acquire(n, o, ttl).await
     }
-    async fn renew(&self, l: &[RenewItem], ttl: Duration) -> lease::Result<Vec<RenewOutcome>> {
+    async fn renew(&self, l: &[RenewItem], ttl: Duration) -> leasehold::Result<Vec<RenewOutcome>> {
         self.gate().await;
         self.store.renew(l, ttl).await
     }
@@ -79,15 +79,15 @@ impl LeaseBackend for Process {
         n: &LeaseName,
         t: &OwnerToken,
         k: Duration,
-    ) -> lease::Result<ReleaseOutcome> {
+    ) -> leasehold::Result<ReleaseOutcome> {
         self.gate().await;
         self.store.release(n, t, k).await
     }
-    async fn inspect(&self, n: &LeaseName) -> lease::Result<Option<LeaseInfo>> {
+    async fn inspect(&self, n: &LeaseName) -> leasehold::Result<Option<LeaseInfo>> {
         self.gate().await;
         self.store.inspect(n).await
     }
-    async fn wait_released(&self, n: &LeaseName, max: Duration) -> lease::Result<()> {
+    async fn wait_released(&self, n: &LeaseName, max: Duration) -> leasehold::Result<()> {
         self.gate().await;
         self.store.wait_released(n, max).await
     }
