@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lease_test_servers::proxy::{FaultProxy, ProxyFault};
-use leasehold::{LeaseBackend, LeaseClient, LeaseName, LeaseOptions, ReleaseOutcome, TryAcquire};
+use leasehold::{
+    LeaseBackend, LeaseClient, LeaseGuard, LeaseName, LeaseOptions, ReleaseOutcome, TryAcquire,
+};
 use tokio::time::Instant;
 
 use crate::matrix::{store_addr, with_store_addr};
@@ -74,6 +76,30 @@ async fn free_within(direct: &dyn LeaseBackend, n: &LeaseName, within: Duration)
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Acquires `n` through `client`, which must get it.
+async fn take(client: &LeaseClient, store: &str, n: &LeaseName, opts: &LeaseOptions) -> LeaseGuard {
+    match client.try_acquire(n, opts).await.unwrap() {
+        TryAcquire::Acquired(g) => g,
+        TryAcquire::Held(by) => panic!("{store}: {n} held by {by}"),
+    }
+}
+
+/// Releases `g` with the proxy losing the release's reply; the outcome, checked to be a
+/// success or a retryable error.
+async fn release_losing_reply(
+    proxy: &FaultProxy,
+    store: &str,
+    g: LeaseGuard,
+) -> leasehold::Result<ReleaseOutcome> {
+    proxy.set(ProxyFault::LoseNextReply);
+    let released = g.release().await;
+    proxy.set(ProxyFault::Pass);
+    if let Err(e) = &released {
+        assert!(e.is_retryable(), "{store}: {e}");
+    }
+    released
 }
 
 /// Arms the proxy to lose the next reply and waits until it has (or `within` passed).
@@ -160,10 +186,7 @@ pub async fn lost_replies_with(store: &str, url: &str, connect: Connect<'_>) -> 
         .unwrap();
     for i in 0..ROUNDS {
         let n = name("renew", i);
-        let g = match client.try_acquire(&n, &short).await.unwrap() {
-            TryAcquire::Acquired(g) => g,
-            TryAcquire::Held(by) => panic!("{store}: held by {by}"),
-        };
+        let g = take(&client, store, &n, &short).await;
         let before = proxy.replies_lost();
         proxy.set(ProxyFault::LoseNextReply);
         let lost = until_lost(&proxy, before, short.renew_every() * 3).await;
@@ -195,16 +218,9 @@ pub async fn lost_replies_with(store: &str, url: &str, connect: Connect<'_>) -> 
     // Release: the call may fail, the name is free once the release's retry has run.
     for i in 0..ROUNDS {
         let n = name("release", i);
-        let g = match client.try_acquire(&n, &long).await.unwrap() {
-            TryAcquire::Acquired(g) => g,
-            TryAcquire::Held(by) => panic!("{store}: held by {by}"),
-        };
-        proxy.set(ProxyFault::LoseNextReply);
-        let released = g.release().await;
-        proxy.set(ProxyFault::Pass);
-        if let Err(e) = &released {
+        let g = take(&client, store, &n, &long).await;
+        if release_losing_reply(&proxy, store, g).await.is_err() {
             seen.releases_failed += 1;
-            assert!(e.is_retryable(), "{store}: {e}");
         }
         let blocked = free_within(&*direct, &n, cleanup).await;
         seen.longest_blocked = seen.longest_blocked.max(blocked);
@@ -222,16 +238,8 @@ pub async fn lost_replies_with(store: &str, url: &str, connect: Connect<'_>) -> 
         for i in 0..KEEP_FOR_ROUNDS {
             let n = name("release-keep-for", i);
             let t0 = Instant::now();
-            let g = match client.try_acquire(&n, &kept).await.unwrap() {
-                TryAcquire::Acquired(g) => g,
-                TryAcquire::Held(by) => panic!("{store}: held by {by}"),
-            };
-            proxy.set(ProxyFault::LoseNextReply);
-            let released = g.release().await;
-            proxy.set(ProxyFault::Pass);
-            if let Err(e) = &released {
-                assert!(e.is_retryable(), "{store}: {e}");
-            }
+            let g = take(&client, store, &n, &kept).await;
+            let released = release_losing_reply(&proxy, store, g).await;
             loop {
                 let held = direct.inspect(&n).await.unwrap().is_some();
                 let at = t0.elapsed();
@@ -267,10 +275,7 @@ pub async fn lost_replies_with(store: &str, url: &str, connect: Connect<'_>) -> 
     let cut_for = call_timeout * 3;
     for i in 0..ORPHAN_ROUNDS {
         let neighbour = name("orphan-neighbour", i);
-        let a = match client.try_acquire(&neighbour, &orphan_opts).await.unwrap() {
-            TryAcquire::Acquired(g) => g,
-            TryAcquire::Held(by) => panic!("{store}: held by {by}"),
-        };
+        let a = take(&client, store, &neighbour, &orphan_opts).await;
         let n = name("orphan", i);
         let before = proxy.replies_lost();
         proxy.set(ProxyFault::LoseNextReplyThenReset);
