@@ -617,9 +617,10 @@ pub async fn scheduled_job_defaults_once_per_period(backend: Arc<dyn LeaseBacken
     let keep_for = ScheduledJob::new(client(&backend, "probe"), "probe", period, options.clone())
         .expect("job with default keep-for")
         .keep_for();
+    let tail = crate::suite::min_ttl_tail(&caps);
     assert!(
-        keep_for >= period / 2 && keep_for < period,
-        "derived keep-for {keep_for:?} for a period of {period:?}"
+        keep_for >= (period - tail) / 2 && keep_for + tail < period,
+        "derived keep-for {keep_for:?} for a period of {period:?} (minimum TTL {tail:?})"
     );
     let mut runs = Vec::new();
     for (k, offset) in [keep_for / 5, keep_for / 2, keep_for * 4 / 5]

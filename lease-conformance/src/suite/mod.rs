@@ -1153,8 +1153,12 @@ pub async fn scheduled_job_once_per_period(backend: Arc<dyn LeaseBackend>) {
     let ns = namespace();
     let n = name(&ns, "scheduled");
     let ttl = base_ttl(&*backend);
-    let period = ttl;
-    let keep_for = period * 9 / 10;
+    // A lease released with a sliver of keep-for left lives the store's minimum TTL
+    // (etcd: 2 s): the period leaves room for it after the keep-for.
+    let caps = backend.capabilities();
+    let tail = min_ttl_tail(&caps);
+    let period = ttl.max(caps.ttl_granularity * 2 + tail);
+    let keep_for = (period - tail) * 9 / 10;
     let options = LeaseOptions::builder(ttl)
         .keep_for(keep_for)
         .build()
