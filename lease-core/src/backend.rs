@@ -48,6 +48,12 @@ pub trait LeaseBackend: Send + Sync + std::fmt::Debug {
     /// - otherwise change nothing and return [`AcquireOutcome::Held`], with the holder's
     ///   label and remaining time where [`Capabilities::holder_info`] says so;
     /// - the check and the write are one atomic step on the store.
+    ///
+    /// Owner tokens are new for every acquisition, so an acquire that finds `name` held by
+    /// `owner.token` itself can only be a re-sent request whose first run took the lease
+    /// (a reply lost, a client library's own retry). A backend that knows the request may
+    /// have been re-sent returns [`AcquireOutcome::Acquired`] for it (the lease is the
+    /// caller's); never `Held` naming the caller for such a re-send.
     async fn acquire(
         &self,
         name: &LeaseName,

@@ -61,6 +61,11 @@ pub(crate) fn convert(operation: &'static str, timeout: Duration, e: RedisError)
             ServerErrorKind::BusyLoading
             | ServerErrorKind::TryAgain
             | ServerErrorKind::ClusterDown
+            // A slot moved and the cluster client ran out of redirects (after its
+            // connections were dropped, its map can lag): a new call goes to the slot's
+            // node once the map is read again.
+            | ServerErrorKind::Moved
+            | ServerErrorKind::Ask
             | ServerErrorKind::MasterDown
             | ServerErrorKind::ReadOnly
             | ServerErrorKind::NoScript,

@@ -1388,12 +1388,14 @@ impl LeaseBackend for RedisBackend {
         let ttl_ms = ttl_millis("ttl", ttl)?;
         let req = AcquireReq::new(self.prefix(), name, owner, ttl_ms);
         let (reply, retried, acks) = self.acquire_req(&req).await?;
-        // Flag 2, "held by this very token", can only be a second run of this same call
-        // (the owner token is new for every acquisition): our retry after a dropped
-        // connection, or the cluster client's own re-send, which this code does not see.
-        // Either way the lease is ours, and a `WAIT` in the second run's pipeline covers
-        // nothing the first run wrote.
-        let rerun = matches!(&reply, Value::Array(a) if matches!(a.first(), Some(Value::Int(2))));
+        // Flag 2, "held by this very token": a second run of this same call (owner tokens
+        // are new for every acquisition) when it may have been re-sent: by our retry after
+        // a dropped connection, or on a cluster by the cluster client itself, which this
+        // code does not see. Then the lease is ours, and a `WAIT` in the second run's
+        // pipeline covers nothing the first run wrote. Otherwise (a caller acquiring again
+        // with a token that holds the lease) it is `Held`, as the trait says.
+        let rerun = (retried || self.inner.slots.is_some())
+            && matches!(&reply, Value::Array(a) if matches!(a.first(), Some(Value::Int(2))));
         let acquired = matches!(reply, Value::Int(_)) || rerun;
         if acquired && let Err(e) = self.acknowledged("acquisition", acks, retried || rerun) {
             // Not counted: give back what the primary took (the TTL frees it if this
@@ -1424,7 +1426,7 @@ impl LeaseBackend for RedisBackend {
         };
         match (flag, rest) {
             // Our own acquisition, seen by a second run of the same call.
-            (2, [_, pttl, fencing]) => {
+            (2, [_, pttl, fencing]) if rerun => {
                 let fencing = non_negative(OP, "fencing token", fencing)?;
                 let pttl = non_negative(OP, "pttl", pttl)?;
                 tracing::debug!(lease = %name, fencing, ttl_ms = pttl, "redis lease acquired (confirmed by retry)");
@@ -1440,7 +1442,7 @@ impl LeaseBackend for RedisBackend {
                     format!("the acquire script failed, nothing taken: {error}"),
                 ))
             }
-            (0, [holder, pttl]) => {
+            (0, [holder, pttl]) | (2, [holder, pttl, _]) => {
                 let holder =
                     text(holder).ok_or_else(|| unexpected(OP, "holder label is not a string"))?;
                 let pttl = int(OP, "pttl", pttl)?;

@@ -1029,7 +1029,8 @@ impl RedisCluster {
         }
     }
 
-    /// The ports of the nodes that are replicas now, as the first running node sees it.
+    /// The ports of the nodes that are replicas now, as the first running node sees it
+    /// (those it marks failed for certain, `fail`, left out).
     pub async fn replicas(&mut self) -> Result<Vec<u16>, HarnessError> {
         let port = self.live_port()?;
         let nodes = self.cli(port, &["CLUSTER", "NODES"]).await?;
@@ -1040,7 +1041,10 @@ impl RedisCluster {
                 let [_, addr, flags, ..] = fields.as_slice() else {
                     return None;
                 };
-                if !flags.split(',').any(|f| f == "slave") || flags.contains("fail") {
+                // A replica marked `fail?` by one node's view is still a replica (and
+                // still acknowledges writes).
+                if !flags.split(',').any(|f| f == "slave") || flags.split(',').any(|f| f == "fail")
+                {
                     return None;
                 }
                 addr.split('@')
