@@ -9,6 +9,18 @@ use tokio::process::Command;
 
 const LEASE: &str = env!("CARGO_BIN_EXE_lease");
 
+/// `lease [-vvv] status x` with `LEASE_BACKEND=url`, and what it printed.
+async fn status_with(url: &str, verbose: Option<&str>) -> std::process::Output {
+    let mut c = Command::new(LEASE);
+    c.env("LEASE_BACKEND", url)
+        .env_remove("LEASE_LOG")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    c.args(verbose);
+    c.args(["status", "x"]);
+    c.output().await.unwrap()
+}
+
 /// Whether `text` contains `secret`, or any 4 characters in a row of it.
 fn shows_part_of(text: &str, secret: &str) -> bool {
     let chars: Vec<char> = secret.chars().collect();
@@ -41,14 +53,7 @@ async fn passwords_with_reserved_characters_are_never_printed() {
     let mut failures = Vec::new();
     for (url, secret) in cases {
         for verbose in [None, Some("-vvv")] {
-            let mut c = Command::new(LEASE);
-            c.env("LEASE_BACKEND", url)
-                .env_remove("LEASE_LOG")
-                .stdin(Stdio::null())
-                .kill_on_drop(true);
-            c.args(verbose);
-            c.args(["status", "x"]);
-            let out = c.output().await.unwrap();
+            let out = status_with(url, verbose).await;
             let stdout = String::from_utf8_lossy(&out.stdout);
             let stderr = String::from_utf8_lossy(&out.stderr);
             if shows_part_of(&stdout, secret) || shows_part_of(&stderr, secret) {
@@ -88,14 +93,7 @@ async fn encoded_passwords_are_never_printed_on_connection_errors() {
             .map(|(password, _)| password)
             .unwrap();
         for verbose in [None, Some("-vvv")] {
-            let mut c = Command::new(LEASE);
-            c.env("LEASE_BACKEND", url)
-                .env_remove("LEASE_LOG")
-                .stdin(Stdio::null())
-                .kill_on_drop(true);
-            c.args(verbose);
-            c.args(["status", "x"]);
-            let out = c.output().await.unwrap();
+            let out = status_with(url, verbose).await;
             let text = format!(
                 "{}{}",
                 String::from_utf8_lossy(&out.stdout),
