@@ -1089,18 +1089,22 @@ async fn portable_lost_lease_terminates_the_command_group() {
     all_gone(&family_pids, Duration::from_millis(200)).await;
 }
 
+/// `lease exec` in portable mode on `s` running [`group_family`]; the child and the
+/// family's pids once written.
+async fn spawn_group_family(s: &RedisServer, what: &str) -> (Child, Vec<u32>) {
+    let pids = tempdir().join("pids");
+    let name = format!("portable-{what}-{}", uuid::Uuid::new_v4().simple());
+    let a = exec_portable(&s.url(), &["--ttl", "3s", &name], &group_family(&pids))
+        .spawn()
+        .unwrap();
+    (a, read_pids(&pids).await)
+}
+
 /// Off Linux: SIGTERM to `lease` reaches the command's whole group.
 #[tokio::test]
 async fn portable_sigterm_reaches_the_command_group() {
     let s = redis().await;
-    let url = s.url();
-    let dir = tempdir();
-    let pids = dir.join("pids");
-    let name = format!("portable-term-{}", uuid::Uuid::new_v4().simple());
-    let mut a: Child = exec_portable(&url, &["--ttl", "3s", &name], &group_family(&pids))
-        .spawn()
-        .unwrap();
-    let family_pids = read_pids(&pids).await;
+    let (mut a, family_pids) = spawn_group_family(&s, "term").await;
     kill(a.id().unwrap(), nix::sys::signal::Signal::SIGTERM);
     let status = tokio::time::timeout(Duration::from_secs(5), a.wait())
         .await
@@ -1119,14 +1123,7 @@ async fn portable_sigterm_reaches_the_command_group() {
 #[tokio::test]
 async fn portable_sigkilled_lease_takes_the_command_group_with_it() {
     let s = redis().await;
-    let url = s.url();
-    let dir = tempdir();
-    let pids = dir.join("pids");
-    let name = format!("portable-kill-{}", uuid::Uuid::new_v4().simple());
-    let mut a: Child = exec_portable(&url, &["--ttl", "3s", &name], &group_family(&pids))
-        .spawn()
-        .unwrap();
-    let family_pids = read_pids(&pids).await;
+    let (mut a, family_pids) = spawn_group_family(&s, "kill").await;
     kill(a.id().unwrap(), nix::sys::signal::Signal::SIGKILL);
     let _ = a.wait().await;
     let took = all_gone(&family_pids, Duration::from_secs(1)).await;
