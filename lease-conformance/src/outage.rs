@@ -1,5 +1,6 @@
-//! Checks shared by the backends' outage tests (a server stopped or frozen while a client
-//! holds a lease): what a caller and a holder must see while the store is out.
+//! Checks shared by the backends' outage and load tests (a server stopped or frozen, or
+//! the backend's connections busy, while a client holds a lease): what a caller and a
+//! holder must see meanwhile.
 
 use std::time::Duration;
 
@@ -50,4 +51,18 @@ pub async fn lost_at_the_deadline(
     );
     eprintln!("lost signal {after:?} after the outage began");
     after
+}
+
+/// The holder of `guard` (a lease of `opts`) keeps it for `span` while the caller keeps
+/// the backend busy otherwise (every pooled connection taken by other work, a flood of
+/// contenders): renewals must not wait behind other calls for as long as the lease's
+/// deadline. Waits on the guard's loss signal, which must not come within `span`.
+pub async fn kept_while_busy(guard: &LeaseGuard, opts: &LeaseOptions, span: Duration) {
+    if let Ok(reason) = tokio::time::timeout(span, guard.lost()).await {
+        panic!(
+            "the lease (ttl {:?}) was lost while the backend was busy: {reason:?}",
+            opts.ttl()
+        );
+    }
+    assert!(guard.is_held(), "the guard no longer holds the lease");
 }

@@ -151,6 +151,9 @@ pub struct HoldersResult {
     pub acquired: usize,
     /// Largest number of tasks that held it (and worked) at the same time.
     pub max_concurrent: usize,
+    /// Holders whose guard reported the lease lost mid-work (the watchdog's renewals
+    /// did not land in time); each stopped working when told, as a caller must.
+    pub lost: usize,
 }
 
 /// Seed 004: `tasks` tasks start spread over the first holder's work time; each tries once; the one
@@ -170,17 +173,19 @@ pub async fn fixed_ttl_vs_watchdog(
     let inside = Arc::new(AtomicUsize::new(0));
     let max_inside = Arc::new(AtomicUsize::new(0));
     let acquired = Arc::new(AtomicUsize::new(0));
+    let lost = Arc::new(AtomicUsize::new(0));
     let client = LeaseClient::with_label(backend.clone(), label("worker"));
     let opts = LeaseOptions::new(ttl).expect("options");
     let start = Instant::now();
     let mut handles = Vec::new();
     for i in 0..tasks {
-        let (backend, name, inside, max_inside, acquired, client, opts) = (
+        let (backend, name, inside, max_inside, acquired, lost, client, opts) = (
             backend.clone(),
             name.clone(),
             inside.clone(),
             max_inside.clone(),
             acquired.clone(),
+            lost.clone(),
             client.clone(),
             opts.clone(),
         );
@@ -198,7 +203,14 @@ pub async fn fixed_ttl_vs_watchdog(
             if watchdog {
                 if let Ok(TryAcquire::Acquired(g)) = client.try_acquire(&name, &opts).await {
                     enter();
-                    tokio::time::sleep(work).await;
+                    // The work stops when the guard says the lease is lost, as a caller
+                    // must: the guard says so before another holder can take it.
+                    tokio::select! {
+                        () = tokio::time::sleep(work) => {}
+                        _ = g.lost() => {
+                            lost.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
                     inside.fetch_sub(1, Ordering::SeqCst);
                     let _ = g.release().await;
                 }
@@ -221,6 +233,7 @@ pub async fn fixed_ttl_vs_watchdog(
     HoldersResult {
         acquired: acquired.load(Ordering::SeqCst),
         max_concurrent: max_inside.load(Ordering::SeqCst),
+        lost: lost.load(Ordering::SeqCst),
     }
 }
 

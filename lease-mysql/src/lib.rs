@@ -172,6 +172,11 @@ pub fn schema_sql(table: &str) -> std::result::Result<String, InvalidInput> {
 }
 
 /// A lease store on a MySQL (8.0 and later) or MariaDB (10.6 and later) table.
+///
+/// Renewals go through a pool of their own (up to two connections, one kept open, built
+/// from the main pool's connect options), so that a renewal never waits for a pooled
+/// connection behind acquisitions or the application's own queries: the server sees up
+/// to `max_connections + 2` connections from one backend. Clones share both pools.
 #[derive(Clone)]
 pub struct MysqlBackend {
     inner: Arc<Inner>,
@@ -179,6 +184,10 @@ pub struct MysqlBackend {
 
 struct Inner {
     pool: MySqlPool,
+    /// A pool of its own for renewals (at most two connections, one kept open), so that
+    /// a renewal never waits for a pooled connection behind a flood of acquisitions: a
+    /// holder's lease must not lapse because others are trying to take it.
+    renewals: MySqlPool,
     sql: Statements,
     table: TableName,
     caps: Capabilities,
@@ -427,9 +436,20 @@ impl MysqlBackend {
         caps.release_notification = false;
         caps.max_renew_batch = MAX_RENEW_BATCH;
         tracing::debug!(%server, %version, innodb_flush_log_at_trx_commit = flush, "mysql backend ready");
+        // Renewals of one heartbeat go one batch at a time: two connections serve two
+        // clients on one backend without waiting.
+        let renewals = MySqlPoolOptions::new()
+            .max_connections(2)
+            .min_connections(1)
+            .acquire_timeout(timeout)
+            .connect_lazy_with(pool.connect_options().as_ref().clone());
+        // Opened now: the first renewal must not pay a connect (a TLS handshake, the
+        // password's hashing) inside the lease's deadline.
+        drop(bounded("connect", timeout, renewals.acquire()).await?);
         Ok(MysqlBackend {
             inner: Arc::new(Inner {
                 pool,
+                renewals,
                 sql: Statements::new(&table),
                 table,
                 caps,
@@ -563,7 +583,7 @@ impl LeaseBackend for MysqlBackend {
         let rows = self
             .call(
                 "renew",
-                sqlx::raw_sql(AssertSqlSafe(text)).fetch_all(&self.inner.pool),
+                sqlx::raw_sql(AssertSqlSafe(text)).fetch_all(&self.inner.renewals),
             )
             .await?;
         let mut ok = vec![false; pairs.len()];

@@ -276,3 +276,22 @@ async fn least_privilege_role_once_the_table_exists() {
     assert!(matches!(wrong, lease_core::Error::Auth { .. }), "{wrong:?}");
     assert!(!wrong.is_retryable());
 }
+
+/// Renewals do not wait for the backend's pool: with every pooled connection taken by
+/// other work (the application's own queries through `pool()`, or a flood of
+/// contenders), a holder keeps its lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_pool_does_not_delay_renewals() {
+    let db = MariaDbServer::shared().await.unwrap();
+    let backend = MysqlBackend::connect(&db.url()).await.unwrap();
+    let client = lease_core::LeaseClient::new(std::sync::Arc::new(backend.clone()));
+    let opts = lease_core::LeaseOptions::new(Duration::from_millis(300)).unwrap();
+    let guard = client.acquire(&name("busy-pool"), &opts).await.unwrap();
+    let mut taken = Vec::new();
+    for _ in 0..MysqlConfig::default().max_connections {
+        taken.push(backend.pool().acquire().await.unwrap());
+    }
+    lease_conformance::outage::kept_while_busy(&guard, &opts, opts.ttl() * 4).await;
+    drop(taken);
+    guard.release().await.unwrap();
+}

@@ -380,6 +380,10 @@ pub(crate) async fn session_settings(
     })
 }
 
+/// Connections of the renewal pool: renewals of one heartbeat go one batch at a time, so
+/// two serve two clients on one backend without waiting.
+const RENEWAL_CONNECTIONS: u32 = 2;
+
 /// The pool settings of the pools this crate builds: every acquisition (including
 /// connecting) bounded; no extra round trip to test a connection before each call (a
 /// broken connection fails that call with a retryable error and is discarded).
@@ -409,7 +413,11 @@ pub(crate) fn pool_options(max_connections: u32, call_timeout: Duration) -> PgPo
 /// sends a one-message liveness ping, after the caller already has its answer.)
 ///
 /// `wait_released` listens for release notifications (`LISTEN lease_released`) on one
-/// extra connection per backend, started on first use.
+/// extra connection per backend, started on first use. Renewals go through a pool of
+/// their own (up to two connections, one kept open, built from the main pool's connect
+/// options), so that a renewal never waits for a pooled connection behind acquisitions
+/// or the application's own queries: the server sees up to `max_connections + 3`
+/// connections from one backend.
 ///
 /// Clones share the pool.
 #[derive(Clone)]
@@ -419,6 +427,10 @@ pub struct PostgresBackend {
 
 struct Inner {
     pool: PgPool,
+    /// A pool of its own for renewals (at most two connections, one kept open), so that
+    /// a renewal never waits for a pooled connection behind a flood of acquisitions: a
+    /// holder's lease must not lapse because others are trying to take it.
+    renewals: PgPool,
     table: TableName,
     call_timeout: Duration,
     sql: Statements,
@@ -545,10 +557,17 @@ impl PostgresBackend {
         caps.release_notification = !config.transaction_pooler;
         caps.max_renew_batch = MAX_RENEW_BATCH;
         let releases = Releases::new(&pool, table.payload_prefix());
+        let renewals = pool_options(RENEWAL_CONNECTIONS, config.call_timeout)
+            .min_connections(1)
+            .connect_lazy_with(pool.connect_options().as_ref().clone());
+        // Opened now: the first renewal must not pay a connect (a TLS handshake, the
+        // password's hashing) inside the lease's deadline.
+        drop(bounded_call(BACKEND, "connect", config.call_timeout, renewals.acquire()).await?);
         Ok(PostgresBackend {
             inner: Arc::new(Inner {
                 sql: Statements::new(&table),
                 pool,
+                renewals,
                 table,
                 call_timeout: config.call_timeout,
                 releases,
@@ -634,13 +653,13 @@ impl PostgresBackend {
     /// connection (see [`Self::bounded_retry`]).
     async fn inline_rows(
         &self,
+        pool: &PgPool,
         operation: &'static str,
         sql: &str,
         params: &[Param<'_>],
         idempotent: bool,
     ) -> Result<Vec<PgRow>> {
         let text = inline::inline(sql, params);
-        let pool = &self.inner.pool;
         if idempotent {
             let text = &text;
             self.bounded_retry(operation, || {
@@ -721,6 +740,7 @@ impl PostgresBackend {
         let ttl_ms = checked_ms("ttl", ttl)?;
         let rows = self
             .inline_rows(
+                &self.inner.pool,
                 OP,
                 &self.inner.sql.acquire,
                 &[
@@ -884,6 +904,7 @@ impl LeaseBackend for PostgresBackend {
         let renewed: Vec<i64> = if self.inner.pooler {
             let rows = self
                 .inline_rows(
+                    &self.inner.renewals,
                     "renew",
                     &self.inner.sql.renew,
                     &[
@@ -904,7 +925,7 @@ impl LeaseBackend for PostgresBackend {
                     .bind(names)
                     .bind(tokens)
                     .bind(ttl_ms)
-                    .fetch_all(&self.inner.pool)
+                    .fetch_all(&self.inner.renewals)
             })
             .await?
         };
@@ -992,6 +1013,7 @@ impl LeaseBackend for PostgresBackend {
             const OP: &str = "inspect";
             let rows = self
                 .inline_rows(
+                    &self.inner.pool,
                     OP,
                     &self.inner.sql.inspect,
                     &[Param::Bytea(name.as_bytes())],
@@ -1027,6 +1049,7 @@ impl LeaseBackend for PostgresBackend {
         let freed = if self.inner.pooler {
             !self
                 .inline_rows(
+                    &self.inner.pool,
                     "force release",
                     &self.inner.sql.force_release,
                     &[Param::Bytea(name.as_bytes())],

@@ -1054,3 +1054,27 @@ async fn batch_renewal_survives_stale_statistics() {
     assert_eq!(outcomes.len(), 10_000);
     assert!(outcomes.iter().all(|o| *o == RenewOutcome::Renewed));
 }
+
+/// Renewals do not wait for the backend's pool: with every pooled connection taken by
+/// other work (the application's own queries through `pool()`, or a flood of
+/// contenders), a holder keeps its lease. Before renewals had connections of their own,
+/// the renewal waited for a pooled connection past the lease's deadline (the lab's
+/// 1000-contender scenario lost its holder that way on a loaded machine).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_pool_does_not_delay_renewals() {
+    let db = PostgresServer::shared().await.expect("server");
+    let b = backend(&db.url()).await;
+    let client = lease_core::LeaseClient::new(Arc::new(b.clone()));
+    let opts = lease_core::LeaseOptions::new(Duration::from_millis(300)).expect("options");
+    let guard = client
+        .acquire(&name("busy-pool"), &opts)
+        .await
+        .expect("acquire");
+    let mut taken = Vec::new();
+    for _ in 0..PostgresConfig::default().max_connections {
+        taken.push(b.pool().acquire().await.expect("a pooled connection"));
+    }
+    lease_conformance::outage::kept_while_busy(&guard, &opts, opts.ttl() * 4).await;
+    drop(taken);
+    guard.release().await.expect("release");
+}
