@@ -4,7 +4,7 @@
 mod error;
 mod keys;
 mod state;
-#[cfg(feature = "tls")]
+#[cfg(feature = "_tls")]
 mod tls_probe;
 mod url;
 mod watch;
@@ -193,7 +193,7 @@ async fn explain_tls(
     endpoints: &[String],
     bound: Duration,
 ) -> Error {
-    #[cfg(feature = "tls")]
+    #[cfg(feature = "_tls")]
     if let (Some(files), Error::Unavailable { .. } | Error::Backend { .. } | Error::Tls { .. }) =
         (&config.tls, &error)
         && let Ok(pem) = files.load(BACKEND)
@@ -204,13 +204,13 @@ async fn explain_tls(
             }
         }
     }
-    #[cfg(not(feature = "tls"))]
+    #[cfg(not(feature = "_tls"))]
     let _ = (config, endpoints, bound);
     error
 }
 
 /// `options` with TLS set up from `files`.
-#[cfg(feature = "tls")]
+#[cfg(feature = "_tls")]
 fn tls_options(options: ConnectOptions, files: &TlsFiles) -> Result<ConnectOptions> {
     use etcd_client::{Certificate, Identity, TlsOptions};
     let pem = files.load(BACKEND)?;
@@ -225,7 +225,7 @@ fn tls_options(options: ConnectOptions, files: &TlsFiles) -> Result<ConnectOptio
     Ok(options.with_tls(tls))
 }
 
-#[cfg(not(feature = "tls"))]
+#[cfg(not(feature = "_tls"))]
 fn tls_options(_: ConnectOptions, _: &TlsFiles) -> Result<ConnectOptions> {
     Err(Error::tls(
         BACKEND,

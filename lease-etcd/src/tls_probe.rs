@@ -65,7 +65,15 @@ fn client_config(pem: &TlsPem) -> Option<rustls::ClientConfig> {
             }
         }
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    // The provider the gRPC client uses too: the application's, if it installed one,
+    // else the one this crate was built with (ring when both are). Never installed here.
+    let provider = match rustls::crypto::CryptoProvider::get_default() {
+        Some(installed) => installed.clone(),
+        #[cfg(feature = "tls-ring")]
+        None => Arc::new(rustls::crypto::ring::default_provider()),
+        #[cfg(not(feature = "tls-ring"))]
+        None => Arc::new(rustls::crypto::aws_lc_rs::default_provider()),
+    };
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .ok()?

@@ -122,10 +122,10 @@ impl ClusterUrl {
 }
 
 /// The CA and client certificate of a `rediss+cluster://` connection.
-#[cfg(feature = "tls")]
+#[cfg(feature = "_tls")]
 pub(crate) type Certs = redis::TlsCertificates;
 /// Without the `tls` feature there are none.
-#[cfg(not(feature = "tls"))]
+#[cfg(not(feature = "_tls"))]
 pub(crate) type Certs = std::convert::Infallible;
 
 /// Opens a cluster connection to the seed nodes of `url`, bounded by `connect_timeout`.
@@ -135,17 +135,17 @@ pub(crate) async fn open(
     response_timeout: Duration,
     certs: Option<Certs>,
 ) -> Result<ClusterConnection> {
-    #[cfg_attr(not(feature = "tls"), allow(unused_mut))]
+    #[cfg_attr(not(feature = "_tls"), allow(unused_mut))]
     let mut builder = ClusterClient::builder(url.nodes.clone())
         .connection_timeout(connect_timeout)
         .response_timeout(response_timeout)
         .retries(2);
     if let Some(certs) = certs {
-        #[cfg(feature = "tls")]
+        #[cfg(feature = "_tls")]
         {
             builder = builder.certs(certs);
         }
-        #[cfg(not(feature = "tls"))]
+        #[cfg(not(feature = "_tls"))]
         match certs {}
     }
     let client = builder

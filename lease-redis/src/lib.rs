@@ -376,7 +376,7 @@ impl RedisBackend {
         let url = url.as_str();
         if cluster::is_cluster_url(url) {
             let parsed = cluster::ClusterUrl::parse(url)?;
-            if parsed.tls && !cfg!(feature = "tls") {
+            if parsed.tls && !cfg!(feature = "_tls") {
                 return Err(Error::tls(
                     BACKEND,
                     "rediss+cluster:// needs the `tls` feature (of the lease crate, or of \
@@ -411,7 +411,7 @@ impl RedisBackend {
     /// Connects to a Redis Cluster through its seed nodes (see the `cluster` module).
     async fn connect_cluster(url: cluster::ClusterUrl, config: RedisConfig) -> Result<Self> {
         if url.tls {
-            install_crypto_provider();
+            ensure_crypto_provider();
         }
         let certs = tls_certificates(&config.tls)?;
         let conn =
@@ -452,7 +452,12 @@ impl RedisBackend {
     /// must clean up.
     pub async fn from_client(client: Client, config: RedisConfig) -> Result<Self> {
         config.validate()?;
-        install_crypto_provider();
+        if matches!(
+            client.get_connection_info().addr(),
+            redis::ConnectionAddr::TcpTls { .. }
+        ) {
+            ensure_crypto_provider();
+        }
         let server = client.get_connection_info().addr().to_string();
         let cm = open_manager(&client, &config).await?;
         let source = Source::Client(client.clone());
@@ -1025,7 +1030,7 @@ fn tls_client(url: &str, tls: &TlsFiles) -> Result<Client> {
     let secure = url
         .get(..9)
         .is_some_and(|s| s.eq_ignore_ascii_case("rediss://"));
-    if secure && !cfg!(feature = "tls") {
+    if secure && !cfg!(feature = "_tls") {
         return Err(Error::tls(
             BACKEND,
             "rediss:// needs the `tls` feature (of the lease crate, or of lease-redis)",
@@ -1042,7 +1047,7 @@ fn tls_client(url: &str, tls: &TlsFiles) -> Result<Client> {
         .into());
     }
     match tls_certificates(tls)? {
-        #[cfg(feature = "tls")]
+        #[cfg(feature = "_tls")]
         Some(certs) => Client::build_with_tls(url, certs).map_err(|e| {
             // The files were read; the client library could not use them.
             let text = lease_core::error_chain_text(&e);
@@ -1051,30 +1056,51 @@ fn tls_client(url: &str, tls: &TlsFiles) -> Result<Client> {
                 format!("the TLS files {tls:?} could not be used: {text}"),
             )
         }),
-        #[cfg(not(feature = "tls"))]
+        #[cfg(not(feature = "_tls"))]
         Some(certs) => match certs {},
         None => Client::open(url).map_err(|e| error::malformed_url(url, &e)),
     }
 }
 
-/// rustls needs a process-wide crypto provider: installs ring unless the application
-/// already chose one (then this is a no-op). Without the `tls` feature, nothing.
-fn install_crypto_provider() {
-    #[cfg(feature = "tls")]
+/// Before a TLS connection: the redis client builds its TLS settings from rustls's
+/// process-wide crypto provider (and rustls panics where it cannot pick one). If the
+/// application installed a provider, it is used and nothing changes. Otherwise the one
+/// this crate was built with is installed (ring with `tls` or `tls-ring`, aws-lc-rs with
+/// `tls-aws-lc-rs`, ring when both are), and that is logged: rustls keeps one provider
+/// per process, so an application that wants another installs it before its first TLS
+/// connection to Redis. Without a TLS feature, nothing.
+fn ensure_crypto_provider() {
+    #[cfg(any(feature = "tls-ring", feature = "tls-aws-lc-rs"))]
     {
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        if rustls::crypto::CryptoProvider::get_default().is_some() {
+            return;
+        }
+        #[cfg(feature = "tls-ring")]
+        let (provider, name) = (rustls::crypto::ring::default_provider(), "ring");
+        #[cfg(not(feature = "tls-ring"))]
+        let (provider, name) = (rustls::crypto::aws_lc_rs::default_provider(), "aws-lc-rs");
+        // An error means another thread installed one meanwhile: that one is used.
+        if provider.install_default().is_ok() {
+            tracing::info!(
+                provider = name,
+                "installed rustls's process-wide crypto provider for TLS to Redis (the \
+                 application had installed none; to use another, install it before the \
+                 first TLS connection)"
+            );
+        }
     }
 }
 
-/// The certificates `tls`'s files give, read now (`None` without files). Installs the
-/// ring crypto provider for rustls unless the application chose one.
+/// The certificates `tls`'s files give, read now (`None` without files). Installs a
+/// crypto provider for rustls if the application installed none (see
+/// [`ensure_crypto_provider`]).
 fn tls_certificates(tls: &TlsFiles) -> Result<Option<cluster::Certs>> {
     if tls.is_empty() {
         return Ok(None);
     }
-    #[cfg(feature = "tls")]
+    #[cfg(feature = "_tls")]
     {
-        install_crypto_provider();
+        ensure_crypto_provider();
         let pem = tls.load(BACKEND)?;
         Ok(Some(redis::TlsCertificates {
             client_tls: pem
@@ -1086,7 +1112,7 @@ fn tls_certificates(tls: &TlsFiles) -> Result<Option<cluster::Certs>> {
             root_cert: pem.ca,
         }))
     }
-    #[cfg(not(feature = "tls"))]
+    #[cfg(not(feature = "_tls"))]
     {
         Err(Error::tls(
             BACKEND,
@@ -1703,7 +1729,7 @@ mod tests {
             "{text}"
         );
         assert!(!text.contains("hunter2"), "{text}");
-        #[cfg(not(feature = "tls"))]
+        #[cfg(not(feature = "_tls"))]
         {
             let err = RedisBackend::connect("rediss://:hunter2@localhost")
                 .await
