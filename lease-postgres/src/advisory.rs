@@ -12,11 +12,12 @@ use lease_core::{
 use sqlx::Connection;
 use sqlx::postgres::{PgConnection, PgPool};
 
-use crate::error::ADVISORY_BACKEND;
-use crate::{
-    MAX_RENEW_BATCH, bounded_call, connect_options, pool_options, session_settings,
-    split_own_params,
+use crate::MAX_RENEW_BATCH;
+use crate::config::split_own_params;
+use crate::connection::{
+    bounded_call, connect_options, millis_ceil, pool_options, session_settings,
 };
+use crate::error::ADVISORY_BACKEND;
 
 /// The refusal of a connection through a pooler: advisory locks belong to a server
 /// session, and a transaction pooler shares one session among many clients (each would
@@ -211,7 +212,7 @@ impl AdvisoryLockBackend {
         // The first contact. A pooler that refuses the startup parameters fails here (see
         // `error::convert`); one that ignores them is caught by the setting it dropped.
         let settings = session_settings(ADVISORY_BACKEND, &pool, call_timeout).await?;
-        let expected = crate::millis_ceil(call_timeout);
+        let expected = millis_ceil(call_timeout);
         if settings.statement_timeout_ms != Some(expected) {
             return Err(behind_a_pooler(&format!(
                 "the server runs with statement_timeout = {:?} ms although {expected} ms was \
