@@ -1,6 +1,5 @@
 //! Converting `etcd-client` errors into [`lease_core::Error`].
 
-use std::future::Future;
 use std::time::Duration;
 
 use lease_core::Error;
@@ -103,104 +102,6 @@ pub(crate) fn is_lease_not_found(e: &etcd_client::Error) -> bool {
     }
 }
 
-/// Runs one request with a timeout; a raw result so callers can look at the error first.
-pub(crate) async fn bounded<T>(
-    operation: &'static str,
-    timeout: Duration,
-    fut: impl Future<Output = Result<T, etcd_client::Error>>,
-) -> Result<Result<T, etcd_client::Error>, Error> {
-    tokio::time::timeout(timeout, fut)
-        .await
-        .map_err(|_| Error::Timeout {
-            operation,
-            after: timeout,
-        })
-}
-
-/// Whether a request failed before it reached any server (the connection to the member
-/// the balancer picked was refused): then it is safe to send again, to another member.
-pub(crate) fn not_sent(e: &etcd_client::Error) -> bool {
-    let etcd_client::Error::GRpcStatus(status) = e else {
-        return false;
-    };
-    if status.code() != Code::Unavailable {
-        return false;
-    }
-    if status.message().contains("connect error") {
-        return true;
-    }
-    let mut source = std::error::Error::source(status);
-    while let Some(err) = source {
-        if err
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
-        {
-            return true;
-        }
-        source = err.source();
-    }
-    false
-}
-
-/// Runs a request with a timeout, sending it again (up to `tries` times in all, within the
-/// same timeout) while it fails without having reached a server. The client balances over
-/// all endpoints and keeps sending to a member that is down; another try picks again.
-pub(crate) async fn retrying<T, F, Fut>(
-    operation: &'static str,
-    timeout: Duration,
-    tries: usize,
-    mut attempt: F,
-) -> Result<Result<T, etcd_client::Error>, Error>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, etcd_client::Error>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    let mut tried = 1;
-    loop {
-        let result = tokio::time::timeout_at(deadline, attempt())
-            .await
-            .map_err(|_| Error::Timeout {
-                operation,
-                after: timeout,
-            })?;
-        match result {
-            Err(e) if tried < tries && not_sent(&e) => {
-                tried += 1;
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-            other => return Ok(other),
-        }
-    }
-}
-
-/// [`retrying`], converting the error.
-pub(crate) async fn call_retrying<T, F, Fut>(
-    operation: &'static str,
-    timeout: Duration,
-    tries: usize,
-    attempt: F,
-) -> Result<T, Error>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, etcd_client::Error>>,
-{
-    retrying(operation, timeout, tries, attempt)
-        .await?
-        .map_err(|e| convert(operation, timeout, e))
-}
-
-/// Runs one request with a timeout and converts its error.
-pub(crate) async fn call<T>(
-    operation: &'static str,
-    timeout: Duration,
-    fut: impl Future<Output = Result<T, etcd_client::Error>>,
-) -> Result<T, Error> {
-    bounded(operation, timeout, fut)
-        .await?
-        .map_err(|e| convert(operation, timeout, e))
-}
-
 /// A reply of the wrong shape.
 pub(crate) fn unexpected(operation: &'static str, detail: impl std::fmt::Display) -> Error {
     Error::unexpected(BACKEND, format!("{operation}: {detail}"))
@@ -211,6 +112,7 @@ mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
     use super::*;
+    use crate::connection::not_sent;
 
     fn status(code: Code, msg: &str) -> etcd_client::Error {
         etcd_client::Error::GRpcStatus(tonic::Status::new(code, msg))

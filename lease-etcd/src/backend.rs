@@ -1,0 +1,555 @@
+//! [`EtcdBackend`] and its [`LeaseBackend`] implementation: the primitives as
+//! transactions on the shared sessions.
+
+use super::*;
+
+/// A lease store on an etcd v3 cluster (etcd 3.4 or later).
+///
+/// Cheap to clone: clones share one connection (balanced over the endpoints), one session
+/// lease per TTL, one watch and one record of held keys. See the [crate docs](crate) for
+/// the design.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lease_core::Error> {
+/// use std::{sync::Arc, time::Duration};
+/// use lease_core::{LeaseClient, LeaseOptions};
+/// use lease_etcd::EtcdBackend;
+///
+/// let backend = EtcdBackend::from_url("etcd://127.0.0.1:2379").await?;
+/// let client = LeaseClient::new(Arc::new(backend));
+/// let guard = client.acquire("nightly-report", &LeaseOptions::new(Duration::from_secs(30))?).await?;
+/// println!("fencing token {}", guard.fencing());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct EtcdBackend {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("endpoints", &self.inner.endpoints)
+            .field("prefix", &self.inner.config.prefix)
+            .field("user", &self.inner.config.user)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The TTL etcd is asked for: whole seconds, rounded up, at least 1.
+pub(crate) fn ttl_secs(ttl: Duration) -> u64 {
+    (ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)).max(1)
+}
+
+pub(crate) fn secs_i64(secs: u64) -> i64 {
+    i64::try_from(secs).unwrap_or(i64::MAX)
+}
+
+pub(crate) fn fencing_of(operation: &'static str, revision: i64) -> Result<FencingToken> {
+    match u64::try_from(revision) {
+        Ok(r) if r > 0 => Ok(FencingToken(r)),
+        _ => Err(unexpected(operation, format!("revision {revision}"))),
+    }
+}
+
+/// How long a key's etcd lease has left.
+pub(crate) enum Remaining {
+    Left(Duration),
+    /// The key has no lease: it never expires.
+    NoExpiry,
+    /// The lease is gone, so the key is too.
+    Gone,
+}
+
+/// The outcome of one keepalive (and, when the watch cannot be trusted, a look at the keys
+/// attached to the lease).
+pub(crate) struct LeaseCheck {
+    pub(crate) id: i64,
+    pub(crate) sent: Instant,
+    pub(crate) alive: bool,
+    pub(crate) keys: Option<Attached>,
+}
+
+/// The keys attached to a lease at a store revision.
+pub(crate) struct Attached {
+    pub(crate) revision: i64,
+    pub(crate) keys: HashSet<Vec<u8>>,
+}
+
+impl EtcdBackend {
+    /// The settings in use.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.inner.config
+    }
+
+    /// How many etcd lease keepalives `renew` has sent (for tests and metrics).
+    #[doc(hidden)]
+    pub fn keepalives_sent(&self) -> u64 {
+        self.inner.keepalives.load(Ordering::Relaxed)
+    }
+
+    /// How many distinct etcd leases the keys this instance holds are attached to.
+    #[doc(hidden)]
+    pub fn etcd_leases_in_use(&self) -> usize {
+        let st = self.inner.shared.lock();
+        let ids: HashSet<i64> = st
+            .keys
+            .values()
+            .filter_map(|k| k.held.as_ref().map(|h| h.lease))
+            .collect();
+        ids.len()
+    }
+}
+
+#[lease_core::async_trait]
+impl LeaseBackend for EtcdBackend {
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::default();
+        caps.backend = BACKEND;
+        caps.fencing = Fencing::Durable;
+        caps.expires = true;
+        caps.min_ttl = self.inner.config.min_ttl;
+        caps.ttl_granularity = Duration::from_secs(1);
+        caps.holder_info = true;
+        caps.keep_for = true;
+        caps.release_notification = true;
+        caps.max_renew_batch = MAX_RENEW_BATCH;
+        caps
+    }
+
+    async fn acquire(
+        &self,
+        name: &LeaseName,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome> {
+        let inner = &*self.inner;
+        let t = inner.timeout();
+        let secs = ttl_secs(ttl);
+        let key = inner.layout.key(name.as_bytes());
+        let value = encode_value(&owner.token, owner.label.as_str(), false);
+        let started = Instant::now();
+        let mut retried = false;
+        loop {
+            let session = inner.session(secs, "acquire").await?;
+            // Until the store answers, the key may be put without this call hearing so:
+            // dropped unsettled, `pending` records it for `renew` to delete.
+            let mut pending = Pending::new(
+                inner.shared.clone(),
+                key.clone(),
+                value.clone(),
+                owner.token,
+                session.id,
+            );
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .and_then([TxnOp::put(
+                    key.clone(),
+                    value.clone(),
+                    Some(PutOptions::new().with_lease(session.id)),
+                )])
+                .or_else([TxnOp::get(key.clone(), None)]);
+            let reply = inner
+                .rpc("acquire", || {
+                    let mut kv = inner.client.kv_client();
+                    let txn = txn.clone();
+                    async move { kv.txn(txn).await }
+                })
+                .await?;
+            let resp = match reply {
+                Ok(resp) => {
+                    pending.settle();
+                    resp
+                }
+                Err(e) if !retried && is_lease_not_found(&e) => {
+                    // Refused: nothing was put.
+                    pending.settle();
+                    // The session lease expired (or was revoked) behind our back.
+                    tracing::debug!(lease = %name, lease_id = session.id, "session lease gone; granting a new one");
+                    inner.forget_session(secs, session.id);
+                    retried = true;
+                    continue;
+                }
+                Err(e) => {
+                    if is_lease_not_found(&e) {
+                        pending.settle();
+                    }
+                    return Err(convert("acquire", t, e));
+                }
+            };
+            if resp.succeeded() {
+                let rev = resp.header().map_or(0, |h| h.revision());
+                let fencing = fencing_of("acquire", rev)?;
+                let expires = session.expires_at();
+                {
+                    let mut st = inner.shared.lock();
+                    let k = st.keys.entry(key.clone()).or_default();
+                    let lost = k.last_event_rev > rev;
+                    k.held = Some(Held {
+                        token: owner.token,
+                        label: owner.label.as_str().to_owned(),
+                        lease: session.id,
+                        granted: session.granted,
+                        rev,
+                        locked_at: started,
+                        deadline: expires,
+                        lost,
+                    });
+                }
+                drop(pending);
+                tracing::debug!(lease = %name, fencing = rev, lease_id = session.id, "acquired");
+                return Ok(AcquireOutcome::Acquired {
+                    fencing,
+                    ttl: expires
+                        .saturating_duration_since(started)
+                        .min(session.granted),
+                });
+            }
+            drop(pending);
+            let kv = resp
+                .op_responses()
+                .into_iter()
+                .find_map(|r| match r {
+                    TxnOpResponse::Get(mut g) => g.take_kvs().into_iter().next(),
+                    _ => None,
+                })
+                .ok_or_else(|| unexpected("acquire", "key exists but the read returned nothing"))?;
+            let stored = decode_value(kv.value())
+                .map_err(|e| unexpected("acquire", format!("lease {name}: {e}")))?;
+            // Who holds it comes with the read; how long is known without another request
+            // only when the holder is this instance (a waiting client is woken by the
+            // release notification, which also covers expiry).
+            let remaining = inner.local_remaining(&kv);
+            tracing::debug!(lease = %name, holder = %stored.label, "held elsewhere");
+            return Ok(AcquireOutcome::Held(HeldBy {
+                holder: Some(stored.label),
+                remaining,
+            }));
+        }
+    }
+
+    async fn renew(&self, leases: &[RenewItem], _ttl: Duration) -> Result<Vec<RenewOutcome>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        let call_started = Instant::now();
+        let inner = &*self.inner;
+        inner.check_watch();
+        let keys: Vec<Vec<u8>> = leases
+            .iter()
+            .map(|item| inner.layout.key(item.name.as_bytes()))
+            .collect();
+        let (ids, verify, generation) = {
+            let st = inner.shared.lock();
+            let ids: BTreeSet<i64> = keys
+                .iter()
+                .zip(leases)
+                .filter_map(|(key, item)| {
+                    st.held(key)
+                        .filter(|h| h.token == item.token && !h.lost)
+                        .map(|h| h.lease)
+                })
+                .collect();
+            (
+                ids,
+                !st.watch.healthy || st.watch.needs_resync,
+                st.watch.generation,
+            )
+        };
+        if ids.is_empty() {
+            return Ok(vec![RenewOutcome::Lost; leases.len()]);
+        }
+        let asked = Instant::now();
+        let checks = futures::future::try_join_all(
+            ids.iter()
+                .map(|id| inner.check_lease(*id, verify, call_started)),
+        )
+        .await?;
+        tracing::debug!(
+            leases = leases.len(),
+            etcd_leases = ids.len(),
+            verify,
+            took = ?asked.elapsed(),
+            "keepalive"
+        );
+
+        let mut sweep = Vec::new();
+        let orphans;
+        let outcomes = {
+            let mut st = inner.shared.lock();
+            let mut renewed: HashMap<i64, Instant> = HashMap::new();
+            for check in &checks {
+                if !check.alive {
+                    tracing::warn!(
+                        lease_id = check.id,
+                        "etcd session lease expired: every lease on it is lost"
+                    );
+                    st.on_lease_gone(check.id);
+                    continue;
+                }
+                renewed.insert(check.id, check.sent);
+                for s in st.sessions.values_mut() {
+                    if s.id == check.id && s.refreshed_at < check.sent {
+                        s.refreshed_at = check.sent;
+                    }
+                }
+                if let Some(attached) = &check.keys {
+                    for (key, k) in st.keys.iter_mut() {
+                        if let Some(h) = &mut k.held {
+                            // Keys put after the snapshot are not in it, but not lost.
+                            if h.lease == check.id
+                                && h.rev <= attached.revision
+                                && !attached.keys.contains(key)
+                            {
+                                h.lost = true;
+                            }
+                        }
+                    }
+                }
+            }
+            if verify
+                && st.watch.healthy
+                && st.watch.generation == generation
+                && checks.iter().all(|c| c.keys.is_some() || !c.alive)
+            {
+                st.watch.needs_resync = false;
+            }
+            let mut outcomes = Vec::with_capacity(leases.len());
+            let mut lost = Vec::new();
+            for (key, item) in keys.iter().zip(leases) {
+                let held = st.keys.get_mut(key).and_then(|k| k.held.as_mut());
+                let outcome = match held {
+                    Some(h) if h.token == item.token => match renewed.get(&h.lease) {
+                        Some(sent) if !h.lost => {
+                            h.deadline = h.deadline.max(*sent + h.granted);
+                            RenewOutcome::Renewed
+                        }
+                        _ => {
+                            lost.push((key.clone(), h.rev, &item.name));
+                            RenewOutcome::Lost
+                        }
+                    },
+                    _ => RenewOutcome::Lost,
+                };
+                outcomes.push(outcome);
+            }
+            for (key, rev, name) in lost {
+                tracing::info!(lease = %name, "lease lost on etcd (expired, deleted or overwritten)");
+                st.forget_held(&key, rev);
+            }
+            // A keepalive renews every key on the lease. Keys nobody renewed within their
+            // own TTL must not live on because of their neighbours: delete them. (A scan of
+            // every held key, so at most every SWEEP_EVERY.)
+            let now = Instant::now();
+            if !renewed.is_empty()
+                && st
+                    .last_sweep
+                    .is_none_or(|t| now.saturating_duration_since(t) >= SWEEP_EVERY)
+            {
+                st.last_sweep = Some(now);
+                for (key, k) in &st.keys {
+                    if let Some(h) = &k.held
+                        && let Some(sent) = renewed.get(&h.lease)
+                        && h.deadline < *sent
+                        && !h.lost
+                    {
+                        sweep.push((key.clone(), h.rev));
+                    }
+                }
+            }
+            for (key, rev) in &sweep {
+                st.forget_held(key, *rev);
+            }
+            orphans = st.orphans_to_delete(&renewed);
+            outcomes
+        };
+        if !orphans.is_empty() {
+            tracing::info!(
+                keys = orphans.len(),
+                "deleting keys put by acquires whose reply never arrived"
+            );
+            inner.spawn_orphan_deletes(orphans);
+        }
+        if !sweep.is_empty() {
+            tracing::info!(
+                keys = sweep.len(),
+                "deleting keys nobody renewed within their ttl"
+            );
+            inner.spawn_owner_deletes(sweep);
+        }
+        Ok(outcomes)
+    }
+
+    async fn release(
+        &self,
+        name: &LeaseName,
+        token: &OwnerToken,
+        keep_for: Duration,
+    ) -> Result<ReleaseOutcome> {
+        let inner = &*self.inner;
+        let key = inner.layout.key(name.as_bytes());
+        let local = inner
+            .shared
+            .lock()
+            .held(&key)
+            .filter(|h| h.token == *token && !h.lost)
+            .map(|h| (h.rev, Some(h.locked_at), h.label.clone()));
+        let (rev, locked_at, label) = match local {
+            Some(found) => found,
+            None => {
+                // Not acquired through this instance (or lost): ask the store.
+                let resp = inner
+                    .call("release", || {
+                        let mut kv = inner.client.kv_client();
+                        let key = key.clone();
+                        async move { kv.get(key, None).await }
+                    })
+                    .await?;
+                let Some(kv) = resp.kvs().first() else {
+                    return Ok(ReleaseOutcome::NotOwner);
+                };
+                match decode_value(kv.value()) {
+                    Ok(s) if s.token == *token && !s.released => (kv.mod_revision(), None, s.label),
+                    _ => return Ok(ReleaseOutcome::NotOwner),
+                }
+            }
+        };
+        // keep-for counts from the acquisition as this process saw it; for a lease taken
+        // through another instance, from now.
+        let keep = match locked_at {
+            Some(at) => at.checked_add(keep_for).map_or(keep_for, |until| {
+                until.saturating_duration_since(Instant::now())
+            }),
+            None => keep_for,
+        };
+        let owned = Compare::mod_revision(key.clone(), CompareOp::Equal, rev);
+        let txn_call = |txn: Txn| {
+            inner.call("release", move || {
+                let mut kv = inner.client.kv_client();
+                let txn = txn.clone();
+                async move { kv.txn(txn).await }
+            })
+        };
+        let succeeded = if keep.is_zero() {
+            let txn = Txn::new()
+                .when([owned])
+                .and_then([TxnOp::delete(key.clone(), None)]);
+            txn_call(txn).await?.succeeded()
+        } else {
+            // A lease of its own, never renewed: the key expires by itself, rounded up to
+            // whole seconds, and the `released` state stops any renewal.
+            let secs = secs_i64(ttl_secs(keep));
+            let grant = inner
+                .call("release", || {
+                    let mut lease = inner.client.lease_client();
+                    async move { lease.grant(secs, None).await }
+                })
+                .await?;
+            if grant.id() == 0 || grant.ttl() <= 0 {
+                return Err(unexpected(
+                    "release",
+                    format!("lease granted with id {} ttl {}", grant.id(), grant.ttl()),
+                ));
+            }
+            let txn = Txn::new().when([owned]).and_then([TxnOp::put(
+                key.clone(),
+                encode_value(token, &label, true),
+                Some(PutOptions::new().with_lease(grant.id())),
+            )]);
+            // On an error the transaction may have been applied (its reply was lost, the
+            // leader changed after the commit): the new etcd lease may then carry the key,
+            // and revoking it would end the keep-for at once. It is left to expire by
+            // itself (it is never renewed), which is what the keep-for asks anyway.
+            let succeeded = txn_call(txn).await?.succeeded();
+            if !succeeded {
+                // Answered and not applied: the new etcd lease carries nothing.
+                inner.spawn_revoke(grant.id());
+            }
+            succeeded
+        };
+        inner.shared.lock().forget_held(&key, rev);
+        tracing::debug!(lease = %name, released = succeeded, keep_for = ?keep, "release");
+        Ok(if succeeded {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotOwner
+        })
+    }
+
+    async fn inspect(&self, name: &LeaseName) -> Result<Option<LeaseInfo>> {
+        let inner = &*self.inner;
+        let key = inner.layout.key(name.as_bytes());
+        let mut resp = inner
+            .call("inspect", || {
+                let mut kv = inner.client.kv_client();
+                let key = key.clone();
+                async move { kv.get(key, None).await }
+            })
+            .await?;
+        let Some(kv) = resp.take_kvs().into_iter().next() else {
+            return Ok(None);
+        };
+        let stored = decode_value(kv.value())
+            .map_err(|e| unexpected("inspect", format!("lease {name}: {e}")))?;
+        let fencing = fencing_of("inspect", kv.create_revision())?;
+        let remaining = match inner.remaining("inspect", &kv).await? {
+            Remaining::Left(d) => Some(d),
+            Remaining::NoExpiry => None,
+            Remaining::Gone => return Ok(None),
+        };
+        Ok(Some(LeaseInfo {
+            holder: Some(stored.label),
+            fencing: Some(fencing),
+            remaining,
+        }))
+    }
+
+    async fn force_release(&self, name: &LeaseName) -> Result<bool> {
+        let inner = &*self.inner;
+        let key = inner.layout.key(name.as_bytes());
+        let resp = inner
+            .call("force_release", || {
+                let mut kv = inner.client.kv_client();
+                let key = key.clone();
+                async move { kv.delete(key, None).await }
+            })
+            .await?;
+        let rev = resp.header().map_or(i64::MAX, |h| h.revision());
+        {
+            // A holder in this instance learns at once; one elsewhere through its watch.
+            let mut st = inner.shared.lock();
+            if let Some(h) = st.keys.get_mut(&key).and_then(|k| k.held.as_mut())
+                && h.rev < rev
+            {
+                h.lost = true;
+            }
+        }
+        tracing::info!(lease = %name, freed = resp.deleted() > 0, "force release");
+        Ok(resp.deleted() > 0)
+    }
+
+    async fn wait_released(&self, name: &LeaseName, max_wait: Duration) -> Result<()> {
+        let inner = &*self.inner;
+        let key = inner.layout.key(name.as_bytes());
+        let waiter = WaiterGuard::new(inner.shared.clone(), key.clone());
+        let notified = waiter.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        // Registered first, then looked: a delete after this read reaches the watch,
+        // which starts at the latest right after it.
+        let resp = inner
+            .call("wait_released", || {
+                let mut kv = inner.client.kv_client();
+                let key = key.clone();
+                async move { kv.get(key, Some(GetOptions::new().with_count_only())).await }
+            })
+            .await?;
+        if resp.count() == 0 {
+            return Ok(());
+        }
+        inner.ensure_watch(resp.header().map_or(0, |h| h.revision()) + 1);
+        let _ = tokio::time::timeout(max_wait, notified).await;
+        Ok(())
+    }
+}

@@ -1,0 +1,246 @@
+//! Connecting (endpoints, credentials, TLS and why a TLS connection failed) and the
+//! bound and retry of every request.
+
+use super::*;
+use crate::error::convert;
+use tonic::Code;
+
+/// `error`, or the TLS failure behind it: when TLS is configured and the connection
+/// failed (rather than the server answering with an error), a handshake of our own tells
+/// what the server refused (see `tls_probe`), knowing whether a client certificate was
+/// sent (gRPC's own error may carry the server's alert, which does not say that).
+pub(crate) async fn explain_tls(
+    error: Error,
+    config: &EtcdConfig,
+    endpoints: &[String],
+    bound: Duration,
+) -> Error {
+    #[cfg(feature = "_tls")]
+    if let (Some(files), Error::Unavailable { .. } | Error::Backend { .. } | Error::Tls { .. }) =
+        (&config.tls, &error)
+        && let Ok(pem) = files.load(BACKEND)
+    {
+        for endpoint in endpoints.iter().filter(|e| e.starts_with("https://")) {
+            if let Some(why) = tls_probe::diagnose(endpoint, &pem, bound).await {
+                return Error::tls(BACKEND, why);
+            }
+        }
+    }
+    #[cfg(not(feature = "_tls"))]
+    let _ = (config, endpoints, bound);
+    error
+}
+
+/// `options` with TLS set up from `files`.
+#[cfg(feature = "_tls")]
+pub(crate) fn tls_options(options: ConnectOptions, files: &TlsFiles) -> Result<ConnectOptions> {
+    use etcd_client::{Certificate, Identity, TlsOptions};
+    let pem = files.load(BACKEND)?;
+    let mut tls = TlsOptions::new();
+    tls = match pem.ca {
+        Some(ca) => tls.ca_certificate(Certificate::from_pem(ca)),
+        None => tls.with_native_roots(),
+    };
+    if let Some((cert, key)) = pem.identity {
+        tls = tls.identity(Identity::from_pem(cert, key));
+    }
+    Ok(options.with_tls(tls))
+}
+
+#[cfg(not(feature = "_tls"))]
+pub(crate) fn tls_options(_: ConnectOptions, _: &TlsFiles) -> Result<ConnectOptions> {
+    Err(Error::tls(
+        BACKEND,
+        "etcds:// needs the `tls` feature (of the lease crate, or of lease-etcd)",
+    ))
+}
+
+impl EtcdBackend {
+    /// Connects to `endpoints` (`host:port` or `http://host:port`) with `config`.
+    ///
+    /// Without a user this does not talk to the server yet (the connection is made on first
+    /// use); with a user it authenticates at once.
+    ///
+    /// Errors: [`InvalidInput`] for a bad config or endpoint; [`Error::Unavailable`],
+    /// [`Error::Timeout`] or [`Error::Auth`] (bad credentials) when authenticating fails.
+    ///
+    /// Cancel safety: cancel-safe: dropping it takes no lease and leaves nothing the caller
+    /// must clean up.
+    pub async fn connect(endpoints: &[String], config: EtcdConfig) -> Result<Self> {
+        config.validate()?;
+        if endpoints.is_empty() {
+            return Err(InvalidInput::MalformedUrl("no etcd endpoints given".into()).into());
+        }
+        let bound = config
+            .connect_timeout
+            .saturating_add(config.request_timeout);
+        let client = match bounded(
+            "connect",
+            bound,
+            Client::connect(endpoints, Some(config.connect_options()?)),
+        )
+        .await?
+        {
+            Ok(client) => client,
+            Err(
+                e @ (etcd_client::Error::InvalidUri(_)
+                | etcd_client::Error::InvalidArgs(_)
+                | etcd_client::Error::EndpointError(_)),
+            ) => {
+                return Err(InvalidInput::MalformedUrl(format!(
+                    "etcd endpoints {endpoints:?}: {e}"
+                ))
+                .into());
+            }
+            Err(e) => {
+                let e = convert("connect", bound, e);
+                return Err(explain_tls(e, &config, endpoints, bound).await);
+            }
+        };
+        if config.tls.is_some() && config.user.is_none() {
+            // Without a user nothing has been sent yet; with TLS, find out now whether
+            // the handshake works (a certificate problem is a configuration error that
+            // every call would otherwise report).
+            let mut probe = client.clone();
+            match bounded("connect", bound, probe.status()).await? {
+                Ok(_) => {}
+                Err(e) => {
+                    let e = convert("connect", bound, e);
+                    return Err(explain_tls(e, &config, endpoints, bound).await);
+                }
+            }
+        }
+        Ok(Self::build(client, config, endpoints.to_vec()))
+    }
+
+    /// Connects to an `etcd://[user[:password]@]host[:port][,host[:port]...][/prefix]` URL
+    /// with default timeouts. See [`EtcdConfig::from_url`] and [`EtcdBackend::connect`].
+    ///
+    /// Cancel safety: cancel-safe: dropping it takes no lease and leaves nothing the caller
+    /// must clean up.
+    pub async fn from_url(url: &str) -> Result<Self> {
+        let (endpoints, config) = EtcdConfig::from_url(url)?;
+        Self::connect(&endpoints, config).await
+    }
+
+    /// Uses an existing `etcd-client` [`Client`] (for connection settings
+    /// this crate does not expose). `config`'s prefix and request timeout apply; its
+    /// connection settings and credentials are ignored.
+    pub fn from_client(client: Client, config: EtcdConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(Self::build(client, config, Vec::new()))
+    }
+
+    pub(crate) fn build(client: Client, config: EtcdConfig, endpoints: Vec<String>) -> Self {
+        EtcdBackend {
+            inner: Arc::new(Inner {
+                client,
+                layout: Layout::new(&config.prefix),
+                endpoints,
+                config,
+                shared: Arc::default(),
+                grant_lock: tokio::sync::Mutex::new(()),
+                watch_task: Mutex::new(None),
+                keepalives: AtomicU64::new(0),
+            }),
+        }
+    }
+}
+
+/// Runs one request with a timeout; a raw result so callers can look at the error first.
+pub(crate) async fn bounded<T>(
+    operation: &'static str,
+    timeout: Duration,
+    fut: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<Result<T, etcd_client::Error>, Error> {
+    tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| Error::Timeout {
+            operation,
+            after: timeout,
+        })
+}
+
+/// Whether a request failed before it reached any server (the connection to the member
+/// the balancer picked was refused): then it is safe to send again, to another member.
+pub(crate) fn not_sent(e: &etcd_client::Error) -> bool {
+    let etcd_client::Error::GRpcStatus(status) = e else {
+        return false;
+    };
+    if status.code() != Code::Unavailable {
+        return false;
+    }
+    if status.message().contains("connect error") {
+        return true;
+    }
+    let mut source = std::error::Error::source(status);
+    while let Some(err) = source {
+        if err
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionRefused)
+        {
+            return true;
+        }
+        source = err.source();
+    }
+    false
+}
+
+/// Runs a request with a timeout, sending it again (up to `tries` times in all, within the
+/// same timeout) while it fails without having reached a server. The client balances over
+/// all endpoints and keeps sending to a member that is down; another try picks again.
+pub(crate) async fn retrying<T, F, Fut>(
+    operation: &'static str,
+    timeout: Duration,
+    tries: usize,
+    mut attempt: F,
+) -> Result<Result<T, etcd_client::Error>, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut tried = 1;
+    loop {
+        let result = tokio::time::timeout_at(deadline, attempt())
+            .await
+            .map_err(|_| Error::Timeout {
+                operation,
+                after: timeout,
+            })?;
+        match result {
+            Err(e) if tried < tries && not_sent(&e) => {
+                tried += 1;
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            other => return Ok(other),
+        }
+    }
+}
+
+/// [`retrying`], converting the error.
+pub(crate) async fn call_retrying<T, F, Fut>(
+    operation: &'static str,
+    timeout: Duration,
+    tries: usize,
+    attempt: F,
+) -> Result<T, Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, etcd_client::Error>>,
+{
+    retrying(operation, timeout, tries, attempt)
+        .await?
+        .map_err(|e| convert(operation, timeout, e))
+}
+
+/// Runs one request with a timeout and converts its error.
+pub(crate) async fn call<T>(
+    operation: &'static str,
+    timeout: Duration,
+    fut: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, Error> {
+    bounded(operation, timeout, fut)
+        .await?
+        .map_err(|e| convert(operation, timeout, e))
+}

@@ -1,0 +1,379 @@
+//! What the clones of a backend share: one etcd lease (session) per TTL, the watch of
+//! the prefix, the record of held keys, and the background deletes and revokes.
+
+use super::*;
+
+pub(crate) struct Inner {
+    pub(crate) client: Client,
+    pub(crate) config: EtcdConfig,
+    pub(crate) layout: Layout,
+    /// Endpoints without credentials, for Debug and logs.
+    pub(crate) endpoints: Vec<String>,
+    pub(crate) shared: Arc<Shared>,
+    /// Serializes session lease grants, so concurrent first acquires grant one lease.
+    pub(crate) grant_lock: tokio::sync::Mutex<()>,
+    pub(crate) watch_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    pub(crate) keepalives: AtomicU64,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        let task = self
+            .watch_task
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(task) = task {
+            task.abort();
+        }
+    }
+}
+
+impl Inner {
+    pub(crate) fn timeout(&self) -> Duration {
+        self.config.request_timeout
+    }
+
+    /// How often a request that could not reach a member is sent again.
+    pub(crate) fn tries(&self) -> usize {
+        2 * self.endpoints.len().max(2) + 1
+    }
+
+    /// One request, bounded by the request timeout, retried while it did not reach a
+    /// server; the raw result.
+    pub(crate) async fn rpc<T, F, Fut>(
+        &self,
+        operation: &'static str,
+        attempt: F,
+    ) -> Result<std::result::Result<T, etcd_client::Error>>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        retrying(operation, self.timeout(), self.tries(), attempt).await
+    }
+
+    /// [`Inner::rpc`] with the error converted.
+    pub(crate) async fn call<T, F, Fut>(&self, operation: &'static str, attempt: F) -> Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        call_retrying(operation, self.timeout(), self.tries(), attempt).await
+    }
+
+    /// The session lease for `secs`, granting one if there is none or the current one has
+    /// less than half its TTL left.
+    pub(crate) async fn session(&self, secs: u64, operation: &'static str) -> Result<Session> {
+        if let Some(s) = self.usable_session(secs) {
+            return Ok(s);
+        }
+        let _grant = self.grant_lock.lock().await;
+        if let Some(s) = self.usable_session(secs) {
+            return Ok(s);
+        }
+        let sent = Instant::now();
+        let resp = self
+            .call(operation, || {
+                let mut lease = self.client.lease_client();
+                async move { lease.grant(secs_i64(secs), None).await }
+            })
+            .await?;
+        let granted = u64::try_from(resp.ttl())
+            .ok()
+            .filter(|t| *t > 0)
+            .ok_or_else(|| {
+                unexpected(operation, format!("lease granted with ttl {}", resp.ttl()))
+            })?;
+        if resp.id() == 0 {
+            return Err(unexpected(operation, "lease granted with id 0"));
+        }
+        if granted > secs.max(self.config.min_ttl.as_secs()) {
+            tracing::warn!(
+                asked_secs = secs,
+                granted_secs = granted,
+                "etcd granted a longer lease than asked: its minimum lease TTL (1.5 x its \
+                 election timeout) is above the {}s of EtcdConfig::min_ttl; leases of \
+                 crashed holders stay taken that long",
+                self.config.min_ttl.as_secs()
+            );
+        }
+        let session = Session {
+            id: resp.id(),
+            granted: Duration::from_secs(granted),
+            refreshed_at: sent,
+        };
+        tracing::debug!(
+            lease_id = session.id,
+            ttl_secs = granted,
+            "granted etcd session lease"
+        );
+        self.shared.lock().sessions.insert(secs, session);
+        let revision = resp.header().map_or(0, |h| h.revision());
+        self.ensure_watch(revision + 1);
+        Ok(session)
+    }
+
+    pub(crate) fn usable_session(&self, secs: u64) -> Option<Session> {
+        let now = Instant::now();
+        self.shared
+            .lock()
+            .sessions
+            .get(&secs)
+            .filter(|s| s.usable(now))
+            .copied()
+    }
+
+    pub(crate) fn forget_session(&self, secs: u64, id: i64) {
+        let mut st = self.shared.lock();
+        if st.sessions.get(&secs).is_some_and(|s| s.id == id) {
+            st.sessions.remove(&secs);
+        }
+    }
+
+    /// Starts the watch (once), from `start_rev` at the latest; restarts it if its task
+    /// ended.
+    pub(crate) fn ensure_watch(&self, start_rev: i64) {
+        let mut task = self.watch_task.lock().unwrap_or_else(|p| p.into_inner());
+        if task.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
+        {
+            let mut st = self.shared.lock();
+            if !st.watch.started {
+                st.watch.next_rev = start_rev.max(1);
+                st.watch.started = true;
+            }
+            st.watch.healthy = false;
+        }
+        *task = Some(tokio::spawn(watch::run(
+            self.client.watch_client(),
+            self.layout.range_prefix().to_vec(),
+            self.shared.clone(),
+            self.timeout(),
+        )));
+    }
+
+    /// Restarts a watch task that ended (it only ends by a panic in the client library).
+    pub(crate) fn check_watch(&self) {
+        let finished = self
+            .watch_task
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|t| t.is_finished());
+        if finished {
+            let next = self.shared.lock().watch.next_rev;
+            self.ensure_watch(next);
+        }
+    }
+
+    /// One keepalive for lease `id`, or the answer of one already in flight that was sent
+    /// after `call_started` (concurrent renewals of the same etcd lease share it: the lease
+    /// was refreshed after each of them started). With `verify`, also the list of keys
+    /// attached to the lease (never shared).
+    pub(crate) async fn check_lease(
+        &self,
+        id: i64,
+        verify: bool,
+        call_started: Instant,
+    ) -> Result<LeaseCheck> {
+        if !verify {
+            let joined = {
+                let st = self.shared.lock();
+                st.flights
+                    .get(&id)
+                    .filter(|f| f.sent >= call_started)
+                    .map(|f| (f.sent, f.answer.clone()))
+            };
+            if let Some((sent, mut answer)) = joined {
+                let shared = tokio::time::timeout(self.timeout(), async {
+                    loop {
+                        if let Some(alive) = *answer.borrow_and_update() {
+                            return Some(alive);
+                        }
+                        if answer.changed().await.is_err() {
+                            return None; // it failed or was cancelled: send our own
+                        }
+                    }
+                })
+                .await;
+                if let Ok(Some(alive)) = shared {
+                    return Ok(LeaseCheck {
+                        id,
+                        sent,
+                        alive,
+                        keys: None,
+                    });
+                }
+            }
+        }
+        let t = self.timeout();
+        let sent = Instant::now();
+        let flight = (!verify).then(|| FlightGuard::start(&self.shared, id, sent));
+        self.keepalives.fetch_add(1, Ordering::Relaxed);
+        let keep_alive = async {
+            let reply = self
+                .rpc("renew", || {
+                    let mut lease = self.client.lease_client();
+                    async move { lease.keep_alive(id).await }
+                })
+                .await?;
+            match reply {
+                // Creating the keeper sends one keepalive and waits for its answer (TTL > 0);
+                // dropping keeper and stream ends the stream.
+                Ok(_) => Ok(true),
+                Err(e) if is_lease_not_found(&e) => Ok(false),
+                Err(e) => Err(convert("renew", t, e)),
+            }
+        };
+        if let Some(flight) = flight {
+            let alive = keep_alive.await?;
+            flight.finish(alive);
+            return Ok(LeaseCheck {
+                id,
+                sent,
+                alive,
+                keys: None,
+            });
+        }
+        let attached = async {
+            let resp = self
+                .call("renew", || {
+                    let mut lease = self.client.lease_client();
+                    async move {
+                        lease
+                            .time_to_live(id, Some(LeaseTimeToLiveOptions::new().with_keys()))
+                            .await
+                    }
+                })
+                .await?;
+            let revision = resp.header().map_or(0, |h| h.revision());
+            Ok::<_, Error>((resp.ttl() >= 0).then(|| Attached {
+                revision,
+                keys: resp.keys().iter().cloned().collect(),
+            }))
+        };
+        let (alive, keys) = tokio::try_join!(keep_alive, attached)?;
+        Ok(LeaseCheck {
+            id,
+            sent,
+            alive: alive && keys.is_some(),
+            keys,
+        })
+    }
+
+    /// How long `kv` has left, if it is a key this instance holds (a lower bound: counted
+    /// from when the last keepalive was sent).
+    pub(crate) fn local_remaining(&self, kv: &KeyValue) -> Option<Duration> {
+        let st = self.shared.lock();
+        let h = st.held(kv.key())?;
+        let now = Instant::now();
+        (h.lease == kv.lease() && h.rev == kv.mod_revision() && h.deadline > now)
+            .then(|| h.deadline - now)
+    }
+
+    /// How long the lease of `kv` has left: from our own record when it is our key (no
+    /// request), else asked of etcd (whose answer is whole seconds; this reports the upper
+    /// bound, capped at the granted TTL).
+    pub(crate) async fn remaining(
+        &self,
+        operation: &'static str,
+        kv: &KeyValue,
+    ) -> Result<Remaining> {
+        if kv.lease() == 0 {
+            return Ok(Remaining::NoExpiry);
+        }
+        if let Some(left) = self.local_remaining(kv) {
+            return Ok(Remaining::Left(left));
+        }
+        let id = kv.lease();
+        let resp = self
+            .call(operation, || {
+                let mut lease = self.client.lease_client();
+                async move { lease.time_to_live(id, None).await }
+            })
+            .await?;
+        let (Ok(ttl), granted) = (u64::try_from(resp.ttl()), resp.granted_ttl()) else {
+            return Ok(Remaining::Gone);
+        };
+        let upper = ttl.saturating_add(1);
+        let upper = u64::try_from(granted)
+            .ok()
+            .filter(|g| *g > 0)
+            .map_or(upper, |g| upper.min(g));
+        Ok(Remaining::Left(Duration::from_secs(upper)))
+    }
+
+    /// Deletes each key if it is still at its revision (ours), in the background, a few
+    /// at a time.
+    pub(crate) fn spawn_owner_deletes(&self, keys: Vec<(Vec<u8>, i64)>) {
+        if keys.is_empty() {
+            return;
+        }
+        let kv = self.client.kv_client();
+        let t = self.timeout();
+        tokio::spawn(async move {
+            futures::stream::iter(keys)
+                .for_each_concurrent(8, |(key, rev)| {
+                    let mut kv = kv.clone();
+                    async move {
+                        let txn = Txn::new()
+                            .when([Compare::mod_revision(key.clone(), CompareOp::Equal, rev)])
+                            .and_then([TxnOp::delete(key, None)]);
+                        if let Err(e) = call("release", t, kv.txn(txn)).await {
+                            tracing::debug!(error = %e, "deleting an unrenewed etcd key failed");
+                        }
+                    }
+                })
+                .await;
+        });
+    }
+
+    /// Deletes keys that acquires may have put without their callers hearing so, each only
+    /// while it still has the acquire's own value and etcd lease, in the background. A
+    /// record is dropped once a delete sent after the acquire's request timeout was
+    /// answered (by then the put has been applied or never will be); until then every
+    /// renewal that keeps its etcd lease alive sends the delete again.
+    pub(crate) fn spawn_orphan_deletes(&self, orphans: Vec<Orphan>) {
+        let kv = self.client.kv_client();
+        let t = self.timeout();
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            futures::stream::iter(orphans)
+                .for_each_concurrent(8, |o| {
+                    let mut kv = kv.clone();
+                    let shared = shared.clone();
+                    async move {
+                        let sent = Instant::now();
+                        let txn = Txn::new()
+                            .when([
+                                Compare::value(o.key.clone(), CompareOp::Equal, o.value.clone()),
+                                Compare::lease(o.key.clone(), CompareOp::Equal, o.lease),
+                            ])
+                            .and_then([TxnOp::delete(o.key.clone(), None)]);
+                        let done = call("release", t, kv.txn(txn)).await;
+                        match &done {
+                            Ok(r) if r.succeeded() => {
+                                tracing::info!(lease_id = o.lease, "deleted a key put by an acquire whose reply never arrived")
+                            }
+                            Ok(_) => {}
+                            Err(e) => tracing::debug!(error = %e, "deleting an orphaned etcd key failed; the next renewal tries again"),
+                        }
+                        let final_answer = done.is_ok() && sent >= o.sent + t;
+                        shared.lock().orphan_done(&o, final_answer);
+                    }
+                })
+                .await;
+        });
+    }
+
+    /// Revokes an etcd lease nobody uses, in the background (it would expire anyway).
+    pub(crate) fn spawn_revoke(&self, id: i64) {
+        let mut lease = self.client.lease_client();
+        let t = self.timeout();
+        tokio::spawn(async move {
+            let _ = call("release", t, lease.revoke(id)).await;
+        });
+    }
+}
