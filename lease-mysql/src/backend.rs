@@ -1,0 +1,452 @@
+//! [`MysqlBackend`]: connecting, its pools, the bound of every call, and the
+//! [`LeaseBackend`] implementation.
+
+use super::*;
+
+/// A lease store on a MySQL (8.0 and later) or MariaDB (10.6 and later) table.
+///
+/// Renewals go through a pool of their own (up to two connections, one kept open, built
+/// from the main pool's connect options), so that a renewal never waits for a pooled
+/// connection behind acquisitions or the application's own queries: the server sees up
+/// to `max_connections + 2` connections from one backend. Clones share both pools.
+#[derive(Clone)]
+pub struct MysqlBackend {
+    pub(crate) inner: Arc<Inner>,
+}
+
+pub(crate) struct Inner {
+    pub(crate) pool: MySqlPool,
+    /// A pool of its own for renewals (at most two connections, one kept open), so that
+    /// a renewal never waits for a pooled connection behind a flood of acquisitions: a
+    /// holder's lease must not lapse because others are trying to take it.
+    pub(crate) renewals: MySqlPool,
+    pub(crate) sql: Statements,
+    pub(crate) table: TableName,
+    pub(crate) caps: Capabilities,
+    pub(crate) call_timeout: Duration,
+    pub(crate) server: String,
+}
+
+impl fmt::Debug for MysqlBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MysqlBackend")
+            .field("server", &self.inner.server)
+            .field("table", &self.inner.table.quoted)
+            .field("fencing", &self.inner.caps.fencing)
+            .finish()
+    }
+}
+
+impl MysqlBackend {
+    /// Connects with the default [`MysqlConfig`] (and the URL's `table=` and
+    /// `create_table=`). See [`MysqlBackend::connect_with`].
+    ///
+    /// Cancel safe: a dropped call leaves at most a table it created.
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, MysqlConfig::default()).await
+    }
+
+    /// Connects to `url` (`mysql://user:password@host:port/database?params`, or
+    /// `mariadb://`; the driver's parameters such as `ssl-mode` pass through; the TLS
+    /// files `ssl-ca`, `ssl-cert`, `ssl-key` join [`MysqlConfig::tls`]), probes the
+    /// durability settings and creates the table if missing and allowed.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lease_core::Error> {
+    /// use lease_core::TlsFiles;
+    /// use lease_mysql::{MysqlBackend, MysqlConfig};
+    /// // Mutual TLS, the server verified against a CA of your own (VERIFY_IDENTITY).
+    /// let config = MysqlConfig {
+    ///     tls: TlsFiles::default()
+    ///         .with_ca("/etc/lease/ca.pem")
+    ///         .with_client("/etc/lease/client.pem", "/etc/lease/client.key"),
+    ///     ..MysqlConfig::default()
+    /// };
+    /// let backend = MysqlBackend::connect_with("mysql://lease_client@db.internal/app", config).await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// Errors: [`Error::InvalidInput`] for a malformed URL or config; [`Error::Tls`] for a
+    /// TLS file that is missing or not PEM, a server certificate that does not verify, a
+    /// server without TLS under `ssl-mode=REQUIRED` or stricter, or TLS asked of a build
+    /// without the `tls` feature; [`Error::Auth`] for refused credentials (also what the
+    /// server answers to a user that must use TLS, or a client certificate, connecting
+    /// without: MySQL and MariaDB say "Access denied" for both); [`Error::Unavailable`]
+    /// when the server cannot be reached within the call timeout; [`Error::Rejected`] when
+    /// the table is missing and cannot be created. Cancel safe: a dropped call leaves at
+    /// most a table it created.
+    pub async fn connect_with(url: &str, mut config: MysqlConfig) -> Result<Self> {
+        let (driver_url, url_tls) = split_own_params(url, &mut config)?;
+        config.validate()?;
+        // The files must be there and be PEM: say which one is not, before the driver
+        // tries them on every connection.
+        config.tls.load(BACKEND)?;
+        let mut options = MySqlConnectOptions::from_str(&driver_url).map_err(|e| {
+            InvalidInput::MalformedUrl(format!("{}: {e}", lease_core::redact_url(&driver_url)))
+        })?;
+        if let Some(ca) = &config.tls.ca {
+            options = options.ssl_ca(ca);
+        }
+        if let Some(cert) = &config.tls.cert {
+            options = options.ssl_client_cert(cert);
+        }
+        if let Some(key) = &config.tls.key {
+            options = options.ssl_client_key(key);
+        }
+        if !config.tls.is_empty() && !url_tls.mode_given {
+            options = options.ssl_mode(MySqlSslMode::VerifyIdentity);
+        }
+        // UTC sessions (the driver's default too). The lock statements read
+        // UTC_TIMESTAMP(6) and do not depend on it; it keeps the session's NOW() in the
+        // table's zone for anyone reading the pool's connections.
+        let options = options.timezone(Some("+00:00".to_owned()));
+        let pool = MySqlPoolOptions::new()
+            .max_connections(config.max_connections)
+            .acquire_timeout(config.call_timeout)
+            .connect_lazy_with(options);
+        let server = lease_core::redact_url(&driver_url);
+        Self::build(pool, config, server).await
+    }
+
+    /// A backend on a pool of your own. Its sessions may use any time zone: the
+    /// statements read the time with `UTC_TIMESTAMP(6)` and the table holds UTC, so the
+    /// pool agrees with backends on other pools whatever their zones (a zone with
+    /// daylight saving included). The pool's options carry its TLS
+    /// settings: a non-empty [`MysqlConfig::tls`] is an [`Error::InvalidInput`] here.
+    ///
+    /// Cancel safe, as [`MysqlBackend::connect_with`].
+    pub async fn from_pool(pool: MySqlPool, config: MysqlConfig) -> Result<Self> {
+        config.validate()?;
+        if !config.tls.is_empty() {
+            return Err(InvalidInput::Other(
+                "MysqlConfig::tls is for connect_with; a pool of your own takes its TLS files \
+                 from its MySqlConnectOptions (ssl_ca, ssl_client_cert, ssl_client_key)"
+                    .into(),
+            )
+            .into());
+        }
+        Self::build(pool, config, "(a pool of the caller's)".into()).await
+    }
+
+    pub(crate) async fn build(
+        pool: MySqlPool,
+        config: MysqlConfig,
+        server: String,
+    ) -> Result<Self> {
+        let table = config.validate()?;
+        let timeout = config.call_timeout;
+        let (flush, version): (i64, String) = bounded(
+            "connect",
+            timeout,
+            sqlx::query_as("SELECT CAST(@@innodb_flush_log_at_trx_commit AS SIGNED), VERSION()")
+                .fetch_one(&pool),
+        )
+        .await?;
+        let exists: i64 = bounded(
+            "connect",
+            timeout,
+            sqlx::query_scalar(AssertSqlSafe(sql::table_exists_sql(&table))).fetch_one(&pool),
+        )
+        .await?;
+        if exists == 0 {
+            if !config.create_table {
+                return Err(Error::Rejected {
+                    backend: BACKEND,
+                    source: format!(
+                        "table {} does not exist and create_table is off; create it with the \
+                         DDL of lease_mysql::schema_sql",
+                        table.quoted
+                    )
+                    .into(),
+                });
+            }
+            if table.database.is_none() {
+                let db: Option<String> = bounded(
+                    "connect",
+                    timeout,
+                    sqlx::query_scalar("SELECT DATABASE()").fetch_one(&pool),
+                )
+                .await?;
+                if db.is_none() {
+                    return Err(InvalidInput::MalformedUrl(format!(
+                        "{server} names no database: add one to the URL \
+                         (mysql://host/database) or qualify the table (table=database.name)"
+                    ))
+                    .into());
+                }
+            }
+            bounded(
+                "create table",
+                timeout,
+                sqlx::query(AssertSqlSafe(sql::schema_sql(&table))).execute(&pool),
+            )
+            .await?;
+            tracing::info!(table = %table.quoted, "created the lease table");
+        }
+        let durable = config.persistent_fencing.unwrap_or(flush == 1);
+        let mut caps = Capabilities::default();
+        caps.backend = BACKEND;
+        caps.fencing = if durable {
+            Fencing::Durable
+        } else {
+            Fencing::Volatile
+        };
+        caps.expires = true;
+        caps.min_ttl = Duration::from_millis(1);
+        caps.ttl_granularity = Duration::from_micros(1);
+        caps.holder_info = true;
+        caps.keep_for = true;
+        caps.release_notification = false;
+        caps.max_renew_batch = MAX_RENEW_BATCH;
+        tracing::debug!(%server, %version, innodb_flush_log_at_trx_commit = flush, "mysql backend ready");
+        // Renewals of one heartbeat go one batch at a time: two connections serve two
+        // clients on one backend without waiting.
+        let renewals = MySqlPoolOptions::new()
+            .max_connections(2)
+            .min_connections(1)
+            .acquire_timeout(timeout)
+            .connect_lazy_with(pool.connect_options().as_ref().clone());
+        // Opened now: the first renewal must not pay a connect (a TLS handshake, the
+        // password's hashing) inside the lease's deadline.
+        drop(bounded("connect", timeout, renewals.acquire()).await?);
+        Ok(MysqlBackend {
+            inner: Arc::new(Inner {
+                pool,
+                renewals,
+                sql: Statements::new(&table),
+                table,
+                caps,
+                call_timeout: timeout,
+                server,
+            }),
+        })
+    }
+
+    /// The pool.
+    pub fn pool(&self) -> &MySqlPool {
+        &self.inner.pool
+    }
+
+    /// The table, quoted as in SQL (`` `lease_locks` ``, `` `db`.`lease_locks` ``).
+    pub fn quoted_table(&self) -> &str {
+        &self.inner.table.quoted
+    }
+
+    /// The acquire and release statements, for benchmarks that compare the library with
+    /// the bare statements.
+    pub fn cycle_statements(&self) -> (&str, &str) {
+        (&self.inner.sql.acquire, &self.inner.sql.release)
+    }
+
+    pub(crate) async fn call<T, F>(&self, operation: &'static str, fut: F) -> Result<T>
+    where
+        F: Future<Output = std::result::Result<T, sqlx::Error>>,
+    {
+        bounded(operation, self.inner.call_timeout, fut).await
+    }
+
+    pub(crate) async fn held_by(&self, name: &LeaseName) -> Result<HeldBy> {
+        Ok(match self.inspect(name).await? {
+            Some(info) => HeldBy {
+                holder: info.holder,
+                remaining: info.remaining,
+            },
+            None => HeldBy::default(),
+        })
+    }
+}
+
+pub(crate) async fn bounded<T, F>(operation: &'static str, after: Duration, fut: F) -> Result<T>
+where
+    F: Future<Output = std::result::Result<T, sqlx::Error>>,
+{
+    match tokio::time::timeout(after, fut).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(convert(operation, after, e)),
+        Err(_) => Err(Error::Timeout { operation, after }),
+    }
+}
+
+/// `d` in whole microseconds, rounded up.
+pub(crate) fn micros_ceil(what: &str, d: Duration) -> Result<u64> {
+    let us = d.as_nanos().div_ceil(1_000);
+    u64::try_from(us)
+        .ok()
+        .filter(|us| *us <= i64::MAX as u64)
+        .ok_or_else(|| InvalidInput::Other(format!("{what} {d:?} is too large")).into())
+}
+
+pub(crate) fn remaining(us: i64) -> Duration {
+    Duration::from_micros(u64::try_from(us).unwrap_or(0))
+}
+
+#[async_trait::async_trait]
+impl LeaseBackend for MysqlBackend {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.caps.clone()
+    }
+
+    async fn acquire(
+        &self,
+        name: &LeaseName,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome> {
+        let ttl = self.inner.caps.effective_ttl(ttl);
+        let ttl_us = micros_ceil("ttl", ttl)?;
+        let done = self
+            .call(
+                "acquire",
+                sqlx::query(AssertSqlSafe(self.inner.sql.acquire.as_str()))
+                    .bind(name.as_bytes())
+                    .bind(&owner.token.as_bytes()[..])
+                    .bind(owner.label.as_str())
+                    .bind(ttl_us)
+                    .execute(&self.inner.pool),
+            )
+            .await?;
+        let fencing = done.last_insert_id();
+        if fencing > 0 {
+            tracing::debug!(lease = %name, owner = %owner.label.as_str(), fencing, "acquired");
+            return Ok(AcquireOutcome::Acquired {
+                fencing: FencingToken(fencing),
+                ttl,
+            });
+        }
+        let by = self.held_by(name).await?;
+        tracing::debug!(lease = %name, owner = %owner.label.as_str(), held_by = %by, "held");
+        Ok(AcquireOutcome::Held(by))
+    }
+
+    async fn renew(&self, leases: &[RenewItem], ttl: Duration) -> Result<Vec<RenewOutcome>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        if leases.len() > MAX_RENEW_BATCH {
+            return Err(InvalidInput::BatchTooLarge {
+                len: leases.len(),
+                max: MAX_RENEW_BATCH,
+            }
+            .into());
+        }
+        let ttl_us = micros_ceil("ttl", self.inner.caps.effective_ttl(ttl))?;
+        let mut slot_of: HashMap<(&[u8], &[u8; 16]), usize> = HashMap::new();
+        let mut pairs: Vec<(&[u8], &[u8; 16])> = Vec::new();
+        let slots: Vec<usize> = leases
+            .iter()
+            .map(|item| {
+                let key = (item.name.as_bytes(), item.token.as_bytes());
+                *slot_of.entry(key).or_insert_with(|| {
+                    pairs.push(key);
+                    pairs.len() - 1
+                })
+            })
+            .collect();
+        let text = self.inner.sql.renew(&pairs, ttl_us);
+        let rows = self
+            .call(
+                "renew",
+                sqlx::raw_sql(AssertSqlSafe(text)).fetch_all(&self.inner.renewals),
+            )
+            .await?;
+        let mut ok = vec![false; pairs.len()];
+        for row in rows {
+            let name: Vec<u8> = row
+                .try_get(0)
+                .map_err(|e| convert("renew", self.inner.call_timeout, e))?;
+            let token: Vec<u8> = row
+                .try_get(1)
+                .map_err(|e| convert("renew", self.inner.call_timeout, e))?;
+            let key_token: [u8; 16] = token.as_slice().try_into().map_err(|_| {
+                Error::unexpected(
+                    BACKEND,
+                    format!("renew returned a token of {} bytes", token.len()),
+                )
+            })?;
+            match slot_of.get(&(name.as_slice(), &key_token)) {
+                Some(slot) => {
+                    if let Some(flag) = ok.get_mut(*slot) {
+                        *flag = true;
+                    }
+                }
+                None => {
+                    return Err(Error::unexpected(
+                        BACKEND,
+                        "renew returned a pair that was not in the batch",
+                    ));
+                }
+            }
+        }
+        let outcomes: Vec<RenewOutcome> = slots
+            .iter()
+            .map(|s| {
+                if ok.get(*s).copied().unwrap_or(false) {
+                    RenewOutcome::Renewed
+                } else {
+                    RenewOutcome::Lost
+                }
+            })
+            .collect();
+        for (item, outcome) in leases.iter().zip(&outcomes) {
+            if *outcome == RenewOutcome::Lost {
+                tracing::debug!(lease = %item.name, "renewal found the lease lost");
+            }
+        }
+        Ok(outcomes)
+    }
+
+    async fn release(
+        &self,
+        name: &LeaseName,
+        token: &OwnerToken,
+        keep_for: Duration,
+    ) -> Result<ReleaseOutcome> {
+        let keep_us = micros_ceil("keep_for", keep_for)?;
+        let done = self
+            .call(
+                "release",
+                sqlx::query(AssertSqlSafe(self.inner.sql.release.as_str()))
+                    .bind(keep_us)
+                    .bind(name.as_bytes())
+                    .bind(&token.as_bytes()[..])
+                    .execute(&self.inner.pool),
+            )
+            .await?;
+        let outcome = if done.rows_affected() > 0 {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotOwner
+        };
+        tracing::debug!(lease = %name, ?outcome, "release");
+        Ok(outcome)
+    }
+
+    async fn inspect(&self, name: &LeaseName) -> Result<Option<LeaseInfo>> {
+        let row: Option<(Option<String>, u64, i64)> = self
+            .call(
+                "inspect",
+                sqlx::query_as(AssertSqlSafe(self.inner.sql.inspect.as_str()))
+                    .bind(name.as_bytes())
+                    .fetch_optional(&self.inner.pool),
+            )
+            .await?;
+        Ok(row.map(|(holder, fencing, us)| LeaseInfo {
+            holder,
+            fencing: Some(FencingToken(fencing)),
+            remaining: Some(remaining(us)),
+        }))
+    }
+
+    async fn force_release(&self, name: &LeaseName) -> Result<bool> {
+        let done = self
+            .call(
+                "force release",
+                sqlx::query(AssertSqlSafe(self.inner.sql.force_release.as_str()))
+                    .bind(name.as_bytes())
+                    .execute(&self.inner.pool),
+            )
+            .await?;
+        tracing::info!(lease = %name, freed = done.rows_affected() > 0, "force release");
+        Ok(done.rows_affected() > 0)
+    }
+}
