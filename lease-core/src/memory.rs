@@ -11,8 +11,8 @@ use tokio::time::Instant;
 use crate::backend::LeaseBackend;
 use crate::error::{Error, Result};
 use crate::types::{
-    AcquireOutcome, Capabilities, Fencing, HeldBy, LeaseInfo, LeaseName, Owner, OwnerToken,
-    ReleaseOutcome, RenewItem, RenewOutcome,
+    AcquireOutcome, Capabilities, HeldBy, LeaseInfo, LeaseName, Owner, OwnerToken, ReleaseOutcome,
+    RenewItem, RenewOutcome,
 };
 
 #[derive(Debug)]
@@ -89,12 +89,7 @@ fn remaining(h: &Holder, now: Instant) -> Duration {
 #[async_trait]
 impl LeaseBackend for MemoryBackend {
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            backend: "memory",
-            fencing: Fencing::Volatile,
-            release_notification: true,
-            ..Capabilities::default()
-        }
+        Capabilities::new("memory").with_release_notification(true)
     }
 
     async fn acquire(

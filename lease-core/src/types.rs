@@ -240,13 +240,19 @@ pub enum Fencing {
 
 /// What a backend can do. The client and the conformance suite branch on it.
 ///
-/// Construct with [`Capabilities::default`] and set the fields that differ:
+/// Construct with [`Capabilities::new`] and the `with_*` setters for what differs from
+/// the defaults (volatile fencing, expiring leases, lost before taken, 1 ms minimum TTL and
+/// granularity, holder labels, keep-for, no release notification, batches of 100,000):
 ///
 /// ```
+/// use std::time::Duration;
 /// use lease_core::{Capabilities, Fencing};
-/// let mut caps = Capabilities::default();
-/// caps.fencing = Fencing::Durable;
-/// caps.release_notification = true;
+/// let caps = Capabilities::new("my-store")
+///     .with_fencing(Fencing::Durable)
+///     .with_min_ttl(Duration::from_secs(1))
+///     .with_release_notification(true);
+/// assert_eq!(caps.backend, "my-store");
+/// assert!(caps.keep_for);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -302,6 +308,78 @@ impl Default for Capabilities {
 }
 
 impl Capabilities {
+    /// The defaults (see [`Capabilities`]) for the backend named `backend` (short: used in
+    /// errors, logs and metrics).
+    pub fn new(backend: &'static str) -> Self {
+        Capabilities {
+            backend,
+            ..Capabilities::default()
+        }
+    }
+
+    /// Sets [`Capabilities::fencing`].
+    #[must_use]
+    pub fn with_fencing(mut self, fencing: Fencing) -> Self {
+        self.fencing = fencing;
+        self
+    }
+
+    /// Sets [`Capabilities::expires`].
+    #[must_use]
+    pub fn with_expires(mut self, expires: bool) -> Self {
+        self.expires = expires;
+        self
+    }
+
+    /// Sets [`Capabilities::lost_before_taken`].
+    #[must_use]
+    pub fn with_lost_before_taken(mut self, lost_before_taken: bool) -> Self {
+        self.lost_before_taken = lost_before_taken;
+        self
+    }
+
+    /// Sets [`Capabilities::min_ttl`].
+    #[must_use]
+    pub fn with_min_ttl(mut self, min_ttl: Duration) -> Self {
+        self.min_ttl = min_ttl;
+        self
+    }
+
+    /// Sets [`Capabilities::ttl_granularity`].
+    #[must_use]
+    pub fn with_ttl_granularity(mut self, ttl_granularity: Duration) -> Self {
+        self.ttl_granularity = ttl_granularity;
+        self
+    }
+
+    /// Sets [`Capabilities::holder_info`].
+    #[must_use]
+    pub fn with_holder_info(mut self, holder_info: bool) -> Self {
+        self.holder_info = holder_info;
+        self
+    }
+
+    /// Sets [`Capabilities::keep_for`].
+    #[must_use]
+    pub fn with_keep_for(mut self, keep_for: bool) -> Self {
+        self.keep_for = keep_for;
+        self
+    }
+
+    /// Sets [`Capabilities::release_notification`].
+    #[must_use]
+    pub fn with_release_notification(mut self, release_notification: bool) -> Self {
+        self.release_notification = release_notification;
+        self
+    }
+
+    /// Sets [`Capabilities::max_renew_batch`].
+    #[must_use]
+    pub fn with_max_renew_batch(mut self, max_renew_batch: usize) -> Self {
+        self.max_renew_batch = max_renew_batch;
+        self
+    }
+
     /// The TTL the store will actually apply for a requested `ttl`: at least `min_ttl`,
     /// rounded up to `ttl_granularity`.
     pub fn effective_ttl(&self, ttl: Duration) -> Duration {

@@ -105,17 +105,12 @@ impl EtcdBackend {
 #[lease_core::async_trait]
 impl LeaseBackend for EtcdBackend {
     fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::default();
-        caps.backend = BACKEND;
-        caps.fencing = Fencing::Durable;
-        caps.expires = true;
-        caps.min_ttl = self.inner.config.min_ttl;
-        caps.ttl_granularity = Duration::from_secs(1);
-        caps.holder_info = true;
-        caps.keep_for = true;
-        caps.release_notification = true;
-        caps.max_renew_batch = MAX_RENEW_BATCH;
-        caps
+        Capabilities::new(BACKEND)
+            .with_fencing(Fencing::Durable)
+            .with_min_ttl(self.inner.config.min_ttl)
+            .with_ttl_granularity(Duration::from_secs(1))
+            .with_release_notification(true)
+            .with_max_renew_batch(MAX_RENEW_BATCH)
     }
 
     async fn acquire(

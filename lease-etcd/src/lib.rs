@@ -108,12 +108,9 @@ mod tests {
 
     #[test]
     fn capabilities_match_etcd() {
-        let caps = {
-            let mut c = Capabilities::default();
-            c.min_ttl = MIN_TTL;
-            c.ttl_granularity = Duration::from_secs(1);
-            c
-        };
+        let caps = Capabilities::new(BACKEND)
+            .with_min_ttl(MIN_TTL)
+            .with_ttl_granularity(Duration::from_secs(1));
         assert_eq!(
             caps.effective_ttl(Duration::from_millis(600)),
             Duration::from_secs(2)

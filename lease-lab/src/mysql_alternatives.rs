@@ -134,16 +134,14 @@ impl SessionLockBackend {
 #[lease_core::async_trait]
 impl LeaseBackend for SessionLockBackend {
     fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::default();
-        caps.backend = BACKEND;
-        caps.fencing = Fencing::None;
-        caps.expires = false;
-        // Freed the moment the holder's connection closes, and nothing tells the holder
-        // first (renew answers from this process's map): no lead time.
-        caps.lost_before_taken = false;
-        caps.holder_info = false;
-        caps.keep_for = false;
-        caps
+        Capabilities::new(BACKEND)
+            .with_fencing(Fencing::None)
+            .with_expires(false)
+            // Freed the moment the holder's connection closes, and nothing tells the
+            // holder first (renew answers from this process's map): no lead time.
+            .with_lost_before_taken(false)
+            .with_holder_info(false)
+            .with_keep_for(false)
     }
 
     async fn acquire(

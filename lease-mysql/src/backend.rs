@@ -184,20 +184,14 @@ impl MysqlBackend {
             tracing::info!(table = %table.quoted, "created the lease table");
         }
         let durable = config.persistent_fencing.unwrap_or(flush == 1);
-        let mut caps = Capabilities::default();
-        caps.backend = BACKEND;
-        caps.fencing = if durable {
-            Fencing::Durable
-        } else {
-            Fencing::Volatile
-        };
-        caps.expires = true;
-        caps.min_ttl = Duration::from_millis(1);
-        caps.ttl_granularity = Duration::from_micros(1);
-        caps.holder_info = true;
-        caps.keep_for = true;
-        caps.release_notification = false;
-        caps.max_renew_batch = MAX_RENEW_BATCH;
+        let caps = Capabilities::new(BACKEND)
+            .with_fencing(if durable {
+                Fencing::Durable
+            } else {
+                Fencing::Volatile
+            })
+            .with_ttl_granularity(Duration::from_micros(1))
+            .with_max_renew_batch(MAX_RENEW_BATCH);
         tracing::debug!(%server, %version, innodb_flush_log_at_trx_commit = flush, "mysql backend ready");
         // Renewals of one heartbeat go one batch at a time: two connections serve two
         // clients on one backend without waiting.

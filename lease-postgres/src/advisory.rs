@@ -308,18 +308,13 @@ async fn lock_on(
 #[async_trait::async_trait]
 impl LeaseBackend for AdvisoryLockBackend {
     fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::default();
-        caps.backend = ADVISORY_BACKEND;
-        caps.fencing = Fencing::None;
-        caps.expires = false;
-        caps.lost_before_taken = false;
-        caps.min_ttl = Duration::from_millis(1);
-        caps.ttl_granularity = Duration::from_millis(1);
-        caps.holder_info = false;
-        caps.keep_for = false;
-        caps.release_notification = false;
-        caps.max_renew_batch = MAX_RENEW_BATCH;
-        caps
+        Capabilities::new(ADVISORY_BACKEND)
+            .with_fencing(Fencing::None)
+            .with_expires(false)
+            .with_lost_before_taken(false)
+            .with_holder_info(false)
+            .with_keep_for(false)
+            .with_max_renew_batch(MAX_RENEW_BATCH)
     }
 
     async fn acquire(

@@ -151,20 +151,14 @@ impl PostgresBackend {
             durable,
             "postgres durability"
         );
-        let mut caps = Capabilities::default();
-        caps.backend = BACKEND;
-        caps.fencing = if durable {
-            Fencing::Durable
-        } else {
-            Fencing::Volatile
-        };
-        caps.expires = true;
-        caps.min_ttl = Duration::from_millis(1);
-        caps.ttl_granularity = Duration::from_millis(1);
-        caps.holder_info = true;
-        caps.keep_for = true;
-        caps.release_notification = !config.transaction_pooler;
-        caps.max_renew_batch = MAX_RENEW_BATCH;
+        let caps = Capabilities::new(BACKEND)
+            .with_fencing(if durable {
+                Fencing::Durable
+            } else {
+                Fencing::Volatile
+            })
+            .with_release_notification(!config.transaction_pooler)
+            .with_max_renew_batch(MAX_RENEW_BATCH);
         let releases = Releases::new(&pool, table.payload_prefix());
         let renewals = pool_options(RENEWAL_CONNECTIONS, config.call_timeout)
             .min_connections(1)

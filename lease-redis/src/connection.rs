@@ -243,22 +243,16 @@ impl RedisBackend {
                 probe_cluster_persistence(c, slots.as_ref(), &config).await?
             }
         };
-        let mut caps = Capabilities::default();
-        caps.backend = BACKEND;
-        caps.fencing = if durable {
-            Fencing::Durable
-        } else {
-            Fencing::Volatile
-        };
-        caps.expires = true;
-        caps.min_ttl = Duration::from_millis(1);
-        caps.ttl_granularity = Duration::from_millis(1);
-        caps.holder_info = true;
-        caps.keep_for = true;
-        // A waiter needs a pub/sub connection: from the client, or on a cluster to the
-        // node serving the lease's slot.
-        caps.release_notification = client.is_some() || matches!(source, Source::Cluster(_));
-        caps.max_renew_batch = max_renew_batch;
+        let caps = Capabilities::new(BACKEND)
+            .with_fencing(if durable {
+                Fencing::Durable
+            } else {
+                Fencing::Volatile
+            })
+            // A waiter needs a pub/sub connection: from the client, or on a cluster to the
+            // node serving the lease's slot.
+            .with_release_notification(client.is_some() || matches!(source, Source::Cluster(_)))
+            .with_max_renew_batch(max_renew_batch);
         tracing::debug!(%server, prefix = %config.key_prefix, fencing = ?caps.fencing, "redis lease backend ready");
         // Up when this crate just connected, or the persistence probe got a reply.
         let up = client.is_some() || config.persistent_fencing.is_none();
