@@ -159,28 +159,45 @@ mod etcd {
     use super::*;
     use lease_test_servers::EtcdServer;
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn etcd_scenarios() {
+    // Three tests (each on its own server), so that the binary runs them beside the
+    // others: with etcd's 1 s TTL granularity each scenario takes tens of seconds.
+    async fn etcd() -> (EtcdServer, Arc<dyn LeaseBackend>) {
         let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
         let backend = leasehold::connect(&server.url()).await.unwrap();
+        (server, backend)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn etcd_room_and_watchdog() {
+        let (_server, backend) = etcd().await;
         let room = scenarios::room_with_lease(backend.clone(), 30, 3).await;
         assert_eq!(room.joined, 3);
         // Timings scale with etcd's 1 s TTL granularity.
         let fixed = scenarios::fixed_ttl_vs_watchdog(backend.clone(), 1000, false).await;
         assert!(fixed.max_concurrent > 1, "{fixed:?}");
-        let watchdog = scenarios::fixed_ttl_vs_watchdog(backend.clone(), 1000, true).await;
+        let watchdog = scenarios::fixed_ttl_vs_watchdog(backend, 1000, true).await;
         assert_eq!(
             (watchdog.acquired, watchdog.max_concurrent),
             (1, 1),
             "{watchdog:?}"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn etcd_dilemma_and_keep_for() {
+        let (_server, backend) = etcd().await;
         let wd = scenarios::lock_at_most_for_dilemma(backend.clone(), DilemmaMode::Watchdog).await;
         assert!(!wd.duplicated, "{wd:?}");
-        let with = scenarios::lock_at_least_for(backend.clone(), true, 4).await;
+        let with = scenarios::lock_at_least_for(backend, true, 4).await;
         assert!(
             (3..=4).contains(&with.ran),
             "keep-for: once per period: {with:?}"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn etcd_stuck_holder() {
+        let (_server, backend) = etcd().await;
         let recovered = scenarios::stuck_holder_lease(backend, Duration::from_secs(8)).await;
         assert!(recovered.is_some(), "the lease must recover after its ttl");
     }
