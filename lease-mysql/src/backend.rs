@@ -96,6 +96,9 @@ impl MysqlBackend {
         if !config.tls.is_empty() && !url_tls.mode_given {
             options = options.ssl_mode(MySqlSslMode::VerifyIdentity);
         }
+        if url_tls.verify_ca {
+            crate::tls::ensure_crypto_provider();
+        }
         // UTC sessions (the driver's default too). The lock statements read
         // UTC_TIMESTAMP(6) and do not depend on it; it keeps the session's NOW() in the
         // table's zone for anyone reading the pool's connections.
@@ -113,6 +116,8 @@ impl MysqlBackend {
     /// pool agrees with backends on other pools whatever their zones (a zone with
     /// daylight saving included). The pool's options carry its TLS
     /// settings: a non-empty [`MysqlConfig::tls`] is an [`Error::InvalidInput`] here.
+    /// With `ssl_mode(VerifyCa)` in those options the driver needs rustls's process-wide
+    /// crypto provider: install one before connecting (the URL path does that itself).
     ///
     /// Cancel safe, as [`MysqlBackend::connect_with`].
     pub async fn from_pool(pool: MySqlPool, config: MysqlConfig) -> Result<Self> {

@@ -88,6 +88,9 @@ pub fn schema_sql(table: &str) -> std::result::Result<String, InvalidInput> {
 pub(crate) struct UrlTls {
     /// The URL sets `ssl-mode` (or `sslmode`).
     pub(crate) mode_given: bool,
+    /// The URL's mode is `VERIFY_CA`: the driver then checks the certificate through
+    /// rustls's process-wide crypto provider (see [`crate::tls::ensure_crypto_provider`]).
+    pub(crate) verify_ca: bool,
 }
 
 /// Splits this crate's own parameters (`table`, `create_table`) and the TLS files
@@ -101,7 +104,10 @@ pub(crate) fn split_own_params(url: &str, config: &mut MysqlConfig) -> Result<(S
         Some(rest) => format!("mysql://{rest}"),
         None => url.to_owned(),
     };
-    let mut url_tls = UrlTls { mode_given: false };
+    let mut url_tls = UrlTls {
+        mode_given: false,
+        verify_ca: false,
+    };
     let Some((base, query)) = url.split_once('?') else {
         return Ok((url, url_tls));
     };
@@ -130,6 +136,7 @@ pub(crate) fn split_own_params(url: &str, config: &mut MysqlConfig) -> Result<(S
         }
         if matches!(k, "ssl-mode" | "sslmode") {
             url_tls.mode_given = true;
+            url_tls.verify_ca = v.eq_ignore_ascii_case("verify_ca");
         }
         match k {
             "table" => config.table = v.to_owned(),

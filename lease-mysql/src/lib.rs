@@ -79,6 +79,7 @@ mod backend;
 mod config;
 mod error;
 mod sql;
+mod tls;
 
 use error::{BACKEND, convert};
 use sql::{Statements, TableName};

@@ -211,6 +211,7 @@ impl AdvisoryLockBackend {
         let pool = pool_options(max_connections, call_timeout).connect_lazy_with(options);
         // The first contact. A pooler that refuses the startup parameters fails here (see
         // `error::convert`); one that ignores them is caught by the setting it dropped.
+        crate::tls::ensure_crypto_provider_for(&pool);
         let settings = session_settings(ADVISORY_BACKEND, &pool, call_timeout).await?;
         let expected = millis_ceil(call_timeout);
         if settings.statement_timeout_ms != Some(expected) {
@@ -226,6 +227,7 @@ impl AdvisoryLockBackend {
     /// Uses an existing pool; every call is bounded by `call_timeout` on the client.
     /// Connections of held leases are detached from the pool.
     pub fn from_pool(pool: PgPool, call_timeout: Duration) -> Self {
+        crate::tls::ensure_crypto_provider_for(&pool);
         AdvisoryLockBackend {
             inner: Arc::new(Inner {
                 pool,

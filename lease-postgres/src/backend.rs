@@ -128,6 +128,7 @@ impl PostgresBackend {
     /// committed (it is idempotent; call again); no lease is taken.
     pub async fn from_pool(pool: PgPool, config: PostgresConfig) -> Result<Self> {
         let table = config.validate()?;
+        crate::tls::ensure_crypto_provider_for(&pool);
         if config.create_schema {
             create_schema_in(&pool, &table, config.call_timeout).await?;
         }

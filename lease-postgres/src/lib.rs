@@ -9,6 +9,7 @@ mod error;
 mod inline;
 mod notify;
 mod sql;
+mod tls;
 
 use std::collections::HashMap;
 use std::fmt;

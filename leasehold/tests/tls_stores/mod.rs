@@ -3,6 +3,9 @@
 //! random-number source that counts its draws, so a test sees whose provider a
 //! handshake used (every TLS handshake draws the client's random).
 
+// Each test binary that includes this module uses a part of it.
+#![allow(dead_code)]
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use lease_test_servers::mariadb::MariaDbServer;
@@ -112,7 +115,12 @@ impl Stores {
 
     /// Connects to `store` over TLS and takes and releases a lease there.
     pub async fn round_trip(&self, store: &str) {
-        let backend = leasehold::connect_with(self.url(store), &self.options)
+        self.round_trip_url(store, self.url(store)).await;
+    }
+
+    /// Connects to `url` (of `store`) over TLS and takes and releases a lease there.
+    pub async fn round_trip_url(&self, store: &str, url: &str) {
+        let backend = leasehold::connect_with(url, &self.options)
             .await
             .unwrap_or_else(|e| panic!("{store} over TLS: {e}"));
         let client = leasehold::LeaseClient::new(backend);
