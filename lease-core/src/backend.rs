@@ -31,7 +31,24 @@ use crate::types::{
 /// key of its own: no two names share a key, and no name can reach another name's key or
 /// range (escape or encode separators, braces and non-UTF-8 bytes).
 ///
-/// The `lease-conformance` crate checks all of this against a real store.
+/// **A dropped acquire.** The future of [`acquire`](LeaseBackend::acquire) may be dropped
+/// at any await point (a timeout around it, a `select!`), also after the store applied it.
+/// One rule says who cleans up:
+/// - [`LeaseClient`](crate::LeaseClient) does: it releases, by the abandoned call's owner
+///   token, whatever an acquire it gave up on may have taken, in a task of its own. A
+///   backend needs nothing more for callers that go through the client.
+/// - A backend guarantees that what a dropped acquire took lapses at its TTL at the
+///   latest (a lock bound to a session without a TTL: is freed when the abandoned call's
+///   session ends, as the PostgreSQL advisory backend does). Where something of the backend's own would keep it alive longer (etcd: the
+///   key is attached to a session lease that renewals of other keys keep alive), the
+///   backend deletes it itself (the etcd backend records such keys and deletes them at
+///   its next renewals).
+/// - A backend may also release eagerly for callers that use it directly (the Redis
+///   backend releases an acquire dropped in flight), but only ever by the abandoned call's
+///   own owner token, so that it can never free a lease someone else took since.
+///
+/// The `lease-conformance` crate checks all of this against a real store
+/// (`cancelled_acquires_leave_nothing_held`, `lost_acquire_reply_frees_the_name`).
 #[async_trait]
 pub trait LeaseBackend: Send + Sync + std::fmt::Debug {
     /// What this backend can do. Must be cheap and constant for the backend's lifetime.
