@@ -1,0 +1,110 @@
+//! What the checks share: names isolated per check, the base TTL, clients and owners,
+//! raw acquisitions, and the expiry tolerance.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_core::{
+    AcquireOutcome, FencingToken, HolderLabel, LeaseBackend, LeaseClient, LeaseName, LeaseOptions,
+    Owner,
+};
+use tokio::time::Instant;
+
+/// Extra time allowed, beyond the TTL, for a lease to be seen expired on the store: covers
+/// store-side expiry granularity (Redis expires lazily or in its 10 Hz cycle; etcd checks
+/// leases on its own schedule) and scheduling delays of a loaded 2-core test machine.
+pub const EXPIRY_TOLERANCE: Duration = Duration::from_millis(1500);
+
+/// A random prefix that isolates one check's names from every other check and run.
+pub fn namespace() -> String {
+    format!("conformance-{}/", uuid::Uuid::new_v4().simple())
+}
+
+/// A lease name inside `ns`.
+pub fn name(ns: &str, suffix: &str) -> LeaseName {
+    LeaseName::new(format!("{ns}{suffix}")).expect("valid test name")
+}
+
+/// The base TTL used by the checks for this backend.
+pub fn base_ttl(backend: &dyn LeaseBackend) -> Duration {
+    backend
+        .capabilities()
+        .effective_ttl(Duration::from_millis(600))
+}
+
+pub(crate) fn opts(ttl: Duration) -> LeaseOptions {
+    LeaseOptions::new(ttl).expect("valid options")
+}
+
+pub(crate) fn client(backend: &Arc<dyn LeaseBackend>, label: &str) -> LeaseClient {
+    LeaseClient::with_label(backend.clone(), HolderLabel::new(label).expect("label"))
+}
+
+pub(crate) fn owner(label: &str) -> Owner {
+    Owner::new(HolderLabel::new(label).expect("label"))
+}
+
+pub(crate) async fn raw_acquire(
+    backend: &dyn LeaseBackend,
+    name: &LeaseName,
+    owner: &Owner,
+    ttl: Duration,
+) -> FencingToken {
+    match backend.acquire(name, owner, ttl).await.expect("acquire") {
+        AcquireOutcome::Acquired { fencing, .. } => fencing,
+        AcquireOutcome::Held(by) => panic!("{name} unexpectedly held by {by}"),
+    }
+}
+
+pub(crate) async fn is_held(backend: &dyn LeaseBackend, name: &LeaseName) -> bool {
+    let probe = owner("probe");
+    match backend
+        .acquire(name, &probe, Duration::from_secs(30))
+        .await
+        .expect("acquire")
+    {
+        AcquireOutcome::Held(_) => true,
+        AcquireOutcome::Acquired { .. } => {
+            backend
+                .release(name, &probe.token, Duration::ZERO)
+                .await
+                .expect("release probe");
+            false
+        }
+    }
+}
+
+/// Polls `acquire` until it succeeds, within `within`; returns the fencing token and how
+/// long it took.
+pub(crate) async fn acquire_when_free(
+    backend: &dyn LeaseBackend,
+    name: &LeaseName,
+    owner: &Owner,
+    ttl: Duration,
+    within: Duration,
+) -> (FencingToken, Duration) {
+    let start = Instant::now();
+    loop {
+        if let AcquireOutcome::Acquired { fencing, .. } =
+            backend.acquire(name, owner, ttl).await.expect("acquire")
+        {
+            return (fencing, start.elapsed());
+        }
+        assert!(
+            start.elapsed() < within,
+            "{name} still held after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// How long past its release a lease released with a sliver of keep-for left may live:
+/// the store's minimum TTL where it exceeds the TTL granularity (etcd: 2 s), else nothing.
+/// A scheduled job's period must leave room for it (see `ScheduledJob::new`).
+pub fn min_ttl_tail(caps: &lease_core::Capabilities) -> Duration {
+    if caps.min_ttl > caps.ttl_granularity {
+        caps.min_ttl
+    } else {
+        Duration::ZERO
+    }
+}
