@@ -42,7 +42,9 @@ pub mod suite;
 mod timed;
 
 pub use faulty::{Fault, FaultyBackend, Op, RenewCall};
-pub use not_applicable::{NO_EXPIRY, NO_LEAD_TIME, NotApplicable, not_applicable_reports};
+pub use not_applicable::{
+    NO_EXPIRY, NO_FENCING, NO_KEEP_FOR, NO_LEAD_TIME, NotApplicable, not_applicable_reports,
+};
 pub use timed::{Overrun, TimedBackend};
 
 /// A backend under test, plus whatever must live as long as the test (a server handle).

@@ -91,3 +91,38 @@ pub(crate) fn lead_time_applies(backend: &dyn LeaseBackend, check: &'static str)
     });
     false
 }
+
+/// Why a check of keep-for does not apply to a backend without it.
+pub const NO_KEEP_FOR: &str = "release ignores keep-for (Capabilities::keep_for is false)";
+
+/// Why a check of fencing tokens does not apply to a backend without them.
+pub const NO_FENCING: &str = "no fencing tokens (Capabilities::fencing is Fencing::None)";
+
+/// What a check needs of a backend's capabilities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Needs {
+    /// Leases that expire by TTL.
+    Expiry,
+    /// A release that honours keep-for.
+    KeepFor,
+    /// Fencing tokens.
+    Fencing,
+}
+
+/// Whether `backend` has what `check` needs; otherwise reports `check` as not applicable
+/// (with the capability it lacks) and answers `false`.
+pub(crate) fn applies(backend: &dyn LeaseBackend, check: &'static str, needs: Needs) -> bool {
+    let caps = backend.capabilities();
+    let reason = match needs {
+        Needs::Expiry if !caps.expires => NO_EXPIRY,
+        Needs::KeepFor if !caps.keep_for => NO_KEEP_FOR,
+        Needs::Fencing if caps.fencing == lease_core::Fencing::None => NO_FENCING,
+        _ => return true,
+    };
+    report(NotApplicable {
+        check,
+        backend: caps.backend,
+        reason,
+    });
+    false
+}

@@ -41,7 +41,11 @@ pub async fn acquire_then_held(backend: Arc<dyn LeaseBackend>) {
 
 /// Fencing tokens grow strictly across release and re-acquisition.
 pub async fn fencing_increases_across_release(backend: Arc<dyn LeaseBackend>) {
-    if backend.capabilities().fencing == Fencing::None {
+    if !crate::not_applicable::applies(
+        &*backend,
+        "fencing_increases_across_release",
+        crate::not_applicable::Needs::Fencing,
+    ) {
         return;
     }
     let ns = namespace();
@@ -67,7 +71,11 @@ pub async fn fencing_increases_across_release(backend: Arc<dyn LeaseBackend>) {
 
 /// Concurrent acquisitions never hand out the same token twice.
 pub async fn fencing_unique_under_contention(backend: Arc<dyn LeaseBackend>) {
-    if backend.capabilities().fencing == Fencing::None {
+    if !crate::not_applicable::applies(
+        &*backend,
+        "fencing_unique_under_contention",
+        crate::not_applicable::Needs::Fencing,
+    ) {
         return;
     }
     let ns = namespace();

@@ -13,7 +13,11 @@ use super::support::*;
 
 /// Fencing tokens grow strictly when a lease expires and is taken again.
 pub async fn fencing_increases_across_expiry(backend: Arc<dyn LeaseBackend>) {
-    if !backend.capabilities().expires {
+    if !crate::not_applicable::applies(
+        &*backend,
+        "fencing_increases_across_expiry",
+        crate::not_applicable::Needs::Expiry,
+    ) {
         return;
     }
     let ns = namespace();
@@ -32,7 +36,11 @@ pub async fn fencing_increases_across_expiry(backend: Arc<dyn LeaseBackend>) {
 
 /// An unrenewed lease lapses on the store after its TTL.
 pub async fn unrenewed_lease_expires(backend: Arc<dyn LeaseBackend>) {
-    if !backend.capabilities().expires {
+    if !crate::not_applicable::applies(
+        &*backend,
+        "unrenewed_lease_expires",
+        crate::not_applicable::Needs::Expiry,
+    ) {
         return;
     }
     let ns = namespace();

@@ -602,7 +602,11 @@ pub async fn lost_token_fires_when_the_run_ends(backend: Arc<dyn LeaseBackend>) 
 /// TTL granularity where that is coarser).
 pub async fn scheduled_job_defaults_once_per_period(backend: Arc<dyn LeaseBackend>) {
     let caps = backend.capabilities();
-    if !caps.keep_for {
+    if !crate::not_applicable::applies(
+        &*backend,
+        "scheduled_job_defaults_once_per_period",
+        crate::not_applicable::Needs::KeepFor,
+    ) {
         return; // `scheduled_job_validates_keep_for` checks the refusal.
     }
     let ns = namespace();

@@ -49,7 +49,11 @@ pub async fn only_owner_releases(backend: Arc<dyn LeaseBackend>) {
 
 /// A holder whose lease expired cannot release the next holder's lease.
 pub async fn stale_release_is_noop(backend: Arc<dyn LeaseBackend>) {
-    if !backend.capabilities().expires {
+    if !crate::not_applicable::applies(
+        &*backend,
+        "stale_release_is_noop",
+        crate::not_applicable::Needs::Expiry,
+    ) {
         return;
     }
     let ns = namespace();
@@ -103,7 +107,11 @@ pub async fn release_frees_immediately(backend: Arc<dyn LeaseBackend>) {
 /// frees it.
 pub async fn keep_for_holds_after_release(backend: Arc<dyn LeaseBackend>) {
     let caps = backend.capabilities();
-    if !caps.keep_for {
+    if !crate::not_applicable::applies(
+        &*backend,
+        "keep_for_holds_after_release",
+        crate::not_applicable::Needs::KeepFor,
+    ) {
         return;
     }
     let ns = namespace();
@@ -154,7 +162,11 @@ pub async fn keep_for_holds_after_release(backend: Arc<dyn LeaseBackend>) {
 
 /// keep-for already elapsed since acquisition: release frees at once.
 pub async fn keep_for_elapsed_frees(backend: Arc<dyn LeaseBackend>) {
-    if !backend.capabilities().keep_for {
+    if !crate::not_applicable::applies(
+        &*backend,
+        "keep_for_elapsed_frees",
+        crate::not_applicable::Needs::KeepFor,
+    ) {
         return;
     }
     let ns = namespace();

@@ -42,7 +42,11 @@ pub async fn only_owner_renews(backend: Arc<dyn LeaseBackend>) {
 
 /// A holder whose lease expired cannot renew it back to life.
 pub async fn stale_renew_is_lost(backend: Arc<dyn LeaseBackend>) {
-    if !backend.capabilities().expires {
+    if !crate::not_applicable::applies(
+        &*backend,
+        "stale_renew_is_lost",
+        crate::not_applicable::Needs::Expiry,
+    ) {
         return;
     }
     let ns = namespace();
@@ -140,7 +144,11 @@ pub async fn renew_empty_batch(backend: Arc<dyn LeaseBackend>) {
 
 /// Renewal extends the lease from the store's now.
 pub async fn renew_extends_ttl(backend: Arc<dyn LeaseBackend>) {
-    if !backend.capabilities().expires {
+    if !crate::not_applicable::applies(
+        &*backend,
+        "renew_extends_ttl",
+        crate::not_applicable::Needs::Expiry,
+    ) {
         return;
     }
     let ns = namespace();

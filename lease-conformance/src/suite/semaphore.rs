@@ -118,7 +118,11 @@ pub async fn semaphore_fencing_grows_per_permit(backend: Arc<dyn LeaseBackend>) 
 /// remaining time (etcd): the waiter must still try again in time, not wait on the
 /// wrong slots.
 pub async fn semaphore_crashed_permit_expires(backend: Arc<dyn LeaseBackend>) {
-    if !backend.capabilities().expires {
+    if !crate::not_applicable::applies(
+        &*backend,
+        "semaphore_crashed_permit_expires",
+        crate::not_applicable::Needs::Expiry,
+    ) {
         return;
     }
     let ns = namespace();
