@@ -99,11 +99,20 @@ impl fmt::Debug for RedisBackend {
     }
 }
 
+/// The reply of a script that writes: the script's own reply, whether it came from the
+/// retry after a dropped connection, and how many replicas acknowledged the write (`None`
+/// without [`RedisConfig::wait_for_replicas`]).
+pub(crate) struct WriteReply {
+    pub(crate) value: Value,
+    pub(crate) retried: bool,
+    pub(crate) acks: Option<i64>,
+}
+
 impl RedisBackend {
     /// Sends one acquire. If the caller gives up while it is in flight (its future is
     /// dropped: a timeout around it, a `select!`), the lease may be taken for nobody, so
     /// it is released at once by its owner token instead of being left to its TTL.
-    pub(crate) async fn acquire_req(&self, req: &AcquireReq) -> Result<(Value, bool, Option<i64>)> {
+    pub(crate) async fn acquire_req(&self, req: &AcquireReq) -> Result<WriteReply> {
         let mut inv = scripts::ACQUIRE_SCRIPT.prepare_invoke();
         inv.key(&req.lock)
             .key(&req.fence)
@@ -127,10 +136,14 @@ impl RedisBackend {
         &self,
         operation: &'static str,
         inv: &redis::ScriptInvocation<'_>,
-    ) -> Result<(Value, bool, Option<i64>)> {
+    ) -> Result<WriteReply> {
         let Some(w) = self.inner.config.wait_for_replicas else {
-            let (v, retried) = self.invoke(operation, inv).await?;
-            return Ok((v, retried, None));
+            let Reply { value, retried } = self.invoke(operation, inv).await?;
+            return Ok(WriteReply {
+                value,
+                retried,
+                acks: None,
+            });
         };
         let timeout_ms = u64::try_from(w.timeout.as_millis())
             .unwrap_or(u64::MAX)
@@ -141,7 +154,10 @@ impl RedisBackend {
             .arg(w.replicas)
             .arg(timeout_ms);
         let pipe = &pipe;
-        let (reply, retried) = self
+        let Reply {
+            value: reply,
+            retried,
+        } = self
             .send(operation, |mut conn| async move {
                 match pipe.query_async::<Value>(&mut conn).await {
                     Err(e)
@@ -163,7 +179,11 @@ impl RedisBackend {
             ));
         };
         let acks = int(operation, "WAIT", &acks)?;
-        Ok((script, retried, Some(acks)))
+        Ok(WriteReply {
+            value: script,
+            retried,
+            acks: Some(acks),
+        })
     }
 
     /// With [`RedisConfig::wait_for_replicas`]: a retryable error unless `acks` replicas
@@ -199,7 +219,10 @@ impl RedisBackend {
         let mut cmd = redis::cmd("HDEL");
         cmd.arg(lock).arg(token).arg(&marker);
         let cmd = &cmd;
-        let (reply, retried) = self
+        let Reply {
+            value: reply,
+            retried,
+        } = self
             .send(OP, |mut conn| async move {
                 match cmd.query_async::<Value>(&mut conn).await {
                     // Not a hash: not a lease of this crate, so not ours.
@@ -319,11 +342,11 @@ impl RedisBackend {
             }
         });
         for (ids, reply) in futures::future::join_all(group_calls).await {
-            if let Ok((_, retried, acks)) = &reply {
+            if let Ok(WriteReply { retried, acks, .. }) = &reply {
                 // Renewed on the primary, but not acknowledged: none of the batch counts.
                 self.acknowledged("renewal", *acks, *retried)?;
             }
-            let parsed = reply.and_then(|(v, _, _)| renew_replies(OP, v, ids.len()));
+            let parsed = reply.and_then(|r| renew_replies(OP, r.value, ids.len()));
             match parsed {
                 Ok(results) => {
                     for (i, r) in ids.into_iter().zip(results) {
@@ -347,13 +370,10 @@ impl RedisBackend {
             async move {
                 let mut inv = scripts::RENEW_SCRIPT.prepare_invoke();
                 inv.arg(ttl_ms).key(&keys[i]).arg(&tokens[i]);
-                let reply = self
-                    .run_script(OP, &inv)
-                    .await
-                    .and_then(|(v, retried, acks)| {
-                        self.acknowledged("renewal", acks, retried)?;
-                        renew_results(OP, v, 1)
-                    });
+                let reply = self.run_script(OP, &inv).await.and_then(|r| {
+                    self.acknowledged("renewal", r.acks, r.retried)?;
+                    renew_results(OP, r.value, 1)
+                });
                 (i, reply)
             }
         });
@@ -422,7 +442,11 @@ impl LeaseBackend for RedisBackend {
         const OP: &str = "acquire";
         let ttl_ms = ttl_millis("ttl", ttl)?;
         let req = AcquireReq::new(self.prefix(), name, owner, ttl_ms);
-        let (reply, retried, acks) = self.acquire_req(&req).await?;
+        let WriteReply {
+            value: reply,
+            retried,
+            acks,
+        } = self.acquire_req(&req).await?;
         // Flag 2, "held by this very token": a second run of this same call (owner tokens
         // are new for every acquisition) when it may have been re-sent: by our retry after
         // a dropped connection, or on a cluster by the cluster client itself, which this
@@ -517,7 +541,11 @@ impl LeaseBackend for RedisBackend {
             inv.key(keys::lock_key(prefix, &item.name))
                 .arg(item.token.to_string());
         }
-        let (reply, retried, acks) = self.run_script(OP, &inv).await?;
+        let WriteReply {
+            value: reply,
+            retried,
+            acks,
+        } = self.run_script(OP, &inv).await?;
         self.acknowledged("renewal", acks, retried)?;
         let items = array(OP, reply)?;
         if items.len() != leases.len() {
@@ -559,7 +587,7 @@ impl LeaseBackend for RedisBackend {
             let k = keys::keys(self.prefix(), name);
             let mut inv = scripts::RELEASE_KEEP_SCRIPT.prepare_invoke();
             inv.key(&k.lock).arg(&token).arg(keep_ms).arg(&k.channel);
-            let (reply, _) = self.invoke(OP, &inv).await?;
+            let reply = self.invoke(OP, &inv).await?.value;
             match int(OP, "result", &reply)? {
                 1 => true,
                 0 => false,
@@ -580,7 +608,7 @@ impl LeaseBackend for RedisBackend {
         let k = keys::keys(self.prefix(), name);
         let mut inv = scripts::INSPECT_SCRIPT.prepare_invoke();
         inv.key(&k.lock).key(&k.fence);
-        let (reply, _) = self.invoke(OP, &inv).await?;
+        let reply = self.invoke(OP, &inv).await?.value;
         let items = array(OP, reply)?;
         match items.as_slice() {
             [flag] if int(OP, "flag", flag)? == 0 => Ok(None),
@@ -618,7 +646,7 @@ impl LeaseBackend for RedisBackend {
         let k = keys::keys(self.prefix(), name);
         let mut inv = scripts::FORCE_RELEASE_SCRIPT.prepare_invoke();
         inv.key(&k.lock).arg(&k.channel);
-        let (reply, _) = self.invoke(OP, &inv).await?;
+        let reply = self.invoke(OP, &inv).await?.value;
         let freed = int(OP, "result", &reply)? == 1;
         tracing::info!(lease = %name, freed, "redis lease force-released");
         Ok(freed)
@@ -659,7 +687,7 @@ impl LeaseBackend for RedisBackend {
         // mark (the lease is free), one after it removes the mark and publishes.
         let mut inv = scripts::MARK_WAITING_SCRIPT.prepare_invoke();
         inv.key(&k.lock);
-        let (pttl, _) = self.invoke(OP, &inv).await?;
+        let pttl = self.invoke(OP, &inv).await?.value;
         let wait = match int(OP, "pttl", &pttl)? {
             -2 => return Ok(()),
             p => remaining(p).map_or(max_wait, |r| r.min(max_wait)),

@@ -354,7 +354,7 @@ impl RedisBackend {
         &self,
         operation: &'static str,
         inv: &redis::ScriptInvocation<'_>,
-    ) -> Result<(Value, bool)> {
+    ) -> Result<Reply> {
         self.send(operation, |mut conn| async move {
             inv.invoke_async::<Value>(&mut conn).await
         })
@@ -370,11 +370,7 @@ impl RedisBackend {
     /// gets `response_timeout`; otherwise it may have to reconnect first and gets
     /// `connect_timeout + response_timeout`, as does the retry after a dropped connection,
     /// counted from the first attempt.
-    pub(crate) async fn send<F, Fut>(
-        &self,
-        operation: &'static str,
-        call: F,
-    ) -> Result<(Value, bool)>
+    pub(crate) async fn send<F, Fut>(&self, operation: &'static str, call: F) -> Result<Reply>
     where
         F: Fn(Link) -> Fut,
         Fut: Future<Output = std::result::Result<Value, RedisError>>,
@@ -393,7 +389,10 @@ impl RedisBackend {
                 if !up {
                     self.inner.up.store(true, Ordering::Relaxed);
                 }
-                return Ok((v, false));
+                return Ok(Reply {
+                    value: v,
+                    retried: false,
+                });
             }
             Err(_) => {
                 self.inner.up.store(false, Ordering::Relaxed);
@@ -432,7 +431,10 @@ impl RedisBackend {
         match tokio::time::timeout_at(deadline, call(retry_on.cm.clone())).await {
             Ok(Ok(v)) => {
                 self.inner.up.store(true, Ordering::Relaxed);
-                Ok((v, true))
+                Ok(Reply {
+                    value: v,
+                    retried: true,
+                })
             }
             Ok(Err(e)) => Err(convert(operation, cfg.response_timeout, e)),
             // Still no connection: the original error says more than the timeout.
@@ -720,4 +722,11 @@ pub(crate) fn config_pairs(v: &Value) -> Vec<(String, String)> {
             .collect(),
         _ => Vec::new(),
     }
+}
+
+/// A reply, and whether it came from the retry after a dropped connection (then the call
+/// may have run twice on the server).
+pub(crate) struct Reply {
+    pub(crate) value: Value,
+    pub(crate) retried: bool,
 }
