@@ -6,6 +6,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Disk: a full run writes about 6 GB to target/ (the test binaries, the clippy and doc
+# output, the packaged crates' verification build). Incremental compilation state would
+# add gigabytes that a one-shot run never reuses. The free space is printed at the start
+# and before the tests so that a full disk is visible as such.
+export CARGO_INCREMENTAL=0
+df -h . | sed 's/^/setup-and-test: disk: /'
+
 # libprotobuf-dev carries the well-known .proto files (google/protobuf/descriptor.proto)
 # that etcd-client's build imports; protobuf-compiler only recommends it. faketime runs
 # the `lease` binary with its wall clock an hour off (lease-cli's clock-skew tests).
@@ -67,6 +74,7 @@ cargo package --workspace --exclude lease-test-servers --exclude lease-lab --exc
 # Every test server prints one "lease test server: ..." line naming its source; the run
 # ends with how many servers and tests came from each (scripts/count-test-servers.sh).
 # --no-fail-fast: a failure in one test binary does not hide the results of the others.
+df -h . | sed 's/^/setup-and-test: disk before the tests: /'
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 set +e
