@@ -68,10 +68,7 @@ pub async fn notes(plan: Plan, scale_sizes: &[usize]) -> Vec<String> {
     // The largest size again with `renew_batch` raised so that one `renew` call holds it
     // all: one script call per primary per tick, each one longer.
     if let Some(&largest) = scale_sizes.iter().max().filter(|&&n| n > 30_000) {
-        let config = RedisConfig {
-            renew_batch: WIDE_BATCH,
-            ..RedisConfig::default()
-        };
+        let config = RedisConfig::default().with_renew_batch(WIDE_BATCH);
         let wide: Arc<dyn LeaseBackend> = Arc::new(
             RedisBackend::connect_with(&three.url(), config)
                 .await

@@ -231,6 +231,7 @@ pub async fn client_cycles(client: LeaseClient, prefix: String, n: usize) {
                 g.release().await.expect("release");
             }
             TryAcquire::Held(by) => panic!("held by {by}"),
+            _ => unreachable!("an outcome added to the enum after this code was written"),
         }
     }
 }
@@ -252,6 +253,7 @@ pub fn semaphore_case(label: &str, backend: Arc<dyn LeaseBackend>) -> Case {
                         p.release().await.expect("release");
                     }
                     TryPermit::Full(by) => panic!("full: {by:?}"),
+                    _ => unreachable!("an outcome added to the enum after this code was written"),
                 }
             }
         }

@@ -107,6 +107,7 @@ pub async fn handoff(backend: Arc<dyn LeaseBackend>, polling: bool, rounds: usiz
         {
             TryAcquire::Acquired(g) => g,
             TryAcquire::Held(by) => panic!("{name} held by {by}"),
+            _ => unreachable!("an outcome added to the enum after this code was written"),
         };
         let w = spawn_waiter(&waiter, &opts, &name);
         tokio::time::sleep(Duration::from_millis(20 + fastrand::u64(0..100))).await;

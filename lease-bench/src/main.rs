@@ -353,10 +353,7 @@ async fn postgres_store(mode: Mode) -> StoreResult {
     // benchmark allows 30 s (the report shows the slowest tick).
     let pg = PostgresBackend::connect_with(
         &url,
-        lease_postgres::PostgresConfig {
-            call_timeout: Duration::from_secs(30),
-            ..lease_postgres::PostgresConfig::default()
-        },
+        lease_postgres::PostgresConfig::default().with_request_timeout(Duration::from_secs(30)),
     )
     .await
     .expect("postgres backend");
@@ -375,10 +372,7 @@ async fn postgres_store(mode: Mode) -> StoreResult {
     let on_table = |table: &str| {
         PostgresBackend::from_pool(
             pool.clone(),
-            lease_postgres::PostgresConfig {
-                table: table.to_owned(),
-                ..lease_postgres::PostgresConfig::default()
-            },
+            lease_postgres::PostgresConfig::default().with_table(table.to_owned()),
         )
     };
     let client_pg = on_table("lease_locks_client")
@@ -457,7 +451,7 @@ async fn etcd_store(mode: Mode) -> StoreResult {
             }
         }
     });
-    let etcd = Arc::new(EtcdBackend::from_url(&url).await.expect("etcd backend"));
+    let etcd = Arc::new(EtcdBackend::connect(&url).await.expect("etcd backend"));
     let backend: Arc<dyn LeaseBackend> = etcd.clone();
     let cases = vec![
         cycles::etcd_bare(bare.clone(), lease),
@@ -496,10 +490,8 @@ async fn mysql_store(mode: Mode) -> StoreResult {
     let url = server.url();
     // As for PostgreSQL: ten concurrent 10,000-lease renewals may take more than the
     // default 5 s call timeout on this machine.
-    let config = || lease_mysql::MysqlConfig {
-        call_timeout: Duration::from_secs(30),
-        ..lease_mysql::MysqlConfig::default()
-    };
+    let config =
+        || lease_mysql::MysqlConfig::default().with_request_timeout(Duration::from_secs(30));
     let my = MysqlBackend::connect_with(&url, config())
         .await
         .expect("mysql backend");
@@ -512,15 +504,8 @@ async fn mysql_store(mode: Mode) -> StoreResult {
     .expect("version");
     cycles::mysql_bare_tables(&pool).await;
     // A table per case, as for PostgreSQL.
-    let on_table = |table: &str| {
-        MysqlBackend::from_pool(
-            pool.clone(),
-            lease_mysql::MysqlConfig {
-                table: table.to_owned(),
-                ..config()
-            },
-        )
-    };
+    let on_table =
+        |table: &str| MysqlBackend::from_pool(pool.clone(), config().with_table(table.to_owned()));
     let client_my = on_table("lease_locks_client").await.expect("mysql backend");
     let raw_my = on_table("lease_locks_raw").await.expect("mysql backend");
     let (acquire_sql, release_sql) = raw_my.cycle_statements();

@@ -1003,6 +1003,7 @@ async fn lost_lease_kills_the_command_before_another_holder_can_take_it() {
                 let _ = g.release().await;
                 break Instant::now();
             }
+            _ => unreachable!("an outcome added to the enum after this code was written"),
         }
         assert!(cut.elapsed() < Duration::from_secs(10), "never freed");
         tokio::time::sleep(Duration::from_millis(2)).await;

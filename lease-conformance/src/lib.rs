@@ -38,6 +38,7 @@ pub struct WritingABackendGuide;
 mod faulty;
 mod not_applicable;
 pub mod outage;
+pub mod startup;
 pub mod suite;
 mod timed;
 

@@ -12,6 +12,7 @@ use tracing::Instrument;
 use crate::backend::LeaseBackend;
 use crate::error::{Error, Result};
 use crate::guard::{LeaseGuard, Store};
+use crate::health::{Health, HeartbeatState};
 use crate::heartbeat::{self, HeartbeatHandle, Registration};
 use crate::metrics::{self, Outcome};
 use crate::shared::{GuardShared, LossReason};
@@ -24,6 +25,7 @@ use crate::util::{Site, backoff_delay, call};
 /// Answer to [`LeaseClient::try_acquire`].
 #[derive(Debug)]
 #[must_use]
+#[non_exhaustive]
 pub enum TryAcquire {
     /// The lease is ours.
     Acquired(LeaseGuard),
@@ -56,6 +58,7 @@ impl LeaseContext {
 /// Outcome of [`LeaseClient::run_exclusive`].
 #[derive(Debug, PartialEq, Eq)]
 #[must_use]
+#[non_exhaustive]
 pub enum RunOutcome<T> {
     /// The work ran to completion while the lease was held.
     Ran(T),
@@ -82,8 +85,8 @@ impl ClientInner {
     fn store(&self) -> Store {
         Store {
             backend: self.backend.clone(),
-            name: self.caps.backend,
-            owner: self.label.clone(),
+            backend_name: self.caps.backend,
+            label: self.label.clone(),
         }
     }
 
@@ -531,6 +534,50 @@ impl LeaseClient {
             }
         };
         Ok(run_with_guard(guard, work).await)
+    }
+
+    /// What a service's health endpoint reports: whether the store answers a read within
+    /// `timeout` (and its round trip), the heartbeat's state, how many leases it keeps and
+    /// how long ago the store last answered a renewal.
+    ///
+    /// The store probe reads the holder of [`HEALTH_PROBE_NAME`](crate::HEALTH_PROBE_NAME),
+    /// which nothing holds: one read round trip, no write.
+    ///
+    /// Cancel safety: cancel-safe; it only reads.
+    pub async fn health(&self, timeout: Duration) -> Health {
+        let store = match LeaseName::new(crate::health::HEALTH_PROBE_NAME) {
+            Ok(name) => {
+                let sent = Instant::now();
+                self.inspect_with_timeout(&name, timeout)
+                    .await
+                    .map(|_| sent.elapsed())
+            }
+            Err(e) => Err(e.into()),
+        };
+        let hb = self
+            .inner
+            .heartbeat
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let (heartbeat, leases, last_renewal) = match hb {
+            None => (HeartbeatState::NotStarted, 0, None),
+            Some(hb) => (
+                if hb.is_alive() {
+                    HeartbeatState::Running
+                } else {
+                    HeartbeatState::Stopped
+                },
+                hb.leases(),
+                hb.last_answer().map(|t| t.elapsed()),
+            ),
+        };
+        Health {
+            heartbeat,
+            leases,
+            last_renewal,
+            store,
+        }
     }
 
     /// Reads the current holder of `name` from the store, bounded by 5 s.

@@ -256,9 +256,10 @@ async fn wait_for_renewal(rx: oneshot::Receiver<()>, call_timeout: Duration) {
 #[derive(Clone, Debug)]
 pub(crate) struct Store {
     pub(crate) backend: Arc<dyn LeaseBackend>,
-    pub(crate) name: &'static str,
+    /// The backend's short name ([`Capabilities::backend`](crate::Capabilities::backend)).
+    pub(crate) backend_name: &'static str,
     /// The holder label of the client, for the spans of its calls.
-    pub(crate) owner: HolderLabel,
+    pub(crate) label: HolderLabel,
 }
 
 impl Store {
@@ -271,12 +272,16 @@ impl Store {
         call_timeout: Duration,
     ) -> Result<ReleaseOutcome> {
         let outcome = crate::util::call(
-            crate::util::Site::new(self.name, "release", name).owner(&self.owner),
+            crate::util::Site::new(self.backend_name, "release", name).owner(&self.label),
             call_timeout,
             self.backend.release(name, token, keep_for),
         )
         .await;
-        crate::metrics::release(self.name, name, crate::metrics::Outcome::outcome(&outcome));
+        crate::metrics::release(
+            self.backend_name,
+            name,
+            crate::metrics::Outcome::outcome(&outcome),
+        );
         outcome
     }
 

@@ -111,6 +111,13 @@ struct Queue {
     /// The heartbeat's next wake-up in nanoseconds after `epoch`; `u64::MAX` while idle.
     wake_at: AtomicU64,
     epoch: Instant,
+    /// When the last renewal call that the store answered was sent, in nanoseconds after
+    /// `epoch`, plus one; 0 before the first. Read by [`LeaseClient::health`].
+    ///
+    /// [`LeaseClient::health`]: crate::LeaseClient::health
+    answered_at: AtomicU64,
+    /// How many leases the heartbeat keeps (as of its last pass).
+    leases: AtomicU64,
 }
 
 impl std::fmt::Debug for Queue {
@@ -142,6 +149,19 @@ impl HeartbeatHandle {
     /// Whether the heartbeat task still runs (or at least has not ended).
     pub(crate) fn is_alive(&self) -> bool {
         !self.tx.is_closed()
+    }
+
+    /// When the store last answered a renewal call (sent at that instant), if ever.
+    pub(crate) fn last_answer(&self) -> Option<Instant> {
+        match self.shared.answered_at.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(self.shared.epoch + Duration::from_nanos(n - 1)),
+        }
+    }
+
+    /// How many leases the heartbeat keeps.
+    pub(crate) fn leases(&self) -> u64 {
+        self.shared.leases.load(Ordering::Relaxed)
     }
 
     /// Hands a new lease to the heartbeat; `false` if the heartbeat is gone.
@@ -183,6 +203,8 @@ pub(crate) fn spawn(
         pending: Mutex::new(Vec::new()),
         wake_at: AtomicU64::new(u64::MAX),
         epoch,
+        answered_at: AtomicU64::new(0),
+        leases: AtomicU64::new(0),
     });
     let span = tracing::info_span!("lease.heartbeat", backend = backend_name);
     let state = State {
@@ -285,6 +307,7 @@ async fn run(
                 now,
             );
             wake = next_wake(entries);
+            queue.leases.store(entries.len() as u64, Ordering::Relaxed);
             dirty = false;
         }
         // Publish the wake-up time, then look at the queue once more (see `register`).
@@ -312,6 +335,11 @@ async fn run(
                 }
             }
             Some(done) = in_flight.next(), if !in_flight.is_empty() => {
+                if done.result.is_ok() {
+                    queue
+                        .answered_at
+                        .fetch_max(queue.nanos(done.sent_at).saturating_add(1), Ordering::Relaxed);
+                }
                 finish(backend_name, entries, done);
                 dirty = true;
             }

@@ -61,6 +61,8 @@ impl Slot {
 ///         guard.release().await?;
 ///     }
 ///     TryAcquire::Held(by) => println!("held by {by}"),
+///     // `TryAcquire` is `#[non_exhaustive]`: outcomes may be added in a minor release.
+///     _ => {}
 /// }
 /// # Ok(()) }
 /// ```

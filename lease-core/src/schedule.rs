@@ -15,6 +15,7 @@ use crate::types::{HeldBy, LeaseName, LeaseOptions, MAX_TTL};
 /// What one tick of a [`ScheduledJob`] did.
 #[derive(Debug)]
 #[must_use]
+#[non_exhaustive]
 pub enum JobRun<T> {
     /// This instance ran the job.
     Ran(T),
@@ -28,6 +29,7 @@ pub enum JobRun<T> {
 
 /// Counts of what [`ScheduledJob::run`] did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct JobStats {
     /// Ticks on which this instance ran the job.
     pub ran: u64,

@@ -61,7 +61,7 @@ pub const MAX_PERMITS: u32 = 1024;
 /// for _ in 0..3 {
 ///     match room.try_acquire(&opts).await? {
 ///         TryPermit::Acquired(p) => inside.push(p),
-///         TryPermit::Full(_) => unreachable!("three permits"),
+///         _ => unreachable!("three permits"),
 ///     }
 /// }
 /// assert!(matches!(room.try_acquire(&opts).await?, TryPermit::Full(_)));
@@ -97,6 +97,7 @@ pub struct Permit {
 /// The answer of [`Semaphore::try_acquire`].
 #[must_use = "dropping an acquired permit releases it"]
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum TryPermit {
     /// A permit was free and is now held.
     Acquired(Permit),

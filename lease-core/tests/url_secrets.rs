@@ -4,7 +4,8 @@
 //! that `check_url_userinfo` accepts has exactly its password found by [`url_password`].
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-use lease_core::{TlsFiles, check_url_userinfo, redact_url, url_password};
+use lease_core::TlsFiles;
+use lease_core::raw::url::{check_url_userinfo, redact_url, url_password};
 use proptest::prelude::*;
 
 /// Every scheme `leasehold::connect` and the backends accept (with a password).

@@ -15,7 +15,7 @@ use super::*;
 /// use lease_core::{LeaseClient, LeaseOptions};
 /// use lease_etcd::EtcdBackend;
 ///
-/// let backend = EtcdBackend::from_url("etcd://127.0.0.1:2379").await?;
+/// let backend = EtcdBackend::connect("etcd://127.0.0.1:2379").await?;
 /// let client = LeaseClient::new(Arc::new(backend));
 /// let guard = client.acquire("nightly-report", &LeaseOptions::new(Duration::from_secs(30))?).await?;
 /// println!("fencing token {}", guard.fencing());
@@ -31,7 +31,7 @@ impl fmt::Debug for EtcdBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdBackend")
             .field("endpoints", &self.inner.endpoints)
-            .field("prefix", &self.inner.config.prefix)
+            .field("prefix", &self.inner.config.key_prefix)
             .field("user", &self.inner.config.user)
             .finish_non_exhaustive()
     }

@@ -7,19 +7,18 @@ use super::*;
 /// ```
 /// use std::time::Duration;
 /// use lease_etcd::EtcdConfig;
-/// let config = EtcdConfig {
-///     prefix: "billing/leases".into(),
-///     request_timeout: Duration::from_secs(2),
-///     ..EtcdConfig::default()
-/// };
+/// let config = EtcdConfig::default()
+///     .with_key_prefix("billing/leases")
+///     .with_request_timeout(Duration::from_secs(2));
 /// assert_eq!(config.connect_timeout, Duration::from_secs(5));
 /// ```
 #[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EtcdConfig {
     /// First part of every key (default `lease`): leases live under `<prefix>/l/`. 1 to 256
     /// bytes, no whitespace or control characters. Prefixes of different deployments
     /// should not nest (`a` and `a/l/...`).
-    pub prefix: String,
+    pub key_prefix: String,
     /// User name for etcd authentication (`None`: no authentication).
     pub user: Option<String>,
     /// Password for `user`. Never shown by `Debug` or in errors.
@@ -43,7 +42,7 @@ pub struct EtcdConfig {
 impl Default for EtcdConfig {
     fn default() -> Self {
         EtcdConfig {
-            prefix: "lease".to_owned(),
+            key_prefix: "lease".to_owned(),
             user: None,
             password: None,
             connect_timeout: Duration::from_secs(5),
@@ -54,10 +53,54 @@ impl Default for EtcdConfig {
     }
 }
 
+impl EtcdConfig {
+    /// Sets [`key_prefix`](Self::key_prefix).
+    pub fn with_key_prefix(mut self, value: impl Into<String>) -> Self {
+        self.key_prefix = value.into();
+        self
+    }
+
+    /// Sets [`user`](Self::user).
+    pub fn with_user(mut self, value: Option<String>) -> Self {
+        self.user = value;
+        self
+    }
+
+    /// Sets [`password`](Self::password).
+    pub fn with_password(mut self, value: Option<String>) -> Self {
+        self.password = value;
+        self
+    }
+
+    /// Sets [`connect_timeout`](Self::connect_timeout).
+    pub fn with_connect_timeout(mut self, value: Duration) -> Self {
+        self.connect_timeout = value;
+        self
+    }
+
+    /// Sets [`request_timeout`](Self::request_timeout).
+    pub fn with_request_timeout(mut self, value: Duration) -> Self {
+        self.request_timeout = value;
+        self
+    }
+
+    /// Sets [`tls`](Self::tls).
+    pub fn with_tls(mut self, value: Option<TlsFiles>) -> Self {
+        self.tls = value;
+        self
+    }
+
+    /// Sets [`min_ttl`](Self::min_ttl).
+    pub fn with_min_ttl(mut self, value: Duration) -> Self {
+        self.min_ttl = value;
+        self
+    }
+}
+
 impl fmt::Debug for EtcdConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("EtcdConfig")
-            .field("prefix", &self.prefix)
+            .field("key_prefix", &self.key_prefix)
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("connect_timeout", &self.connect_timeout)
@@ -77,7 +120,7 @@ impl EtcdConfig {
     /// let (endpoints, config) =
     ///     lease_etcd::EtcdConfig::from_url("etcd://10.0.0.1:2379,10.0.0.2/billing")?;
     /// assert_eq!(endpoints, ["http://10.0.0.1:2379", "http://10.0.0.2:2379"]);
-    /// assert_eq!(config.prefix, "billing");
+    /// assert_eq!(config.key_prefix, "billing");
     /// # Ok::<(), lease_core::InvalidInput>(())
     /// ```
     ///
@@ -91,7 +134,7 @@ impl EtcdConfig {
     }
 
     pub(crate) fn validate(&self) -> std::result::Result<(), InvalidInput> {
-        keys::validate_prefix(&self.prefix)?;
+        keys::validate_prefix(&self.key_prefix)?;
         if self.min_ttl < Duration::from_secs(1) || self.min_ttl.subsec_nanos() != 0 {
             return Err(InvalidInput::Other(format!(
                 "etcd min_ttl {:?} must be whole seconds, at least 1 s",

@@ -56,17 +56,49 @@ pub(crate) fn tls_options(_: ConnectOptions, _: &TlsFiles) -> Result<ConnectOpti
 }
 
 impl EtcdBackend {
-    /// Connects to `endpoints` (`host:port` or `http://host:port`) with `config`.
+    /// Connects to an
+    /// `etcd://[user[:password]@]host[:port][,host[:port]...][/prefix]` URL (`etcds://`
+    /// for TLS) with default timeouts. See [`EtcdConfig::from_url`] for the URL and
+    /// [`EtcdBackend::connect_endpoints`] for what connecting checks and its errors.
     ///
-    /// Without a user this does not talk to the server yet (the connection is made on first
-    /// use); with a user it authenticates at once.
-    ///
-    /// Errors: [`InvalidInput`] for a bad config or endpoint; [`Error::Unavailable`],
-    /// [`Error::Timeout`] or [`Error::Auth`] (bad credentials) when authenticating fails.
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lease_core::Error> {
+    /// let backend = lease_etcd::EtcdBackend::connect("etcd://10.0.0.1,10.0.0.2/billing").await?;
+    /// # Ok(()) }
+    /// ```
     ///
     /// Cancel safety: cancel-safe: dropping it takes no lease and leaves nothing the caller
     /// must clean up.
-    pub async fn connect(endpoints: &[String], config: EtcdConfig) -> Result<Self> {
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_with(url, EtcdConfig::default()).await
+    }
+
+    /// Connects to `url` with `config` for what the URL does not say (timeouts, minimum
+    /// TTL; the URL's user, password, prefix and TLS files replace the config's where it
+    /// gives them). See [`EtcdBackend::connect_endpoints`].
+    ///
+    /// Cancel safety: cancel-safe: dropping it takes no lease and leaves nothing the caller
+    /// must clean up.
+    pub async fn connect_with(url: &str, config: EtcdConfig) -> Result<Self> {
+        let (endpoints, config) = url::parse_onto(url, config)?;
+        config.validate()?;
+        Self::connect_endpoints(&endpoints, config).await
+    }
+
+    /// Connects to `endpoints` (`host:port` or `http://host:port`) with `config`.
+    ///
+    /// Reaches the store before it returns, as every backend's `connect` does (see
+    /// [`lease_core::startup`]): with a user it authenticates, without one it asks a
+    /// member for its status (trying each endpoint once while the connection is refused).
+    ///
+    /// Errors: [`InvalidInput`] for a bad config or endpoint; [`Error::Auth`] for bad
+    /// credentials and [`Error::Tls`] for a failed handshake (not retryable);
+    /// [`Error::Unavailable`] or [`Error::Timeout`] (retryable) when no member answers
+    /// within `connect_timeout + request_timeout`.
+    ///
+    /// Cancel safety: cancel-safe: dropping it takes no lease and leaves nothing the caller
+    /// must clean up.
+    pub async fn connect_endpoints(endpoints: &[String], config: EtcdConfig) -> Result<Self> {
         config.validate()?;
         if endpoints.is_empty() {
             return Err(InvalidInput::MalformedUrl("no etcd endpoints given".into()).into());
@@ -97,12 +129,17 @@ impl EtcdBackend {
                 return Err(explain_tls(e, &config, endpoints, bound).await);
             }
         };
-        if config.tls.is_some() && config.user.is_none() {
-            // Without a user nothing has been sent yet; with TLS, find out now whether
-            // the handshake works (a certificate problem is a configuration error that
-            // every call would otherwise report).
-            let mut probe = client.clone();
-            match bounded("connect", bound, probe.status()).await? {
+        if config.user.is_none() {
+            // Without a user nothing has been sent yet: reach a member now, so that an
+            // unreachable store fails here as on every other backend, and a certificate
+            // problem is reported as the configuration error it is.
+            let tries = endpoints.len().max(1);
+            match retrying("connect", bound, tries, || {
+                let mut probe = client.clone();
+                async move { probe.status().await }
+            })
+            .await?
+            {
                 Ok(_) => {}
                 Err(e) => {
                     let e = convert("connect", bound, e);
@@ -111,16 +148,6 @@ impl EtcdBackend {
             }
         }
         Ok(Self::build(client, config, endpoints.to_vec()))
-    }
-
-    /// Connects to an `etcd://[user[:password]@]host[:port][,host[:port]...][/prefix]` URL
-    /// with default timeouts. See [`EtcdConfig::from_url`] and [`EtcdBackend::connect`].
-    ///
-    /// Cancel safety: cancel-safe: dropping it takes no lease and leaves nothing the caller
-    /// must clean up.
-    pub async fn from_url(url: &str) -> Result<Self> {
-        let (endpoints, config) = EtcdConfig::from_url(url)?;
-        Self::connect(&endpoints, config).await
     }
 
     /// Uses an existing `etcd-client` [`Client`] (for connection settings
@@ -135,7 +162,7 @@ impl EtcdBackend {
         EtcdBackend {
             inner: Arc::new(Inner {
                 client,
-                layout: Layout::new(&config.prefix),
+                layout: Layout::new(&config.key_prefix),
                 endpoints,
                 config,
                 shared: Arc::default(),

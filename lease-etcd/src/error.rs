@@ -9,8 +9,10 @@ pub(crate) const BACKEND: &str = "etcd";
 
 /// Maps an `etcd-client` error from `operation` to the error of the crate family.
 ///
-/// - connection failures, `Unavailable` (no leader, leader changed, request timed out on
-///   the server, member stopping), cancelled or reset streams -> [`Error::Unavailable`];
+/// - connection failures (also a status `Unknown` whose source is tonic's transport
+///   error: a broken pipe, a reset stream), `Unavailable` (no leader, leader changed,
+///   request timed out on the server, member stopping), cancelled or reset streams ->
+///   [`Error::Unavailable`];
 /// - `DeadlineExceeded` -> [`Error::Timeout`];
 /// - `ResourceExhausted` for load shedding ("too many requests") -> retryable;
 /// - a failed TLS handshake -> [`Error::Tls`];
@@ -21,7 +23,7 @@ pub(crate) const BACKEND: &str = "etcd";
 /// - anything else -> [`Error::Backend`].
 pub(crate) fn convert(operation: &'static str, timeout: Duration, e: etcd_client::Error) -> Error {
     use etcd_client::Error as E;
-    if let Some(why) = lease_core::tls_failure(&e) {
+    if let Some(why) = lease_core::raw::tls::tls_failure(&e) {
         return Error::tls(BACKEND, why);
     }
     match e {
@@ -61,8 +63,17 @@ pub(crate) fn convert(operation: &'static str, timeout: Duration, e: etcd_client
                 backend: BACKEND,
                 source: Box::new(status),
             },
+            // tonic reports a broken connection (a reset or closed stream) as `Unknown`
+            // with its transport error as the source: the store was out of reach, as
+            // with `Unavailable`.
+            Code::Unknown | Code::Internal
+                if lease_core::raw::errors::find_cause::<tonic::transport::Error>(&status)
+                    .is_some() =>
+            {
+                Error::unavailable(BACKEND, status)
+            }
             Code::Unknown | Code::Internal => {
-                // tonic reports broken connections (h2 errors, closed streams) this way.
+                // Other h2 errors: retryable, but not known to be the connection.
                 Error::Backend {
                     backend: BACKEND,
                     retryable: true,

@@ -100,7 +100,7 @@ mod tests {
         };
         assert!(bad.validate().is_err());
         let bad = EtcdConfig {
-            prefix: String::new(),
+            key_prefix: String::new(),
             ..EtcdConfig::default()
         };
         assert!(bad.validate().is_err());

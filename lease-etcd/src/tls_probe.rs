@@ -10,13 +10,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::TlsPem;
+use lease_core::raw::tls::TlsPem;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Why a TLS connection to `endpoint` (`https://host:port`) fails, as
-/// [`lease_core::tls_failure`] words it; `None` when the probe sees no TLS failure (or
+/// [`lease_core::raw::tls::tls_failure`] words it; `None` when the probe sees no TLS failure (or
 /// cannot run: then the caller's own error stands).
 pub(crate) async fn diagnose(endpoint: &str, pem: &TlsPem, bound: Duration) -> Option<String> {
     let authority = endpoint.strip_prefix("https://")?;
@@ -36,15 +36,15 @@ pub(crate) async fn diagnose(endpoint: &str, pem: &TlsPem, bound: Duration) -> O
             .ok()?;
         let mut stream = match connector.connect(server_name, tcp).await {
             Ok(stream) => stream,
-            Err(e) => return lease_core::tls_failure_for(&e, Some(sent)),
+            Err(e) => return lease_core::raw::tls::tls_failure_for(&e, Some(sent)),
         };
         // The HTTP/2 preface: a server that accepted us answers with its settings.
         if let Err(e) = stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await {
-            return lease_core::tls_failure_for(&e, Some(sent));
+            return lease_core::raw::tls::tls_failure_for(&e, Some(sent));
         }
         let mut byte = [0u8; 1];
         match stream.read(&mut byte).await {
-            Err(e) => lease_core::tls_failure_for(&e, Some(sent)),
+            Err(e) => lease_core::raw::tls::tls_failure_for(&e, Some(sent)),
             Ok(_) => None,
         }
     };

@@ -9,9 +9,10 @@
 //! The port defaults to 2379; IPv6 hosts are written in brackets (`[::1]:2379`). User,
 //! password and prefix may be percent-encoded (`%40` for `@`); a `/`, `?` or `#` in the
 //! user or password, or an `@` in the prefix, must be (such a URL is refused, see
-//! [`lease_core::check_url_userinfo`]). Error messages never contain the password.
+//! [`lease_core::raw::url::check_url_userinfo`]). Error messages never contain the password.
 
 use lease_core::InvalidInput;
+use lease_core::raw::url::percent_decode;
 
 use crate::EtcdConfig;
 
@@ -21,6 +22,16 @@ pub(crate) const DEFAULT_PORT: u16 = 2379;
 /// The endpoints (`http://host:port`, or `https://` for `etcds://`) and settings a URL
 /// describes.
 pub(crate) fn parse(url: &str) -> Result<(Vec<String>, EtcdConfig), InvalidInput> {
+    parse_onto(url, EtcdConfig::default())
+}
+
+/// [`parse`], with `base` for what the URL does not say: the URL's user, password,
+/// prefix and TLS files replace `base`'s where it gives them (TLS files are merged: the
+/// same file named twice is fine, two different ones are refused).
+pub(crate) fn parse_onto(
+    url: &str,
+    base: EtcdConfig,
+) -> Result<(Vec<String>, EtcdConfig), InvalidInput> {
     let malformed = |why: &str| InvalidInput::MalformedUrl(format!("{}: {why}", redact(url)));
     let (stripped, tls_files) = lease_core::TlsFiles::take_from_url(url)?;
     let Some((scheme, rest)) = stripped.split_once("://") else {
@@ -47,7 +58,12 @@ pub(crate) fn parse(url: &str) -> Result<(Vec<String>, EtcdConfig), InvalidInput
         Some(i) => (&rest[..i], &rest[i + 1..]),
         None => (rest, ""),
     };
-    let mut config = EtcdConfig::default();
+    if !secure && base.tls.is_some() {
+        return Err(malformed(
+            "the config gives TLS files, but the URL is not etcds://",
+        ));
+    }
+    let mut config = base;
     let hosts = match authority.rfind('@') {
         Some(at) => {
             let userinfo = &authority[..at];
@@ -78,11 +94,14 @@ pub(crate) fn parse(url: &str) -> Result<(Vec<String>, EtcdConfig), InvalidInput
         });
     }
     if secure {
-        config.tls = Some(tls_files);
+        config.tls = Some(match config.tls.take() {
+            Some(given) => given.merged(&tls_files)?,
+            None => tls_files,
+        });
     }
     let path = path.trim_end_matches('/');
     if !path.is_empty() {
-        config.prefix = percent_decode(path).map_err(|e| malformed(&format!("prefix: {e}")))?;
+        config.key_prefix = percent_decode(path).map_err(|e| malformed(&format!("prefix: {e}")))?;
     }
     Ok((endpoints, config))
 }
@@ -129,27 +148,6 @@ fn endpoint(host: &str) -> Result<String, String> {
     Ok(format!("http://{name}:{port}"))
 }
 
-fn percent_decode(s: &str) -> Result<String, String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| "bad percent-encoding".to_owned())?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(bytes[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).map_err(|_| "percent-encoding is not UTF-8".to_owned())
-}
-
 pub(crate) use lease_core::redact_url as redact;
 
 #[cfg(test)]
@@ -162,7 +160,7 @@ mod tests {
     fn single_host_defaults() {
         let (eps, c) = parse("etcd://127.0.0.1:2379").unwrap();
         assert_eq!(eps, vec!["http://127.0.0.1:2379"]);
-        assert_eq!(c.prefix, "lease");
+        assert_eq!(c.key_prefix, "lease");
         assert_eq!(c.user, None);
         let (eps, _) = parse("etcd://db.example").unwrap();
         assert_eq!(eps, vec!["http://db.example:2379"]);
@@ -172,7 +170,7 @@ mod tests {
     fn several_hosts_prefix_and_user() {
         let (eps, c) = parse("ETCD://u:p%40ss@h1:1,h2,[::1]:3/team/app/").unwrap();
         assert_eq!(eps, vec!["http://h1:1", "http://h2:2379", "http://[::1]:3"]);
-        assert_eq!(c.prefix, "team/app");
+        assert_eq!(c.key_prefix, "team/app");
         assert_eq!(c.user.as_deref(), Some("u"));
         assert_eq!(c.password.as_deref(), Some("p@ss"));
     }
@@ -206,7 +204,7 @@ mod tests {
     fn etcds_gives_https_endpoints_and_files() {
         let (eps, c) = parse("etcds://h1:1,h2/p?tls_ca=%2Fca.pem&tls_cert=c&tls_key=k").unwrap();
         assert_eq!(eps, vec!["https://h1:1", "https://h2:2379"]);
-        assert_eq!(c.prefix, "p");
+        assert_eq!(c.key_prefix, "p");
         let tls = c.tls.unwrap();
         assert_eq!(tls.ca.as_deref(), Some(std::path::Path::new("/ca.pem")));
         assert_eq!(tls.key.as_deref(), Some(std::path::Path::new("k")));

@@ -13,18 +13,18 @@ use lease_etcd::{EtcdBackend, EtcdConfig};
 use lease_test_servers::etcd::{EtcdCluster, EtcdServer};
 
 fn config() -> EtcdConfig {
-    EtcdConfig {
-        prefix: lease_conformance::suite::namespace()
-            .trim_end_matches('/')
-            .to_owned(),
-        request_timeout: Duration::from_secs(2),
-        ..EtcdConfig::default()
-    }
+    EtcdConfig::default()
+        .with_key_prefix(
+            lease_conformance::suite::namespace()
+                .trim_end_matches('/')
+                .to_owned(),
+        )
+        .with_request_timeout(Duration::from_secs(2))
 }
 
 async fn single() -> Fixture {
     let server = EtcdServer::start().await.expect("etcd test server");
-    let backend = EtcdBackend::connect(&server.endpoints(), config())
+    let backend = EtcdBackend::connect_endpoints(&server.endpoints(), config())
         .await
         .expect("connect");
     Fixture::new(Arc::new(backend)).keep(server)
@@ -37,7 +37,7 @@ mod cluster {
 
     async fn cluster() -> Fixture {
         let cluster = EtcdCluster::start(3).await.expect("etcd test cluster");
-        let backend = EtcdBackend::connect(&cluster.endpoints(), config())
+        let backend = EtcdBackend::connect_endpoints(&cluster.endpoints(), config())
             .await
             .expect("connect");
         Fixture::new(Arc::new(backend)).keep(cluster)

@@ -35,19 +35,17 @@ async fn secure_single() -> Fixture {
     raw.user_add("leaser", "user-pw", None).await.unwrap();
     raw.user_grant_role("leaser", "lease-rw").await.unwrap();
     raw.auth_enable().await.unwrap();
-    let config = EtcdConfig {
-        prefix,
-        user: Some("leaser".into()),
-        password: Some("user-pw".into()),
-        request_timeout: Duration::from_secs(2),
-        tls: Some(
+    let config = EtcdConfig::default()
+        .with_key_prefix(prefix)
+        .with_user(Some("leaser".into()))
+        .with_password(Some("user-pw".into()))
+        .with_request_timeout(Duration::from_secs(2))
+        .with_tls(Some(
             TlsFiles::default()
                 .with_ca(&certs.ca)
                 .with_client(&certs.client_cert, &certs.client_key),
-        ),
-        ..EtcdConfig::default()
-    };
-    let backend = EtcdBackend::connect(&[https], config)
+        ));
+    let backend = EtcdBackend::connect_endpoints(&[https], config)
         .await
         .expect("connect over mutual TLS as the prefix-limited user");
     Fixture::new(Arc::new(backend)).keep(server).keep(certs)

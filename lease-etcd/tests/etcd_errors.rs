@@ -23,11 +23,9 @@ fn name() -> LeaseName {
 }
 
 fn config() -> EtcdConfig {
-    EtcdConfig {
-        request_timeout: Duration::from_secs(2),
-        connect_timeout: Duration::from_secs(2),
-        ..EtcdConfig::default()
-    }
+    EtcdConfig::default()
+        .with_request_timeout(Duration::from_secs(2))
+        .with_connect_timeout(Duration::from_secs(2))
 }
 
 #[derive(Debug, PartialEq, Eq, Clone, Copy)]
@@ -72,7 +70,7 @@ async fn real_error_replies_map_to_typed_errors() {
     let small = EtcdServer::start_local_with(&["--max-request-bytes=512"])
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let b = EtcdBackend::connect(&small.endpoints(), config())
+    let b = EtcdBackend::connect_endpoints(&small.endpoints(), config())
         .await
         .unwrap();
     let long = LeaseName::new("x".repeat(LeaseName::MAX_LEN)).unwrap();
@@ -102,7 +100,7 @@ async fn real_error_replies_map_to_typed_errors() {
             break;
         }
     }
-    let b = EtcdBackend::connect(&tiny.endpoints(), config()).await;
+    let b = EtcdBackend::connect_endpoints(&tiny.endpoints(), config()).await;
     match b {
         Ok(b) => check(
             &mut table,
@@ -133,24 +131,20 @@ async fn real_error_replies_map_to_typed_errors() {
     raw.user_grant_role("root", "root").await.unwrap();
     raw.user_add("outsider", "pw", None).await.unwrap();
     raw.auth_enable().await.unwrap();
-    let wrong = EtcdConfig {
-        user: Some("root".into()),
-        password: Some("not-the-password".into()),
-        ..config()
-    };
+    let wrong = config()
+        .with_user(Some("root".into()))
+        .with_password(Some("not-the-password".into()));
     check(
         &mut table,
         "InvalidArgument: authentication failed",
         "authentication failed",
-        EtcdBackend::connect(&server.endpoints(), wrong).await,
+        EtcdBackend::connect_endpoints(&server.endpoints(), wrong).await,
         Kind::Auth,
     );
-    let outsider = EtcdConfig {
-        user: Some("outsider".into()),
-        password: Some("pw".into()),
-        ..config()
-    };
-    let denied = match EtcdBackend::connect(&server.endpoints(), outsider).await {
+    let outsider = config()
+        .with_user(Some("outsider".into()))
+        .with_password(Some("pw".into()));
+    let denied = match EtcdBackend::connect_endpoints(&server.endpoints(), outsider).await {
         Ok(b) => b.acquire(&name(), &owner(), ttl).await.map(|_| ()),
         Err(e) => Err(e),
     };
@@ -166,7 +160,7 @@ async fn real_error_replies_map_to_typed_errors() {
     let mut gone = EtcdServer::start_local()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let b = EtcdBackend::connect(&gone.endpoints(), config())
+    let b = EtcdBackend::connect_endpoints(&gone.endpoints(), config())
         .await
         .unwrap();
     gone.kill().unwrap();

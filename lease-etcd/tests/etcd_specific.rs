@@ -25,19 +25,19 @@ fn init_tracing() {
 }
 
 fn config() -> EtcdConfig {
-    EtcdConfig {
-        prefix: lease_conformance::suite::namespace()
-            .trim_end_matches('/')
-            .to_owned(),
-        request_timeout: Duration::from_secs(1),
-        connect_timeout: Duration::from_secs(1),
-        ..EtcdConfig::default()
-    }
+    EtcdConfig::default()
+        .with_key_prefix(
+            lease_conformance::suite::namespace()
+                .trim_end_matches('/')
+                .to_owned(),
+        )
+        .with_request_timeout(Duration::from_secs(1))
+        .with_connect_timeout(Duration::from_secs(1))
 }
 
 async fn backend(endpoints: &[String], config: &EtcdConfig) -> Arc<EtcdBackend> {
     Arc::new(
-        EtcdBackend::connect(endpoints, config.clone())
+        EtcdBackend::connect_endpoints(endpoints, config.clone())
             .await
             .expect("connect"),
     )
@@ -51,6 +51,7 @@ async fn take(c: &LeaseClient, name: &str, opts: &LeaseOptions) -> LeaseGuard {
     match c.try_acquire(name, opts).await.expect("acquire") {
         TryAcquire::Acquired(g) => g,
         TryAcquire::Held(by) => panic!("{name} held by {by}"),
+        _ => unreachable!("an outcome added to the enum after this code was written"),
     }
 }
 
@@ -73,6 +74,7 @@ async fn take_eventually(
                 "no recovery after {:?}: {e}",
                 start.elapsed()
             ),
+            _ => unreachable!("an outcome added to the enum after this code was written"),
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -289,9 +291,9 @@ async fn fencing_survives_a_restart() {
     let url = format!(
         "etcd://{}/{}",
         server.endpoints()[0].trim_start_matches("http://"),
-        config().prefix
+        config().key_prefix
     );
-    let b = Arc::new(EtcdBackend::from_url(&url).await.expect("from_url"));
+    let b = Arc::new(EtcdBackend::connect(&url).await.expect("from_url"));
     let c = client(b.clone(), "durable");
     let opts = LeaseOptions::new(Duration::from_secs(2)).unwrap();
     let g = take(&c, "job", &opts).await;
@@ -466,10 +468,7 @@ async fn min_ttl_is_what_the_server_grants() {
     let fast = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
     let on_fast = measured(fast.endpoints()).await;
     eprintln!("etcd with the tests' raft timing granted {on_fast:?}");
-    let fast_config = EtcdConfig {
-        min_ttl: on_fast,
-        ..config()
-    };
+    let fast_config = config().with_min_ttl(on_fast);
     assert_eq!(
         backend(&fast.endpoints(), &fast_config)
             .await
@@ -477,11 +476,12 @@ async fn min_ttl_is_what_the_server_grants() {
             .min_ttl,
         on_fast
     );
-    let bad = EtcdConfig {
-        min_ttl: Duration::from_millis(1500),
-        ..config()
-    };
-    assert!(EtcdBackend::connect(&fast.endpoints(), bad).await.is_err());
+    let bad = config().with_min_ttl(Duration::from_millis(1500));
+    assert!(
+        EtcdBackend::connect_endpoints(&fast.endpoints(), bad)
+            .await
+            .is_err()
+    );
 
     // ScheduledJob: a derived keep-for leaves the minimum TTL before the next tick, and an
     // explicit one that does not is refused.

@@ -58,7 +58,7 @@ async fn connect(url: &str, tls: TlsFiles) -> lease_core::Result<EtcdBackend> {
     if let Some(files) = &config.tls {
         config.tls = Some(files.merged(&tls)?);
     }
-    EtcdBackend::connect(&endpoints, config).await
+    EtcdBackend::connect_endpoints(&endpoints, config).await
 }
 
 fn expect_tls(r: lease_core::Result<EtcdBackend>, says: &str) {

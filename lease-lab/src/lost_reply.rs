@@ -83,6 +83,7 @@ async fn take(client: &LeaseClient, store: &str, n: &LeaseName, opts: &LeaseOpti
     match client.try_acquire(n, opts).await.unwrap() {
         TryAcquire::Acquired(g) => g,
         TryAcquire::Held(by) => panic!("{store}: {n} held by {by}"),
+        _ => unreachable!("an outcome added to the enum after this code was written"),
     }
 }
 
@@ -169,6 +170,7 @@ pub async fn lost_replies_with(store: &str, url: &str, connect: Connect<'_>) -> 
                 let blocked = free_within(&*direct, &n, cleanup).await;
                 seen.longest_blocked = seen.longest_blocked.max(blocked);
             }
+            _ => unreachable!("an outcome added to the enum after this code was written"),
         }
         proxy.set(ProxyFault::Pass);
         lost_in_acquire += proxy.replies_lost() - before;
@@ -298,6 +300,7 @@ pub async fn lost_replies_with(store: &str, url: &str, connect: Connect<'_>) -> 
                     seen.orphans += 1;
                 }
             }
+            _ => unreachable!("an outcome added to the enum after this code was written"),
         }
         loop {
             if direct.inspect(&n).await.unwrap().is_none() {

@@ -125,6 +125,7 @@ pub async fn room_with_semaphore(
                 Ok(TryPermit::Acquired(p)) => Some(p),
                 Ok(TryPermit::Full(_)) => None,
                 Err(e) => panic!("a joiner's try failed: {e}"),
+                _ => unreachable!("an outcome added to the enum after this code was written"),
             };
             all_tried.wait().await;
             let joined = seat.is_some();
@@ -416,6 +417,7 @@ pub async fn lock_at_least_for(
                     Ok(RunOutcome::Skipped(_)) => stats.skipped += 1,
                     Ok(RunOutcome::Lost(_)) => stats.lost += 1,
                     Err(_) => stats.store_errors += 1,
+                    _ => unreachable!("an outcome added to the enum after this code was written"),
                 }
             }
         }));

@@ -23,7 +23,7 @@ pub(crate) struct Inner {
     pub(crate) sql: Statements,
     pub(crate) table: TableName,
     pub(crate) caps: Capabilities,
-    pub(crate) call_timeout: Duration,
+    pub(crate) request_timeout: Duration,
     pub(crate) server: String,
 }
 
@@ -56,12 +56,11 @@ impl MysqlBackend {
     /// use lease_core::TlsFiles;
     /// use lease_mysql::{MysqlBackend, MysqlConfig};
     /// // Mutual TLS, the server verified against a CA of your own (VERIFY_IDENTITY).
-    /// let config = MysqlConfig {
-    ///     tls: TlsFiles::default()
+    /// let config = MysqlConfig::default().with_tls(
+    ///     TlsFiles::default()
     ///         .with_ca("/etc/lease/ca.pem")
     ///         .with_client("/etc/lease/client.pem", "/etc/lease/client.key"),
-    ///     ..MysqlConfig::default()
-    /// };
+    /// );
     /// let backend = MysqlBackend::connect_with("mysql://lease_client@db.internal/app", config).await?;
     /// # Ok(()) }
     /// ```
@@ -105,7 +104,7 @@ impl MysqlBackend {
         let options = options.timezone(Some("+00:00".to_owned()));
         let pool = MySqlPoolOptions::new()
             .max_connections(config.max_connections)
-            .acquire_timeout(config.call_timeout)
+            .acquire_timeout(config.request_timeout)
             .connect_lazy_with(options);
         let server = lease_core::redact_url(&driver_url);
         Self::build(pool, config, server).await
@@ -139,7 +138,7 @@ impl MysqlBackend {
         server: String,
     ) -> Result<Self> {
         let table = config.validate()?;
-        let timeout = config.call_timeout;
+        let timeout = config.request_timeout;
         let (flush, version): (i64, String) = bounded(
             "connect",
             timeout,
@@ -215,7 +214,7 @@ impl MysqlBackend {
                 sql: Statements::new(&table),
                 table,
                 caps,
-                call_timeout: timeout,
+                request_timeout: timeout,
                 server,
             }),
         })
@@ -241,7 +240,7 @@ impl MysqlBackend {
     where
         F: Future<Output = std::result::Result<T, sqlx::Error>>,
     {
-        bounded(operation, self.inner.call_timeout, fut).await
+        bounded(operation, self.inner.request_timeout, fut).await
     }
 
     pub(crate) async fn held_by(&self, name: &LeaseName) -> Result<HeldBy> {
@@ -352,10 +351,10 @@ impl LeaseBackend for MysqlBackend {
         for row in rows {
             let name: Vec<u8> = row
                 .try_get(0)
-                .map_err(|e| convert("renew", self.inner.call_timeout, e))?;
+                .map_err(|e| convert("renew", self.inner.request_timeout, e))?;
             let token: Vec<u8> = row
                 .try_get(1)
-                .map_err(|e| convert("renew", self.inner.call_timeout, e))?;
+                .map_err(|e| convert("renew", self.inner.request_timeout, e))?;
             let key_token: [u8; 16] = token.as_slice().try_into().map_err(|_| {
                 Error::unexpected(
                     BACKEND,

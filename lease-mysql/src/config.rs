@@ -8,14 +8,13 @@ use super::*;
 /// ```
 /// use std::time::Duration;
 /// use lease_mysql::MysqlConfig;
-/// let config = MysqlConfig {
-///     table: "ops.lease_locks".into(),
-///     call_timeout: Duration::from_secs(2),
-///     ..MysqlConfig::default()
-/// };
+/// let config = MysqlConfig::default()
+///     .with_table("ops.lease_locks")
+///     .with_request_timeout(Duration::from_secs(2));
 /// assert!(config.create_table);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct MysqlConfig {
     /// The lock table (default `lease_locks`, in the URL's database): `table` or
     /// `database.table`, each part matching `[a-z_][a-z0-9_]{0,63}` (always quoted in
@@ -27,7 +26,7 @@ pub struct MysqlConfig {
     pub create_table: bool,
     /// Bound of every call (default 5 s): the pool's acquire timeout (which includes
     /// connecting) and a client-side timeout around every statement.
-    pub call_timeout: Duration,
+    pub request_timeout: Duration,
     /// Size of the pool built by [`MysqlBackend::connect_with`] (default 10).
     pub max_connections: u32,
     /// Whether fencing tokens survive a crash of the server. `None` (default): ask the
@@ -48,7 +47,7 @@ impl Default for MysqlConfig {
         MysqlConfig {
             table: DEFAULT_TABLE.to_owned(),
             create_table: true,
-            call_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
             max_connections: 10,
             persistent_fencing: None,
             tls: TlsFiles::default(),
@@ -57,10 +56,48 @@ impl Default for MysqlConfig {
 }
 
 impl MysqlConfig {
+    /// Sets [`table`](Self::table).
+    pub fn with_table(mut self, value: impl Into<String>) -> Self {
+        self.table = value.into();
+        self
+    }
+
+    /// Sets [`create_table`](Self::create_table).
+    pub fn with_create_table(mut self, value: bool) -> Self {
+        self.create_table = value;
+        self
+    }
+
+    /// Sets [`request_timeout`](Self::request_timeout).
+    pub fn with_request_timeout(mut self, value: Duration) -> Self {
+        self.request_timeout = value;
+        self
+    }
+
+    /// Sets [`max_connections`](Self::max_connections).
+    pub fn with_max_connections(mut self, value: u32) -> Self {
+        self.max_connections = value;
+        self
+    }
+
+    /// Sets [`persistent_fencing`](Self::persistent_fencing).
+    pub fn with_persistent_fencing(mut self, value: Option<bool>) -> Self {
+        self.persistent_fencing = value;
+        self
+    }
+
+    /// Sets [`tls`](Self::tls).
+    pub fn with_tls(mut self, value: TlsFiles) -> Self {
+        self.tls = value;
+        self
+    }
+}
+
+impl MysqlConfig {
     pub(crate) fn validate(&self) -> std::result::Result<TableName, InvalidInput> {
-        if self.call_timeout.is_zero() {
+        if self.request_timeout.is_zero() {
             return Err(InvalidInput::Other(
-                "mysql call_timeout must be greater than zero".into(),
+                "mysql request_timeout must be greater than zero".into(),
             ));
         }
         if self.max_connections == 0 {
@@ -96,10 +133,10 @@ pub(crate) struct UrlTls {
 /// Splits this crate's own parameters (`table`, `create_table`) and the TLS files
 /// (`ssl-ca`, `ssl-cert`, `ssl-key`, merged into `config.tls`) off `url`; the rest is for
 /// the driver. `mariadb://` is read as `mysql://`. Refuses a URL whose password has
-/// unencoded reserved characters ([`lease_core::check_url_userinfo`]), before anything
+/// unencoded reserved characters ([`lease_core::raw::url::check_url_userinfo`]), before anything
 /// splits it.
 pub(crate) fn split_own_params(url: &str, config: &mut MysqlConfig) -> Result<(String, UrlTls)> {
-    lease_core::check_url_userinfo(url)?;
+    lease_core::raw::url::check_url_userinfo(url)?;
     let url = match url.strip_prefix("mariadb://") {
         Some(rest) => format!("mysql://{rest}"),
         None => url.to_owned(),
@@ -125,7 +162,8 @@ pub(crate) fn split_own_params(url: &str, config: &mut MysqlConfig) -> Result<(S
             _ => None,
         };
         if let Some(slot) = slot {
-            let path = lease_core::percent_decode(v).map_err(|e| malformed(format!("{k}: {e}")))?;
+            let path = lease_core::raw::url::percent_decode_query(v)
+                .map_err(|e| malformed(format!("{k}: {e}")))?;
             if path.is_empty() {
                 return Err(malformed(format!("{k} is empty")));
             }

@@ -12,22 +12,22 @@ pub(crate) fn convert(operation: &'static str, timeout: Duration, error: sqlx::E
     use sqlx::Error as E;
     match error {
         E::Tls(ref e) => {
-            let text = lease_core::error_chain_text(e.as_ref());
+            let text = lease_core::raw::errors::error_chain_text(e.as_ref());
             let detail = if text.contains("without TLS support") {
                 "TLS (an ssl-mode of REQUIRED or stricter) needs the `tls` feature (of the \
                  lease crate, or of lease-mysql)"
                     .to_owned()
             } else {
-                lease_core::tls_failure(e.as_ref()).unwrap_or(text)
+                lease_core::raw::tls::tls_failure(e.as_ref()).unwrap_or(text)
             };
             Error::Tls {
                 backend: BACKEND,
                 detail,
             }
         }
-        E::Io(ref io) if lease_core::tls_failure(io).is_some() => Error::Tls {
+        E::Io(ref io) if lease_core::raw::tls::tls_failure(io).is_some() => Error::Tls {
             backend: BACKEND,
-            detail: lease_core::tls_failure(io).unwrap_or_default(),
+            detail: lease_core::raw::tls::tls_failure(io).unwrap_or_default(),
         },
         E::Io(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed => Error::Unavailable {
             backend: BACKEND,

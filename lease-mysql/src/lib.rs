@@ -53,7 +53,7 @@
 //! # Cancel safety
 //!
 //! Every primitive is one or two statements on a pooled connection, bounded by
-//! [`MysqlConfig::call_timeout`]. A dropped future abandons the call: a statement already
+//! [`MysqlConfig::request_timeout`]. A dropped future abandons the call: a statement already
 //! sent may still be applied by the server (an acquire then holds a lease nobody knows
 //! of until its TTL passes; `LeaseClient` cleans up after calls it abandons). The
 //! connection goes back to the pool with that reply pending, and the driver reads and

@@ -12,12 +12,10 @@ use lease_test_servers::mariadb::MariaDbServer;
 
 async fn table() -> Fixture {
     let db = MariaDbServer::shared().await.expect("mariadb test server");
-    let config = MysqlConfig {
-        table: format!("lease_{}", uuid::Uuid::new_v4().simple()),
-        call_timeout: Duration::from_secs(5),
-        max_connections: 20,
-        ..MysqlConfig::default()
-    };
+    let config = MysqlConfig::default()
+        .with_table(format!("lease_{}", uuid::Uuid::new_v4().simple()))
+        .with_request_timeout(Duration::from_secs(5))
+        .with_max_connections(20);
     let backend = MysqlBackend::connect_with(&db.url(), config)
         .await
         .expect("connect");

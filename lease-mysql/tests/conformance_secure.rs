@@ -55,12 +55,10 @@ async fn secure_mysql() -> Fixture {
     let port = s.server.port().unwrap();
     let backend = MysqlBackend::connect_with(
         &format!("mysql://lease_client@127.0.0.1:{port}/{db}"),
-        MysqlConfig {
-            tls: s.tls.clone(),
-            max_connections: 16,
-            create_table: false,
-            ..MysqlConfig::default()
-        },
+        MysqlConfig::default()
+            .with_tls(s.tls.clone())
+            .with_max_connections(16)
+            .with_create_table(false),
     )
     .await
     .expect("connect over TLS with a client certificate, as a least-privilege user");

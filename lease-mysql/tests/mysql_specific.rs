@@ -232,15 +232,10 @@ async fn least_privilege_role_once_the_table_exists() {
         "GRANT SELECT, INSERT, UPDATE ON {dbname}.lease_locks TO '{user}'@'%'"
     ))
     .unwrap();
-    let backend = MysqlBackend::connect_with(
-        &app_url,
-        MysqlConfig {
-            create_table: true,
-            ..MysqlConfig::default()
-        },
-    )
-    .await
-    .unwrap();
+    let backend =
+        MysqlBackend::connect_with(&app_url, MysqlConfig::default().with_create_table(true))
+            .await
+            .unwrap();
     let lease = name("least-privilege");
     let o = owner("app");
     assert_eq!(

@@ -66,11 +66,9 @@ fn path(p: &Path) -> String {
 }
 
 fn config(tls: TlsFiles) -> MysqlConfig {
-    MysqlConfig {
-        tls,
-        call_timeout: Duration::from_secs(5),
-        ..MysqlConfig::default()
-    }
+    MysqlConfig::default()
+        .with_tls(tls)
+        .with_request_timeout(Duration::from_secs(5))
 }
 
 /// One acquire and release, and the session's TLS version as the server reports it.

@@ -131,7 +131,7 @@ pub struct AdvisoryLockBackend {
 
 struct Inner {
     pool: PgPool,
-    call_timeout: Duration,
+    request_timeout: Duration,
     held: Mutex<HashMap<(LeaseName, OwnerToken), HeldLock>>,
     /// Dedicated connections that hold no lock, kept for the next attempt: opening a
     /// session costs more than the lock itself.
@@ -171,7 +171,7 @@ impl fmt::Debug for AdvisoryLockBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AdvisoryLockBackend")
             .field("held", &self.lock_held().len())
-            .field("call_timeout", &self.inner.call_timeout)
+            .field("request_timeout", &self.inner.request_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -194,12 +194,12 @@ impl AdvisoryLockBackend {
     /// must clean up.
     pub async fn connect_with(
         url: &str,
-        call_timeout: Duration,
+        request_timeout: Duration,
         max_connections: u32,
     ) -> Result<Self> {
-        if call_timeout.is_zero() || max_connections == 0 {
+        if request_timeout.is_zero() || max_connections == 0 {
             return Err(InvalidInput::Other(
-                "postgres call_timeout and max_connections must be greater than zero".into(),
+                "postgres request_timeout and max_connections must be greater than zero".into(),
             )
             .into());
         }
@@ -207,13 +207,18 @@ impl AdvisoryLockBackend {
         if own.pooler {
             return Err(behind_a_pooler("the URL says pooler=transaction"));
         }
-        let options = connect_options(&url, call_timeout, false, &lease_core::TlsFiles::default())?;
-        let pool = pool_options(max_connections, call_timeout).connect_lazy_with(options);
+        let options = connect_options(
+            &url,
+            request_timeout,
+            false,
+            &lease_core::TlsFiles::default(),
+        )?;
+        let pool = pool_options(max_connections, request_timeout).connect_lazy_with(options);
         // The first contact. A pooler that refuses the startup parameters fails here (see
         // `error::convert`); one that ignores them is caught by the setting it dropped.
         crate::tls::ensure_crypto_provider_for(&pool);
-        let settings = session_settings(ADVISORY_BACKEND, &pool, call_timeout).await?;
-        let expected = millis_ceil(call_timeout);
+        let settings = session_settings(ADVISORY_BACKEND, &pool, request_timeout).await?;
+        let expected = millis_ceil(request_timeout);
         if settings.statement_timeout_ms != Some(expected) {
             return Err(behind_a_pooler(&format!(
                 "the server runs with statement_timeout = {:?} ms although {expected} ms was \
@@ -221,17 +226,17 @@ impl AdvisoryLockBackend {
                 settings.statement_timeout_ms
             )));
         }
-        Ok(Self::from_pool(pool, call_timeout))
+        Ok(Self::from_pool(pool, request_timeout))
     }
 
-    /// Uses an existing pool; every call is bounded by `call_timeout` on the client.
+    /// Uses an existing pool; every call is bounded by `request_timeout` on the client.
     /// Connections of held leases are detached from the pool.
-    pub fn from_pool(pool: PgPool, call_timeout: Duration) -> Self {
+    pub fn from_pool(pool: PgPool, request_timeout: Duration) -> Self {
         crate::tls::ensure_crypto_provider_for(&pool);
         AdvisoryLockBackend {
             inner: Arc::new(Inner {
                 pool,
-                call_timeout,
+                request_timeout,
                 held: Mutex::new(HashMap::new()),
                 idle: Mutex::new(Vec::new()),
             }),
@@ -255,7 +260,7 @@ impl AdvisoryLockBackend {
         operation: &'static str,
         fut: impl Future<Output = std::result::Result<T, sqlx::Error>>,
     ) -> Result<T> {
-        bounded_call(ADVISORY_BACKEND, operation, self.inner.call_timeout, fut).await
+        bounded_call(ADVISORY_BACKEND, operation, self.inner.request_timeout, fut).await
     }
 }
 
@@ -271,7 +276,7 @@ async fn try_lock(
     if let Some(mut conn) = inner.take_idle() {
         // A kept connection gets half the call's time: one that a firewall dropped
         // silently must not use it all up.
-        match tokio::time::timeout(inner.call_timeout / 2, lock_on(&mut conn, &name)).await {
+        match tokio::time::timeout(inner.request_timeout / 2, lock_on(&mut conn, &name)).await {
             Ok(Ok(Some(pid))) => return Ok(Some(HeldLock { conn, pid })),
             Ok(Ok(None)) => {
                 inner.put_idle(conn);
@@ -437,7 +442,7 @@ impl LeaseBackend for AdvisoryLockBackend {
         if matches!(unlocked, Ok(true)) {
             self.inner.put_idle(conn);
         } else {
-            let _ = tokio::time::timeout(self.inner.call_timeout, conn.close()).await;
+            let _ = tokio::time::timeout(self.inner.request_timeout, conn.close()).await;
         }
         match unlocked {
             Ok(true) => {
@@ -469,12 +474,12 @@ impl LeaseBackend for AdvisoryLockBackend {
         }
         tracing::info!(lease = %name, "force release: holder's session terminated");
         // Termination is asynchronous: the lock goes when the session has ended.
-        let deadline = tokio::time::Instant::now() + self.inner.call_timeout;
+        let deadline = tokio::time::Instant::now() + self.inner.request_timeout;
         while self.inspect(name).await?.is_some() {
             if tokio::time::Instant::now() >= deadline {
                 return Err(Error::Timeout {
                     operation: "force release",
-                    after: self.inner.call_timeout,
+                    after: self.inner.request_timeout,
                 });
             }
             tokio::time::sleep(Duration::from_millis(5)).await;

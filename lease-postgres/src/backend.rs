@@ -41,7 +41,7 @@ pub(crate) struct Inner {
     /// holder's lease must not lapse because others are trying to take it.
     pub(crate) renewals: PgPool,
     pub(crate) table: TableName,
-    pub(crate) call_timeout: Duration,
+    pub(crate) request_timeout: Duration,
     pub(crate) sql: Statements,
     pub(crate) releases: Releases,
     /// Behind a transaction pooler: statements as simple queries, no `LISTEN`.
@@ -54,7 +54,7 @@ impl fmt::Debug for PostgresBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresBackend")
             .field("table", &self.inner.table.plain())
-            .field("call_timeout", &self.inner.call_timeout)
+            .field("request_timeout", &self.inner.request_timeout)
             .field("pool_size", &self.inner.pool.size())
             .field("transaction_pooler", &self.inner.pooler)
             .field("fencing", &self.inner.caps.fencing)
@@ -98,7 +98,7 @@ impl PostgresBackend {
             config.table = table;
         }
         if let Some(create) = own.create_table {
-            config.create_schema = create;
+            config.create_table = create;
         }
         config.validate()?;
         // The certificate and key files must be there and be PEM: say which one is not,
@@ -106,22 +106,22 @@ impl PostgresBackend {
         config.tls.load(BACKEND)?;
         let options = connect_options(
             &url,
-            config.call_timeout,
+            config.request_timeout,
             config.transaction_pooler,
             &config.tls,
         )?;
         let pool =
-            pool_options(config.max_connections, config.call_timeout).connect_lazy_with(options);
+            pool_options(config.max_connections, config.request_timeout).connect_lazy_with(options);
         Self::from_pool(pool, config).await
     }
 
     /// Uses an existing pool. The pool's own settings apply (this crate's pools set
     /// `statement_timeout` and an acquire timeout; yours should bound both too); every
-    /// call is additionally bounded by `config.call_timeout` on the client. Behind a
+    /// call is additionally bounded by `config.request_timeout` on the client. Behind a
     /// transaction pooler, set [`PostgresConfig::transaction_pooler`] and give the pool
     /// no statement cache (`statement_cache_capacity(0)`) and no startup `options`.
     ///
-    /// Creates the table if `config.create_schema` is set, then reads the server's
+    /// Creates the table if `config.create_table` is set, then reads the server's
     /// durability settings (unless [`PostgresConfig::persistent_fencing`] says).
     ///
     /// Cancel safety: cancel-safe: dropped, the table creation is rolled back or has
@@ -129,13 +129,13 @@ impl PostgresBackend {
     pub async fn from_pool(pool: PgPool, config: PostgresConfig) -> Result<Self> {
         let table = config.validate()?;
         crate::tls::ensure_crypto_provider_for(&pool);
-        if config.create_schema {
-            create_schema_in(&pool, &table, config.call_timeout).await?;
+        if config.create_table {
+            create_schema_in(&pool, &table, config.request_timeout).await?;
         }
         // Also the first contact when the schema is not created here: a wrong address
         // or credentials fail now.
-        let settings = session_settings(BACKEND, &pool, config.call_timeout).await?;
-        let expected = millis_ceil(config.call_timeout);
+        let settings = session_settings(BACKEND, &pool, config.request_timeout).await?;
+        let expected = millis_ceil(config.request_timeout);
         if !config.transaction_pooler && settings.statement_timeout_ms != Some(expected) {
             tracing::warn!(
                 statement_timeout_ms = settings.statement_timeout_ms,
@@ -161,19 +161,27 @@ impl PostgresBackend {
             .with_release_notification(!config.transaction_pooler)
             .with_max_renew_batch(MAX_RENEW_BATCH);
         let releases = Releases::new(&pool, table.payload_prefix());
-        let renewals = pool_options(RENEWAL_CONNECTIONS, config.call_timeout)
+        let renewals = pool_options(RENEWAL_CONNECTIONS, config.request_timeout)
             .min_connections(1)
             .connect_lazy_with(pool.connect_options().as_ref().clone());
         // Opened now: the first renewal must not pay a connect (a TLS handshake, the
         // password's hashing) inside the lease's deadline.
-        drop(bounded_call(BACKEND, "connect", config.call_timeout, renewals.acquire()).await?);
+        drop(
+            bounded_call(
+                BACKEND,
+                "connect",
+                config.request_timeout,
+                renewals.acquire(),
+            )
+            .await?,
+        );
         Ok(PostgresBackend {
             inner: Arc::new(Inner {
                 sql: Statements::new(&table),
                 pool,
                 renewals,
                 table,
-                call_timeout: config.call_timeout,
+                request_timeout: config.request_timeout,
                 releases,
                 pooler: config.transaction_pooler,
                 caps,
@@ -205,8 +213,13 @@ impl PostgresBackend {
     ///
     /// Cancel safety: cancel-safe: dropped, the table creation is rolled back or has
     /// committed (it is idempotent; call again); no lease is taken.
-    pub async fn create_schema(&self) -> Result<()> {
-        create_schema_in(&self.inner.pool, &self.inner.table, self.inner.call_timeout).await
+    pub async fn create_table(&self) -> Result<()> {
+        create_schema_in(
+            &self.inner.pool,
+            &self.inner.table,
+            self.inner.request_timeout,
+        )
+        .await
     }
 
     /// Runs `fut` bounded by the call timeout, converting errors.
@@ -215,7 +228,7 @@ impl PostgresBackend {
         operation: &'static str,
         fut: impl Future<Output = std::result::Result<T, sqlx::Error>>,
     ) -> Result<T> {
-        bounded_call(BACKEND, operation, self.inner.call_timeout, fut).await
+        bounded_call(BACKEND, operation, self.inner.request_timeout, fut).await
     }
 
     /// [`Self::bounded`] for a call that is safe to send again (renew, release, inspect,
@@ -234,7 +247,7 @@ impl PostgresBackend {
         F: Fn() -> Fut,
         Fut: Future<Output = std::result::Result<T, sqlx::Error>>,
     {
-        let after = self.inner.call_timeout;
+        let after = self.inner.request_timeout;
         let deadline = tokio::time::Instant::now() + client_bound(after);
         let attempts = self
             .inner
@@ -679,7 +692,7 @@ impl LeaseBackend for PostgresBackend {
                 // Starting (or reconnecting): wait for it briefly, then let the caller
                 // retry `acquire`, which sees any release that happened meanwhile.
                 releases
-                    .wait_ready(max_wait.min(self.inner.call_timeout))
+                    .wait_ready(max_wait.min(self.inner.request_timeout))
                     .await;
                 return Ok(());
             }

@@ -8,14 +8,13 @@ use super::*;
 /// ```
 /// use std::time::Duration;
 /// use lease_postgres::PostgresConfig;
-/// let config = PostgresConfig {
-///     table: "ops.lease_locks".into(),
-///     call_timeout: Duration::from_secs(2),
-///     ..PostgresConfig::default()
-/// };
-/// assert!(config.create_schema);
+/// let config = PostgresConfig::default()
+///     .with_table("ops.lease_locks")
+///     .with_request_timeout(Duration::from_secs(2));
+/// assert!(config.create_table);
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PostgresConfig {
     /// The lock table (default `lease_locks`): `table` or `schema.table`, each part
     /// matching `[a-z_][a-z0-9_]{0,62}` (always quoted in SQL). An unqualified name is in
@@ -27,11 +26,11 @@ pub struct PostgresConfig {
     /// is never created again, so a role with only `SELECT, INSERT, UPDATE, DELETE` on it
     /// works either way. Without it, see [`schema_sql`] for the DDL to put in your
     /// migrations.
-    pub create_schema: bool,
+    pub create_table: bool,
     /// Bound of every call (default 5 s): the pool's acquire timeout (which includes
     /// connecting), the connections' `statement_timeout` (for pools this crate builds)
     /// and a client-side timeout around every statement.
-    pub call_timeout: Duration,
+    pub request_timeout: Duration,
     /// Size of the pool built by [`PostgresBackend::connect_with`] (default 10).
     pub max_connections: u32,
     /// Whether a transaction pooler (PgBouncer with `pool_mode = transaction`, and
@@ -59,8 +58,8 @@ impl Default for PostgresConfig {
     fn default() -> Self {
         PostgresConfig {
             table: DEFAULT_TABLE.to_owned(),
-            create_schema: true,
-            call_timeout: Duration::from_secs(5),
+            create_table: true,
+            request_timeout: Duration::from_secs(5),
             max_connections: 10,
             transaction_pooler: false,
             persistent_fencing: None,
@@ -70,10 +69,54 @@ impl Default for PostgresConfig {
 }
 
 impl PostgresConfig {
+    /// Sets [`table`](Self::table).
+    pub fn with_table(mut self, value: impl Into<String>) -> Self {
+        self.table = value.into();
+        self
+    }
+
+    /// Sets [`create_table`](Self::create_table).
+    pub fn with_create_table(mut self, value: bool) -> Self {
+        self.create_table = value;
+        self
+    }
+
+    /// Sets [`request_timeout`](Self::request_timeout).
+    pub fn with_request_timeout(mut self, value: Duration) -> Self {
+        self.request_timeout = value;
+        self
+    }
+
+    /// Sets [`max_connections`](Self::max_connections).
+    pub fn with_max_connections(mut self, value: u32) -> Self {
+        self.max_connections = value;
+        self
+    }
+
+    /// Sets [`transaction_pooler`](Self::transaction_pooler).
+    pub fn with_transaction_pooler(mut self, value: bool) -> Self {
+        self.transaction_pooler = value;
+        self
+    }
+
+    /// Sets [`persistent_fencing`](Self::persistent_fencing).
+    pub fn with_persistent_fencing(mut self, value: Option<bool>) -> Self {
+        self.persistent_fencing = value;
+        self
+    }
+
+    /// Sets [`tls`](Self::tls).
+    pub fn with_tls(mut self, value: TlsFiles) -> Self {
+        self.tls = value;
+        self
+    }
+}
+
+impl PostgresConfig {
     pub(crate) fn validate(&self) -> std::result::Result<TableName, InvalidInput> {
-        if self.call_timeout.is_zero() {
+        if self.request_timeout.is_zero() {
             return Err(InvalidInput::Other(
-                "postgres call_timeout must be greater than zero".into(),
+                "postgres request_timeout must be greater than zero".into(),
             ));
         }
         if self.max_connections == 0 {
@@ -86,7 +129,7 @@ impl PostgresConfig {
 }
 
 /// The DDL of the lock table `table` (`table` or `schema.table`), for users who manage
-/// their schema with migrations and set [`PostgresConfig::create_schema`] to `false`.
+/// their schema with migrations and set [`PostgresConfig::create_table`] to `false`.
 ///
 /// ```
 /// let ddl = lease_postgres::schema_sql("lease_locks")?;
@@ -111,12 +154,12 @@ pub(crate) struct OwnParams {
 
 /// Takes this crate's own URL parameters (`pooler`, `table`, `create_table`) out of
 /// `url`. Returns the URL without them, and what they said. Refuses a URL whose password
-/// has unencoded reserved characters ([`lease_core::check_url_userinfo`]), before anything
+/// has unencoded reserved characters ([`lease_core::raw::url::check_url_userinfo`]), before anything
 /// splits it.
 pub(crate) fn split_own_params(
     url: &str,
 ) -> std::result::Result<(String, OwnParams), InvalidInput> {
-    lease_core::check_url_userinfo(url)?;
+    lease_core::raw::url::check_url_userinfo(url)?;
     let mut own = OwnParams::default();
     let Some((base, query)) = url.split_once('?') else {
         return Ok((url.to_owned(), own));

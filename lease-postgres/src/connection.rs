@@ -6,14 +6,14 @@ use super::*;
 
 /// Parses a `postgres://` / `postgresql://` URL (without this crate's own parameters,
 /// see [`split_own_params`]) into connect options: with `statement_timeout` set to
-/// `call_timeout` in the startup parameters, or, behind a transaction pooler, with no
+/// `request_timeout` in the startup parameters, or, behind a transaction pooler, with no
 /// startup parameters a pooler refuses and no statement cache. `tls`'s files are added
 /// (as `sslrootcert`, `sslcert`, `sslkey`); when any TLS file is given and neither the
 /// URL nor `PGSSLMODE` sets `sslmode`, it is `verify-full`. Errors never contain the
 /// password.
 pub(crate) fn connect_options(
     url: &str,
-    call_timeout: Duration,
+    request_timeout: Duration,
     transaction_pooler: bool,
     tls: &TlsFiles,
 ) -> std::result::Result<PgConnectOptions, InvalidInput> {
@@ -71,7 +71,10 @@ pub(crate) fn connect_options(
     if transaction_pooler {
         return Ok(options.extra_float_digits(None).statement_cache_capacity(0));
     }
-    Ok(options.options([("statement_timeout", millis_ceil(call_timeout).to_string())]))
+    Ok(options.options([(
+        "statement_timeout",
+        millis_ceil(request_timeout).to_string(),
+    )]))
 }
 
 /// The client-side bound of a call with call timeout `after`: a little beyond the pool's
@@ -96,11 +99,11 @@ pub(crate) async fn bounded_call<T>(
     }
 }
 
-/// [`PostgresBackend::create_schema`] on `pool`, bounded by `call_timeout`.
+/// [`PostgresBackend::create_table`] on `pool`, bounded by `request_timeout`.
 pub(crate) async fn create_schema_in(
     pool: &PgPool,
     table: &TableName,
-    call_timeout: Duration,
+    request_timeout: Duration,
 ) -> Result<()> {
     // PostgreSQL checks the CREATE privilege before it honours IF NOT EXISTS: a role that
     // may only use the table would fail on the DDL. So look first (no privilege needed).
@@ -108,7 +111,7 @@ pub(crate) async fn create_schema_in(
     let found = bounded_call(
         BACKEND,
         "create schema",
-        call_timeout,
+        request_timeout,
         sqlx::raw_sql(AssertSqlSafe(exists.clone())).fetch_one(pool),
     )
     .await?;
@@ -129,7 +132,7 @@ pub(crate) async fn create_schema_in(
         sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut *tx).await?;
         tx.commit().await
     };
-    bounded_call(BACKEND, "create schema", call_timeout, run).await?;
+    bounded_call(BACKEND, "create schema", request_timeout, run).await?;
     tracing::debug!(table = table.plain(), "lease table ready");
     Ok(())
 }
@@ -149,14 +152,14 @@ pub(crate) struct SessionSettings {
 pub(crate) async fn session_settings(
     backend: &'static str,
     pool: &PgPool,
-    call_timeout: Duration,
+    request_timeout: Duration,
 ) -> Result<SessionSettings> {
     const PROBE: &str = "SELECT current_setting('fsync'), current_setting('synchronous_commit'), \
          (SELECT setting FROM pg_settings WHERE name = 'statement_timeout')";
     let row = bounded_call(
         backend,
         "connect",
-        call_timeout,
+        request_timeout,
         sqlx::raw_sql(PROBE).fetch_one(pool),
     )
     .await?;
@@ -183,10 +186,10 @@ pub(crate) const RENEWAL_CONNECTIONS: u32 = 2;
 /// The pool settings of the pools this crate builds: every acquisition (including
 /// connecting) bounded; no extra round trip to test a connection before each call (a
 /// broken connection fails that call with a retryable error and is discarded).
-pub(crate) fn pool_options(max_connections: u32, call_timeout: Duration) -> PgPoolOptions {
+pub(crate) fn pool_options(max_connections: u32, request_timeout: Duration) -> PgPoolOptions {
     PgPoolOptions::new()
         .max_connections(max_connections)
-        .acquire_timeout(call_timeout)
+        .acquire_timeout(request_timeout)
         .test_before_acquire(false)
 }
 

@@ -23,12 +23,12 @@ pub(crate) fn convert(
     use sqlx::Error as E;
     match error {
         E::Tls(ref e) => {
-            let text = lease_core::error_chain_text(e.as_ref());
+            let text = lease_core::raw::errors::error_chain_text(e.as_ref());
             let detail = if text.contains("without TLS support") {
                 "TLS (an sslmode other than disable or prefer, or TLS files) needs the `tls` \
                  feature (of the lease crate, or of lease-postgres)"
                     .to_owned()
-            } else if let Some(why) = lease_core::tls_failure(e.as_ref()) {
+            } else if let Some(why) = lease_core::raw::tls::tls_failure(e.as_ref()) {
                 why
             } else if text.contains("does not support TLS") {
                 format!("the server does not accept TLS connections (ssl = off?): {text}")
@@ -37,9 +37,9 @@ pub(crate) fn convert(
             };
             Error::Tls { backend, detail }
         }
-        E::Io(ref io) if lease_core::tls_failure(io).is_some() => Error::Tls {
+        E::Io(ref io) if lease_core::raw::tls::tls_failure(io).is_some() => Error::Tls {
             backend,
-            detail: lease_core::tls_failure(io).unwrap_or_default(),
+            detail: lease_core::raw::tls::tls_failure(io).unwrap_or_default(),
         },
         E::Io(_) | E::PoolTimedOut | E::PoolClosed | E::WorkerCrashed => Error::Unavailable {
             backend,
@@ -140,38 +140,20 @@ fn from_sqlstate(
 pub(crate) use lease_core::redact_url;
 
 /// `message` with every occurrence of the password (as written in the URL and
-/// percent-decoded, found by [`lease_core::url_password`]) replaced by `***`.
+/// percent-decoded, found by [`lease_core::raw::url::url_password`]) replaced by `***`.
 pub(crate) fn scrub(message: &str, url: &str) -> String {
-    let Some(password) = lease_core::url_password(url) else {
+    let Some(password) = lease_core::raw::url::url_password(url) else {
         return message.to_owned();
     };
     let mut out = message.replace(password, "***");
-    let decoded = percent_decode(password);
-    if !decoded.is_empty() && decoded != password {
+    // A password that does not decode (a stray '%') is replaced as written only.
+    if let Ok(decoded) = lease_core::raw::url::percent_decode(password)
+        && !decoded.is_empty()
+        && decoded != password
+    {
         out = out.replace(&decoded, "***");
     }
     out
-}
-
-fn percent_decode(s: &str) -> String {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%'
-            && i + 2 < bytes.len()
-            && let Some(b) = s
-                .get(i + 1..i + 3)
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-        {
-            out.push(b);
-            i += 3;
-            continue;
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 #[cfg(test)]

@@ -15,11 +15,9 @@ async fn table_mode() -> Fixture {
         .expect("postgres test server");
     // A table of its own too, so that the checks also isolate on a server from
     // LEASE_TEST_POSTGRES_URL (where no database is created per check).
-    let config = PostgresConfig {
-        table: format!("lease_{}", uuid::Uuid::new_v4().simple()),
-        max_connections: 16,
-        ..PostgresConfig::default()
-    };
+    let config = PostgresConfig::default()
+        .with_table(format!("lease_{}", uuid::Uuid::new_v4().simple()))
+        .with_max_connections(16);
     let backend = PostgresBackend::connect_with(&db.url(), config)
         .await
         .expect("connect");
@@ -81,11 +79,9 @@ mod through_pgbouncer {
             "{}&pooler=transaction",
             bouncer.url(db.name().expect("a database of its own"))
         );
-        let config = PostgresConfig {
-            table: format!("lease_{}", uuid::Uuid::new_v4().simple()),
-            max_connections: 16,
-            ..PostgresConfig::default()
-        };
+        let config = PostgresConfig::default()
+            .with_table(format!("lease_{}", uuid::Uuid::new_v4().simple()))
+            .with_max_connections(16);
         let backend = PostgresBackend::connect_with(&url, config)
             .await
             .expect("connect through pgbouncer");

@@ -76,11 +76,9 @@ async fn secure_table_mode() -> Fixture {
             .unwrap_or_else(|e| panic!("{e}"));
     }
     let port = s.server.port().unwrap();
-    let config = PostgresConfig {
-        tls: s.tls.clone(),
-        max_connections: 16,
-        ..PostgresConfig::default()
-    };
+    let config = PostgresConfig::default()
+        .with_tls(s.tls.clone())
+        .with_max_connections(16);
     let backend = PostgresBackend::connect_with(
         &format!("postgres://lease_client@127.0.0.1:{port}/{database}?sslmode=verify-full"),
         config,

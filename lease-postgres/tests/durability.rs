@@ -62,10 +62,7 @@ async fn the_claim_follows_the_server_settings() {
     assert_eq!(lax.capabilities().fencing, Fencing::Volatile);
     let trusted = PostgresBackend::connect_with(
         &url,
-        PostgresConfig {
-            persistent_fencing: Some(true),
-            ..PostgresConfig::default()
-        },
+        PostgresConfig::default().with_persistent_fencing(Some(true)),
     )
     .await
     .unwrap();

@@ -64,12 +64,10 @@ fn check<T: std::fmt::Debug>(
     ));
 }
 
-fn config(create_schema: bool) -> PostgresConfig {
-    PostgresConfig {
-        create_schema,
-        call_timeout: Duration::from_secs(2),
-        ..PostgresConfig::default()
-    }
+fn config(create_table: bool) -> PostgresConfig {
+    PostgresConfig::default()
+        .with_create_table(create_table)
+        .with_request_timeout(Duration::from_secs(2))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,10 +201,7 @@ async fn real_error_replies_map_to_typed_errors() {
     // 57014: statement_timeout (the row locked by another open transaction).
     let quick = PostgresBackend::connect_with(
         &db.url(),
-        PostgresConfig {
-            call_timeout: Duration::from_millis(300),
-            ..PostgresConfig::default()
-        },
+        PostgresConfig::default().with_request_timeout(Duration::from_millis(300)),
     )
     .await
     .unwrap();

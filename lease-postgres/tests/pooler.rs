@@ -111,10 +111,7 @@ async fn table_mode_through_transaction_pooling() {
     }
     let pgb = bouncer(&db, false).await;
     let url = format!("{}&pooler=transaction", pgb.url(db.name().unwrap()));
-    let config = lease_postgres::PostgresConfig {
-        max_connections: 4,
-        ..lease_postgres::PostgresConfig::default()
-    };
+    let config = lease_postgres::PostgresConfig::default().with_max_connections(4);
     let mut backends = Vec::new();
     for _ in 0..8 {
         backends.push(Arc::new(

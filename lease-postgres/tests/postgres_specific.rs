@@ -31,10 +31,7 @@ fn table() -> String {
 }
 
 fn config(table: &str) -> PostgresConfig {
-    PostgresConfig {
-        table: table.to_owned(),
-        ..PostgresConfig::default()
-    }
+    PostgresConfig::default().with_table(table.to_owned())
 }
 
 async fn backend(url: &str) -> PostgresBackend {
@@ -332,15 +329,9 @@ async fn one_statement_per_primitive() {
     let database = server.name().expect("database").to_owned();
     let (port, counts) = proxy(upstream).await;
     let proxied = format!("postgres://postgres@127.0.0.1:{port}/{database}?sslmode=disable");
-    let b = PostgresBackend::connect_with(
-        &proxied,
-        PostgresConfig {
-            max_connections: 1,
-            ..config(&table())
-        },
-    )
-    .await
-    .expect("connect");
+    let b = PostgresBackend::connect_with(&proxied, config(&table()).with_max_connections(1))
+        .await
+        .expect("connect");
 
     // Warm up: let sqlx prepare each statement on the single connection.
     let warm = name("warm");
@@ -500,10 +491,7 @@ async fn errors_are_typed() {
     let started = Instant::now();
     let e = PostgresBackend::connect_with(
         &format!("postgres://u:hunter2@127.0.0.1:{port}/db"),
-        PostgresConfig {
-            call_timeout: Duration::from_secs(1),
-            ..PostgresConfig::default()
-        },
+        PostgresConfig::default().with_request_timeout(Duration::from_secs(1)),
     )
     .await
     .expect_err("nothing listens there");
@@ -547,15 +535,10 @@ async fn errors_are_typed() {
     assert!(!format!("{b:?}").contains("hunter2"));
 
     // Missing table, not created: rejected, not retryable.
-    let missing = PostgresBackend::connect_with(
-        &db.url(),
-        PostgresConfig {
-            create_schema: false,
-            ..config(&table())
-        },
-    )
-    .await
-    .expect("connect");
+    let missing =
+        PostgresBackend::connect_with(&db.url(), config(&table()).with_create_table(false))
+            .await
+            .expect("connect");
     let e = missing
         .acquire(&name("x"), &owner("a"), Duration::from_secs(1))
         .await
@@ -566,10 +549,7 @@ async fn errors_are_typed() {
     // A row locked by someone else's open transaction: the statement is bounded.
     let quick = PostgresBackend::connect_with(
         &db.url(),
-        PostgresConfig {
-            call_timeout: Duration::from_millis(500),
-            ..config(&table())
-        },
+        config(&table()).with_request_timeout(Duration::from_millis(500)),
     )
     .await
     .expect("connect");
@@ -974,26 +954,23 @@ async fn advisory_reuses_released_connections() {
 async fn batch_renewal_survives_stale_statistics() {
     use lease_postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
     let db = PostgresServer::shared().await.expect("server");
-    let call_timeout = Duration::from_secs(10);
+    let request_timeout = Duration::from_secs(10);
     let options: PgConnectOptions = db.url().parse().expect("url");
     let pool = PgPoolOptions::new()
         .max_connections(1)
         .connect_with(options.options([
             ("plan_cache_mode", "force_generic_plan".to_owned()),
-            ("statement_timeout", call_timeout.as_millis().to_string()),
+            ("statement_timeout", request_timeout.as_millis().to_string()),
         ]))
         .await
         .expect("pool");
     let b = PostgresBackend::from_pool(
         pool.clone(),
-        PostgresConfig {
-            call_timeout,
-            ..config(&table())
-        },
+        config(&table()).with_request_timeout(request_timeout),
     )
     .await
     .expect("backend");
-    b.create_schema().await.expect("schema");
+    b.create_table().await.expect("schema");
     let t = b.table().to_owned();
     let a = owner("grower");
     let exec = |s: String| {

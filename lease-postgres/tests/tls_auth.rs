@@ -52,11 +52,9 @@ async fn cycle(backend: &PostgresBackend) {
 }
 
 async fn connect(url: &str, tls: TlsFiles) -> lease_core::Result<PostgresBackend> {
-    let config = PostgresConfig {
-        tls,
-        call_timeout: Duration::from_secs(3),
-        ..PostgresConfig::default()
-    };
+    let config = PostgresConfig::default()
+        .with_tls(tls)
+        .with_request_timeout(Duration::from_secs(3));
     PostgresBackend::connect_with(url, config).await
 }
 

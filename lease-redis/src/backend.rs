@@ -243,7 +243,7 @@ impl RedisBackend {
             cmd.arg(keys::sibling(lock, ":released")).arg("1");
             let publish = cmd.query_async::<i64>(&mut conn);
             let cfg = &self.inner.config;
-            if let Err(error) = bounded(OP, cfg.call_timeout(), cfg.response_timeout, publish).await
+            if let Err(error) = bounded(OP, cfg.call_timeout(), cfg.request_timeout, publish).await
             {
                 // Released all the same; the waiters wake at the end of their wait.
                 tracing::warn!(%error, "announcing a release failed");
@@ -261,7 +261,7 @@ impl RedisBackend {
         lock: &str,
     ) -> Result<Client> {
         const OP: &str = "wait_released";
-        let reply_timeout = self.inner.config.response_timeout;
+        let reply_timeout = self.inner.config.request_timeout;
         let (Some(slots), Link::Cluster(mut conn)) = (&self.inner.slots, self.conn()) else {
             return Err(Error::Unsupported {
                 backend: BACKEND,
@@ -306,7 +306,7 @@ impl RedisBackend {
             .nodes_of(
                 &mut conn.clone(),
                 &slot_ids,
-                self.inner.config.response_timeout,
+                self.inner.config.request_timeout,
             )
             .await
         {
@@ -672,14 +672,14 @@ impl LeaseBackend for RedisBackend {
         let mut pubsub = bounded(
             OP,
             cfg.connect_timeout,
-            cfg.response_timeout,
+            cfg.request_timeout,
             client.get_async_pubsub(),
         )
         .await?;
         bounded(
             OP,
-            cfg.response_timeout,
-            cfg.response_timeout,
+            cfg.request_timeout,
+            cfg.request_timeout,
             pubsub.subscribe(&k.channel),
         )
         .await?;

@@ -132,13 +132,13 @@ pub(crate) type Certs = std::convert::Infallible;
 pub(crate) async fn open(
     url: &ClusterUrl,
     connect_timeout: Duration,
-    response_timeout: Duration,
+    request_timeout: Duration,
     certs: Option<Certs>,
 ) -> Result<ClusterConnection> {
     #[cfg_attr(not(feature = "_tls"), allow(unused_mut))]
     let mut builder = ClusterClient::builder(url.nodes.clone())
         .connection_timeout(connect_timeout)
-        .response_timeout(response_timeout)
+        .response_timeout(request_timeout)
         .retries(2);
     if let Some(certs) = certs {
         #[cfg(feature = "_tls")]
@@ -150,10 +150,10 @@ pub(crate) async fn open(
     }
     let client = builder
         .build()
-        .map_err(|e| convert("connect", response_timeout, e))?;
+        .map_err(|e| convert("connect", request_timeout, e))?;
     match tokio::time::timeout(connect_timeout, client.get_async_connection()).await {
         Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(e)) => Err(convert("connect", response_timeout, e)),
+        Ok(Err(e)) => Err(convert("connect", request_timeout, e)),
         Err(_) => Err(Error::Timeout {
             operation: "connect",
             after: connect_timeout,

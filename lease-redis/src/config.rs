@@ -7,14 +7,13 @@ use super::*;
 /// ```
 /// use std::time::Duration;
 /// use lease_redis::RedisConfig;
-/// let config = RedisConfig {
-///     key_prefix: "billing:lease".into(),
-///     response_timeout: Duration::from_secs(2),
-///     ..RedisConfig::default()
-/// };
+/// let config = RedisConfig::default()
+///     .with_key_prefix("billing:lease")
+///     .with_request_timeout(Duration::from_secs(2));
 /// assert_eq!(config.connect_timeout, Duration::from_secs(5));
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RedisConfig {
     /// First part of every key (default `lease`). 1 to 256 bytes; no braces (they would
     /// change the cluster hash slot), whitespace or control characters.
@@ -23,8 +22,8 @@ pub struct RedisConfig {
     pub connect_timeout: Duration,
     /// Bound of every call while the connection is up (default 5 s). After a failed
     /// call (the connection may have to be made again first) the next call may take up
-    /// to `connect_timeout + response_timeout`.
-    pub response_timeout: Duration,
+    /// to `connect_timeout + request_timeout`.
+    pub request_timeout: Duration,
     /// Whether fencing tokens survive a server restart. `None` (default): ask the server
     /// once at connect (`CONFIG GET appendonly` / `appendfsync`): durable only with
     /// `appendonly yes` and `appendfsync always`; volatile if `CONFIG` is not allowed.
@@ -64,7 +63,7 @@ pub struct RedisConfig {
 /// round trip from the primary to them. The server blocks the connection during a
 /// `WAIT`, so the backend's other calls queue behind it: while the replicas do not
 /// answer, `n` calls in flight take up to `n × timeout` (and calls past
-/// [`RedisConfig::response_timeout`] fail with a timeout). Keep `timeout` small. While
+/// [`RedisConfig::request_timeout`] fail with a timeout). Keep `timeout` small. While
 /// fewer than `replicas` replicas are connected and in sync, no lease can be taken or
 /// kept: availability is traded for the guarantee.
 ///
@@ -78,7 +77,7 @@ pub struct WaitForReplicas {
     /// How many replicas must acknowledge (at least 1).
     pub replicas: u32,
     /// How long the primary waits for them: more than zero, and less than
-    /// [`RedisConfig::response_timeout`] (which bounds the whole call).
+    /// [`RedisConfig::request_timeout`] (which bounds the whole call).
     pub timeout: Duration,
 }
 
@@ -87,7 +86,7 @@ impl Default for RedisConfig {
         RedisConfig {
             key_prefix: "lease".to_owned(),
             connect_timeout: Duration::from_secs(5),
-            response_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(5),
             persistent_fencing: None,
             tls: TlsFiles::default(),
             wait_for_replicas: None,
@@ -97,11 +96,55 @@ impl Default for RedisConfig {
 }
 
 impl RedisConfig {
+    /// Sets [`key_prefix`](Self::key_prefix).
+    pub fn with_key_prefix(mut self, value: impl Into<String>) -> Self {
+        self.key_prefix = value.into();
+        self
+    }
+
+    /// Sets [`connect_timeout`](Self::connect_timeout).
+    pub fn with_connect_timeout(mut self, value: Duration) -> Self {
+        self.connect_timeout = value;
+        self
+    }
+
+    /// Sets [`request_timeout`](Self::request_timeout).
+    pub fn with_request_timeout(mut self, value: Duration) -> Self {
+        self.request_timeout = value;
+        self
+    }
+
+    /// Sets [`persistent_fencing`](Self::persistent_fencing).
+    pub fn with_persistent_fencing(mut self, value: Option<bool>) -> Self {
+        self.persistent_fencing = value;
+        self
+    }
+
+    /// Sets [`tls`](Self::tls).
+    pub fn with_tls(mut self, value: TlsFiles) -> Self {
+        self.tls = value;
+        self
+    }
+
+    /// Sets [`wait_for_replicas`](Self::wait_for_replicas).
+    pub fn with_wait_for_replicas(mut self, value: Option<WaitForReplicas>) -> Self {
+        self.wait_for_replicas = value;
+        self
+    }
+
+    /// Sets [`renew_batch`](Self::renew_batch).
+    pub fn with_renew_batch(mut self, value: usize) -> Self {
+        self.renew_batch = value;
+        self
+    }
+}
+
+impl RedisConfig {
     pub(crate) fn validate(&self) -> std::result::Result<(), InvalidInput> {
         keys::validate_prefix(&self.key_prefix)?;
         for (what, value) in [
             ("connect_timeout", self.connect_timeout),
-            ("response_timeout", self.response_timeout),
+            ("request_timeout", self.request_timeout),
         ] {
             if value.is_zero() {
                 return Err(InvalidInput::Other(format!(
@@ -121,11 +164,11 @@ impl RedisConfig {
                     "redis wait_for_replicas.replicas must be at least 1".into(),
                 ));
             }
-            if w.timeout.is_zero() || w.timeout >= self.response_timeout {
+            if w.timeout.is_zero() || w.timeout >= self.request_timeout {
                 return Err(InvalidInput::Other(format!(
                     "redis wait_for_replicas.timeout ({:?}) must be more than zero and less \
-                     than response_timeout ({:?})",
-                    w.timeout, self.response_timeout
+                     than request_timeout ({:?})",
+                    w.timeout, self.request_timeout
                 )));
             }
         }
@@ -134,7 +177,7 @@ impl RedisConfig {
 
     /// The bound of one call: a reconnect plus a reply.
     pub(crate) fn call_timeout(&self) -> Duration {
-        self.connect_timeout.saturating_add(self.response_timeout)
+        self.connect_timeout.saturating_add(self.request_timeout)
     }
 
     pub(crate) fn manager_config(&self) -> ConnectionManagerConfig {

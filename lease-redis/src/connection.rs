@@ -138,7 +138,7 @@ impl RedisBackend {
         }
         let certs = tls_certificates(&config.tls)?;
         let conn =
-            cluster::open(&url, config.connect_timeout, config.response_timeout, certs).await?;
+            cluster::open(&url, config.connect_timeout, config.request_timeout, certs).await?;
         let described = url.described.clone();
         Self::build(
             Link::Cluster(conn),
@@ -160,7 +160,7 @@ impl RedisBackend {
         let client = bounded(
             "connect",
             config.connect_timeout,
-            config.response_timeout,
+            config.request_timeout,
             sc.async_get_client(),
         )
         .await?;
@@ -191,7 +191,7 @@ impl RedisBackend {
     }
 
     /// Wraps an existing connection manager. Its own timeouts apply to its connections;
-    /// every call is still bounded as [`RedisConfig::response_timeout`] says.
+    /// every call is still bounded as [`RedisConfig::request_timeout`] says.
     ///
     /// Without a [`Client`] there is no way to open a pub/sub connection, so the
     /// capabilities say `release_notification: false` (waiters poll with backoff); use
@@ -229,9 +229,9 @@ impl RedisBackend {
         let max_renew_batch = match (&cm, &slots) {
             (Link::Cluster(c), Some(slots)) => {
                 let primaries = slots
-                    .primaries(&mut c.clone(), config.response_timeout)
+                    .primaries(&mut c.clone(), config.request_timeout)
                     .await
-                    .map_err(|e| convert("connect", config.response_timeout, e))?;
+                    .map_err(|e| convert("connect", config.request_timeout, e))?;
                 config.renew_batch.saturating_mul(primaries.len().max(1))
             }
             _ => config.renew_batch,
@@ -311,7 +311,7 @@ impl RedisBackend {
                 bounded(
                     "connect",
                     cfg.connect_timeout,
-                    cfg.response_timeout,
+                    cfg.request_timeout,
                     sc.async_get_client(),
                 )
                 .await?
@@ -367,8 +367,8 @@ impl RedisBackend {
     /// One timer per call: the connection manager's own reply timeout is off (it would be
     /// a second timer on every call). While the connection is known to be up (the last
     /// call got a reply, or connecting just succeeded) a call needs only its reply and
-    /// gets `response_timeout`; otherwise it may have to reconnect first and gets
-    /// `connect_timeout + response_timeout`, as does the retry after a dropped connection,
+    /// gets `request_timeout`; otherwise it may have to reconnect first and gets
+    /// `connect_timeout + request_timeout`, as does the retry after a dropped connection,
     /// counted from the first attempt.
     pub(crate) async fn send<F, Fut>(&self, operation: &'static str, call: F) -> Result<Reply>
     where
@@ -378,7 +378,7 @@ impl RedisBackend {
         let cfg = &self.inner.config;
         let up = self.inner.up.load(Ordering::Relaxed);
         let budget = if up {
-            cfg.response_timeout
+            cfg.request_timeout
         } else {
             cfg.call_timeout()
         };
@@ -414,9 +414,9 @@ impl RedisBackend {
                 Ok(Ok(next)) => next,
                 Ok(Err(e)) => {
                     tracing::debug!(operation, error = %e, "redis: no new connection");
-                    return Err(convert(operation, cfg.response_timeout, first));
+                    return Err(convert(operation, cfg.request_timeout, first));
                 }
-                Err(_) => return Err(convert(operation, cfg.response_timeout, first)),
+                Err(_) => return Err(convert(operation, cfg.request_timeout, first)),
             }
         } else if first.is_connection_dropped() {
             self.inner.up.store(false, Ordering::Relaxed);
@@ -426,7 +426,7 @@ impl RedisBackend {
             if connection_failed(&first) {
                 self.inner.up.store(false, Ordering::Relaxed);
             }
-            return Err(convert(operation, cfg.response_timeout, first));
+            return Err(convert(operation, cfg.request_timeout, first));
         };
         match tokio::time::timeout_at(deadline, call(retry_on.cm.clone())).await {
             Ok(Ok(v)) => {
@@ -436,9 +436,9 @@ impl RedisBackend {
                     retried: true,
                 })
             }
-            Ok(Err(e)) => Err(convert(operation, cfg.response_timeout, e)),
+            Ok(Err(e)) => Err(convert(operation, cfg.request_timeout, e)),
             // Still no connection: the original error says more than the timeout.
-            Err(_) => Err(convert(operation, cfg.response_timeout, first)),
+            Err(_) => Err(convert(operation, cfg.request_timeout, first)),
         }
     }
 }
@@ -474,7 +474,7 @@ pub(crate) fn tls_client(url: &str, tls: &TlsFiles) -> Result<Client> {
         #[cfg(feature = "_tls")]
         Some(certs) => Client::build_with_tls(url, certs).map_err(|e| {
             // The files were read; the client library could not use them.
-            let text = lease_core::error_chain_text(&e);
+            let text = lease_core::raw::errors::error_chain_text(&e);
             Error::tls(
                 BACKEND,
                 format!("the TLS files {tls:?} could not be used: {text}"),
@@ -554,13 +554,13 @@ pub(crate) async fn open_manager(
     let opened = bounded(
         "connect",
         config.connect_timeout,
-        config.response_timeout,
+        config.request_timeout,
         connect,
     )
     .await;
     match opened {
         Err(e @ (Error::Timeout { .. } | Error::Unavailable { .. })) => {
-            Err(plain_port(client, config.response_timeout)
+            Err(plain_port(client, config.request_timeout)
                 .await
                 .unwrap_or(e))
         }
@@ -627,7 +627,7 @@ pub(crate) async fn probe_persistence(
     let reply = bounded(
         "connect",
         config.call_timeout(),
-        config.response_timeout,
+        config.request_timeout,
         pipe.query_async::<Vec<Value>>(&mut conn),
     )
     .await;
@@ -675,9 +675,9 @@ pub(crate) async fn probe_cluster_persistence(
     };
     let mut conn = conn.clone();
     let primaries = slots
-        .primaries(&mut conn, config.response_timeout)
+        .primaries(&mut conn, config.request_timeout)
         .await
-        .map_err(|e| convert(OP, config.response_timeout, e))?;
+        .map_err(|e| convert(OP, config.request_timeout, e))?;
     if primaries.is_empty() {
         return Err(unexpected(OP, "CLUSTER SLOTS named no primary"));
     }
@@ -685,11 +685,11 @@ pub(crate) async fn probe_cluster_persistence(
     for node in &primaries {
         let mut cmd = redis::cmd("CONFIG");
         cmd.arg("GET").arg("appendonly").arg("appendfsync");
-        let reply = cluster::on_node(&mut conn, node, cmd, config.response_timeout).await;
+        let reply = cluster::on_node(&mut conn, node, cmd, config.request_timeout).await;
         let pairs = match reply {
             Ok(v) => config_pairs(&v),
             Err(e) if connection_failed(&e) || e.is_timeout() => {
-                return Err(convert(OP, config.response_timeout, e));
+                return Err(convert(OP, config.request_timeout, e));
             }
             Err(e) => {
                 tracing::debug!(error = %e, node = %format!("{}:{}", node.0, node.1), "CONFIG GET refused; fencing tokens counted as volatile");

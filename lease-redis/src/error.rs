@@ -28,7 +28,7 @@ pub(crate) fn convert(operation: &'static str, timeout: Duration, e: RedisError)
         };
     }
     if e.is_io_error()
-        && let Some(why) = lease_core::tls_failure(&e)
+        && let Some(why) = lease_core::raw::tls::tls_failure(&e)
     {
         return Error::tls(BACKEND, why);
     }

@@ -78,7 +78,7 @@ mod tests {
         };
         assert!(bad.validate().is_err());
         let bad = RedisConfig {
-            response_timeout: Duration::ZERO,
+            request_timeout: Duration::ZERO,
             ..RedisConfig::default()
         };
         assert!(bad.validate().is_err());

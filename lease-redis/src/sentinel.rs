@@ -46,10 +46,7 @@ fn malformed(why: impl std::fmt::Display) -> Error {
 }
 
 fn decode(part: &str, what: &str) -> Result<String> {
-    percent_encoding::percent_decode_str(part)
-        .decode_utf8()
-        .map(|s| s.into_owned())
-        .map_err(|_| malformed(format!("the {what} is not UTF-8 once percent-decoded")))
+    lease_core::raw::url::percent_decode(part).map_err(|e| malformed(format!("the {what}: {e}")))
 }
 
 impl SentinelUrl {
@@ -58,7 +55,7 @@ impl SentinelUrl {
         if !is_sentinel_url(url) {
             return Err(malformed("not a redis+sentinel:// URL"));
         }
-        lease_core::check_url_userinfo(url)?;
+        lease_core::raw::url::check_url_userinfo(url)?;
         let rest = &url[SCHEME.len()..];
         if rest.contains(['?', '#']) {
             return Err(malformed(

@@ -49,14 +49,12 @@ mod conformance_acknowledged {
         let cluster = RedisCluster::shared()
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        let config = RedisConfig {
-            key_prefix: "acked".into(),
-            wait_for_replicas: Some(WaitForReplicas {
+        let config = RedisConfig::default()
+            .with_key_prefix("acked")
+            .with_wait_for_replicas(Some(WaitForReplicas {
                 replicas: 1,
                 timeout: Duration::from_secs(2),
-            }),
-            ..RedisConfig::default()
-        };
+            }));
         let backend = RedisBackend::connect_with(&cluster.url(), config)
             .await
             .expect("connect");
@@ -81,10 +79,7 @@ async fn tls_cluster() -> &'static (lease_test_servers::TestCerts, RedisCluster)
 }
 
 fn tls_config(ca: &std::path::Path) -> lease_redis::RedisConfig {
-    lease_redis::RedisConfig {
-        tls: lease_core::TlsFiles::default().with_ca(ca),
-        ..lease_redis::RedisConfig::default()
-    }
+    lease_redis::RedisConfig::default().with_tls(lease_core::TlsFiles::default().with_ca(ca))
 }
 
 /// The whole suite over TLS (`rediss+cluster://`, the CA given as a file): the cluster
@@ -114,10 +109,7 @@ mod conformance_tls {
 async fn a_tls_cluster_refuses_a_wrong_ca_and_tls_files_without_rediss() {
     let (certs, cluster) = tls_cluster().await;
     let url = cluster.tls_url().expect("a TLS cluster");
-    let config = lease_redis::RedisConfig {
-        connect_timeout: Duration::from_secs(3),
-        ..tls_config(&certs.other_ca)
-    };
+    let config = tls_config(&certs.other_ca).with_connect_timeout(Duration::from_secs(3));
     match RedisBackend::connect_with(&url, config).await {
         Err(e @ lease_core::Error::Tls { .. }) => {
             assert!(!e.is_retryable(), "{e}");
@@ -154,10 +146,7 @@ async fn capabilities_on_a_cluster() {
     let first = cluster.address(cluster.ports()[0]);
     assert!(shown.contains(&format!("cluster {first}")), "{shown}");
     // A larger batch per script call: per primary too.
-    let config = lease_redis::RedisConfig {
-        renew_batch: 40_000,
-        ..lease_redis::RedisConfig::default()
-    };
+    let config = lease_redis::RedisConfig::default().with_renew_batch(40_000);
     let backend = RedisBackend::connect_with(&cluster.url(), config)
         .await
         .expect("connect");
@@ -362,6 +351,7 @@ async fn leases_hold_while_slots_migrate() {
                     Ok(TryAcquire::Held(by)) => panic!("cycle-{} held by {by}", i % 200),
                     Err(e) if e.is_retryable() => retryable += 1,
                     Err(e) => panic!("an acquire failed and may not be retried: {e}"),
+                    _ => unreachable!("an outcome added to the enum after this code was written"),
                 }
             }
             (done, retryable)
@@ -440,6 +430,7 @@ async fn check_leases(
                      (token {old}) believes it holds it",
                     g.fencing()
                 ),
+                _ => unreachable!("an outcome added to the enum after this code was written"),
             }
             guard.release().await.expect("release");
         } else {

@@ -24,12 +24,11 @@ async fn secure_redis() -> Fixture {
         setuser.arg(*rule);
     }
     let _: () = setuser.query_async(&mut root).await.unwrap();
-    let config = RedisConfig {
-        tls: TlsFiles::default()
+    let config = RedisConfig::default().with_tls(
+        TlsFiles::default()
             .with_ca(&certs.ca)
             .with_client(&certs.client_cert, &certs.client_key),
-        ..RedisConfig::default()
-    };
+    );
     let backend = RedisBackend::connect_with(
         &format!("rediss://leaser:user-pw@127.0.0.1:{tls_port}/"),
         config,

@@ -21,10 +21,7 @@ async fn backend(server: &RedisServer) -> RedisBackend {
 }
 
 async fn backend_with(server: &RedisServer, f: impl FnOnce(&mut RedisConfig)) -> RedisBackend {
-    let mut config = RedisConfig {
-        key_prefix: prefix(),
-        ..RedisConfig::default()
-    };
+    let mut config = RedisConfig::default().with_key_prefix(prefix());
     f(&mut config);
     RedisBackend::connect_with(&server.url(), config)
         .await
@@ -549,7 +546,7 @@ async fn outage_restart_and_pause() {
     let mut server = RedisServer::start_owned().await.unwrap();
     let b = backend_with(&server, |c| {
         c.connect_timeout = Duration::from_millis(300);
-        c.response_timeout = Duration::from_millis(300);
+        c.request_timeout = Duration::from_millis(300);
     })
     .await;
     let n = name(b"outage");
@@ -578,7 +575,7 @@ async fn outage_restart_and_pause() {
     );
 
     // Paused: calls time out instead of hanging. The connection was up (the last call
-    // got a reply), so the call waits for its reply only: response_timeout (300 ms), plus
+    // got a reply), so the call waits for its reply only: request_timeout (300 ms), plus
     // 200 ms of scheduling slack.
     server.pause().unwrap();
     let t = Instant::now();
@@ -645,10 +642,7 @@ async fn persistent_fencing_survives_a_crash() {
 #[tokio::test]
 async fn unreachable_server_fails_fast() {
     let port = lease_test_servers::free_port().unwrap();
-    let config = RedisConfig {
-        connect_timeout: Duration::from_millis(500),
-        ..RedisConfig::default()
-    };
+    let config = RedisConfig::default().with_connect_timeout(Duration::from_millis(500));
     let t = Instant::now();
     let err = RedisBackend::connect_with(&format!("redis://127.0.0.1:{port}"), config)
         .await
@@ -661,10 +655,7 @@ async fn unreachable_server_fails_fast() {
 
     let err = RedisBackend::connect_with(
         "redis://127.0.0.1:6379",
-        RedisConfig {
-            key_prefix: "bad{prefix}".into(),
-            ..RedisConfig::default()
-        },
+        RedisConfig::default().with_key_prefix("bad{prefix}"),
     )
     .await
     .unwrap_err();
@@ -673,10 +664,7 @@ async fn unreachable_server_fails_fast() {
     for bad in [0, lease_redis::RENEW_BATCH_LIMIT + 1] {
         let err = RedisBackend::connect_with(
             "redis://127.0.0.1:6379",
-            RedisConfig {
-                renew_batch: bad,
-                ..RedisConfig::default()
-            },
+            RedisConfig::default().with_renew_batch(bad),
         )
         .await
         .unwrap_err();
@@ -879,10 +867,7 @@ async fn broken_fencing_counter_fails_only_its_acquire() {
     let b = Arc::new(
         RedisBackend::connect_with(
             &server.url(),
-            RedisConfig {
-                key_prefix: p.clone(),
-                ..RedisConfig::default()
-            },
+            RedisConfig::default().with_key_prefix(p.clone()),
         )
         .await
         .unwrap(),
@@ -937,10 +922,7 @@ async fn acquire_for_a_caller_that_gave_up_is_released() {
     let p = prefix();
     let b = RedisBackend::connect_with(
         &server.url(),
-        RedisConfig {
-            key_prefix: p.clone(),
-            ..RedisConfig::default()
-        },
+        RedisConfig::default().with_key_prefix(p.clone()),
     )
     .await
     .unwrap();

@@ -116,6 +116,7 @@ async fn memory_pressure_keeps_held_leases() {
         {
             TryAcquire::Acquired(g) => guards.push(g),
             TryAcquire::Held(by) => panic!("held by {by}"),
+            _ => unreachable!("an outcome added to the enum after this code was written"),
         }
     }
     config_set(&mut conn, "maxmemory", "1").await;
@@ -248,6 +249,7 @@ async fn a_demoted_primary_is_left() {
     let guard = match client.try_acquire(&held, &opts).await.unwrap() {
         TryAcquire::Acquired(g) => g,
         TryAcquire::Held(by) => panic!("held by {by}"),
+        _ => unreachable!("an outcome added to the enum after this code was written"),
     };
     let before = guard.fencing().get();
 
@@ -351,6 +353,7 @@ async fn sentinel_failover_moves_to_the_new_primary() {
                 guards.push((n, g));
             }
             TryAcquire::Held(by) => panic!("held by {by}"),
+            _ => unreachable!("an outcome added to the enum after this code was written"),
         }
     }
     let mut ca = admin(&a.url()).await;

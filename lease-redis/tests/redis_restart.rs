@@ -45,6 +45,7 @@ async fn restart_without_persistence_loses_leases_and_fencing_is_volatile() {
     let guard = match client.try_acquire(&guarded, &opts).await.unwrap() {
         TryAcquire::Acquired(g) => g,
         TryAcquire::Held(by) => panic!("held by {by}"),
+        _ => unreachable!("an outcome added to the enum after this code was written"),
     };
     let before = guard.fencing().get();
     server.stop().await.unwrap();
@@ -117,6 +118,7 @@ async fn server_down_for_twice_the_ttl() {
     let guard = match client.try_acquire("down/held", &opts).await.unwrap() {
         TryAcquire::Acquired(g) => g,
         TryAcquire::Held(by) => panic!("held by {by}"),
+        _ => unreachable!("an outcome added to the enum after this code was written"),
     };
     let acquired_at = Instant::now();
     let token = guard.fencing().get();
@@ -152,6 +154,7 @@ async fn server_down_for_twice_the_ttl() {
                 assert!(Instant::now() < deadline, "no recovery within 5 s: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
+            _ => unreachable!("an outcome added to the enum after this code was written"),
         }
     };
     eprintln!("recovered: new token {} (was {token})", g.fencing());

@@ -72,11 +72,9 @@ async fn backend(primary: &RedisServer) -> RedisBackend {
 }
 
 async fn backend_prefixed(primary: &RedisServer, prefix: &str) -> RedisBackend {
-    let config = RedisConfig {
-        key_prefix: prefix.to_owned(),
-        wait_for_replicas: Some(WAIT),
-        ..RedisConfig::default()
-    };
+    let config = RedisConfig::default()
+        .with_key_prefix(prefix.to_owned())
+        .with_wait_for_replicas(Some(WAIT));
     RedisBackend::connect_with(&primary.url(), config)
         .await
         .unwrap()
@@ -250,13 +248,10 @@ async fn bad_wait_settings_are_refused() {
                 replicas: 1,
                 timeout: Duration::from_secs(5),
             },
-            "less than response_timeout",
+            "less than request_timeout",
         ),
     ] {
-        let config = RedisConfig {
-            wait_for_replicas: Some(w),
-            ..RedisConfig::default()
-        };
+        let config = RedisConfig::default().with_wait_for_replicas(Some(w));
         // Refused before any connection is tried (nothing listens on port 1).
         let err = RedisBackend::connect_with("redis://127.0.0.1:1/", config)
             .await

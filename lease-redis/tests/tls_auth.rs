@@ -37,11 +37,9 @@ async fn cycle(backend: &RedisBackend) {
 }
 
 async fn connect(url: &str, tls: TlsFiles) -> lease_core::Result<RedisBackend> {
-    let config = RedisConfig {
-        tls,
-        connect_timeout: Duration::from_secs(3),
-        ..RedisConfig::default()
-    };
+    let config = RedisConfig::default()
+        .with_tls(tls)
+        .with_connect_timeout(Duration::from_secs(3));
     RedisBackend::connect_with(url, config).await
 }
 
@@ -248,15 +246,9 @@ async fn an_acl_user_with_least_privilege() {
     assert!(waited < Duration::from_secs(4), "woken after {waited:?}");
 
     // Its limits hold: keys outside its pattern are refused (NOPERM: rejected).
-    let outside = RedisBackend::connect_with(
-        &url,
-        RedisConfig {
-            key_prefix: "other".into(),
-            ..RedisConfig::default()
-        },
-    )
-    .await
-    .unwrap();
+    let outside = RedisBackend::connect_with(&url, RedisConfig::default().with_key_prefix("other"))
+        .await
+        .unwrap();
     let e = outside
         .acquire(&name(), &owner, Duration::from_secs(10))
         .await

@@ -96,6 +96,25 @@ impl FaultProxy {
         })
     }
 
+    /// Starts a proxy in front of the server of `url` (`scheme://[user@]host:port[/...]`,
+    /// the host an IP address, as the harness's URLs are) and returns it with `url`
+    /// rewritten to go through it.
+    pub async fn in_front_of(url: &str) -> io::Result<(Self, String)> {
+        let bad = || {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("no host:port in {url}"),
+            )
+        };
+        let rest = url.split_once("://").ok_or_else(bad)?.1;
+        let authority = rest.split(['/', '?']).next().ok_or_else(bad)?;
+        let host_port = authority.rsplit('@').next().ok_or_else(bad)?;
+        let target: SocketAddr = host_port.parse().map_err(|_| bad())?;
+        let proxy = Self::start(target).await?;
+        let via = url.replacen(host_port, &proxy.addr().to_string(), 1);
+        Ok((proxy, via))
+    }
+
     /// The address clients connect to.
     pub fn addr(&self) -> SocketAddr {
         self.addr

@@ -131,10 +131,7 @@ async fn connect_redis(url: &str, _: &ConnectOptions) -> Result<Arc<dyn LeaseBac
 
 #[cfg(feature = "redis")]
 async fn connect_redis(url: &str, options: &ConnectOptions) -> Result<Arc<dyn LeaseBackend>> {
-    let config = lease_redis::RedisConfig {
-        tls: options.tls.clone(),
-        ..lease_redis::RedisConfig::default()
-    };
+    let config = lease_redis::RedisConfig::default().with_tls(options.tls.clone());
     Ok(Arc::new(
         lease_redis::RedisBackend::connect_with(url, config).await?,
     ))
@@ -142,10 +139,7 @@ async fn connect_redis(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Le
 
 #[cfg(feature = "postgres")]
 async fn connect_postgres(url: &str, options: &ConnectOptions) -> Result<Arc<dyn LeaseBackend>> {
-    let config = lease_postgres::PostgresConfig {
-        tls: options.tls.clone(),
-        ..lease_postgres::PostgresConfig::default()
-    };
+    let config = lease_postgres::PostgresConfig::default().with_tls(options.tls.clone());
     Ok(Arc::new(
         lease_postgres::PostgresBackend::connect_with(url, config).await?,
     ))
@@ -170,7 +164,7 @@ async fn connect_etcd(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Lea
         .into());
     }
     Ok(Arc::new(
-        lease_etcd::EtcdBackend::connect(&endpoints, config).await?,
+        lease_etcd::EtcdBackend::connect_endpoints(&endpoints, config).await?,
     ))
 }
 
@@ -182,10 +176,7 @@ async fn connect_etcd(url: &str, _: &ConnectOptions) -> Result<Arc<dyn LeaseBack
 
 #[cfg(feature = "mysql")]
 async fn connect_mysql(url: &str, options: &ConnectOptions) -> Result<Arc<dyn LeaseBackend>> {
-    let config = lease_mysql::MysqlConfig {
-        tls: options.tls.clone(),
-        ..lease_mysql::MysqlConfig::default()
-    };
+    let config = lease_mysql::MysqlConfig::default().with_tls(options.tls.clone());
     Ok(Arc::new(
         lease_mysql::MysqlBackend::connect_with(url, config).await?,
     ))

@@ -152,6 +152,7 @@ pub async fn mutual_exclusion_64_contenders(backend: Arc<dyn LeaseBackend>) {
                         g.release().await.expect("release");
                     }
                     TryAcquire::Held(_) => tokio::task::yield_now().await,
+                    _ => unreachable!("an outcome added to the enum after this code was written"),
                 }
             }
         }));
@@ -374,6 +375,7 @@ pub async fn acquire_waits_for_release(backend: Arc<dyn LeaseBackend>) {
     let holder = match a.try_acquire(&n, &opts(ttl)).await.expect("acquire") {
         TryAcquire::Acquired(g) => g,
         TryAcquire::Held(by) => panic!("held by {by}"),
+        _ => unreachable!("an outcome added to the enum after this code was written"),
     };
     let first = holder.fencing();
     let wait = LeaseOptions::builder(ttl)

@@ -25,6 +25,7 @@ pub async fn watchdog_long_work_not_run_twice(backend: Arc<dyn LeaseBackend>) {
     let guard = match a.try_acquire(&n, &options).await.expect("acquire") {
         TryAcquire::Acquired(g) => g,
         TryAcquire::Held(by) => panic!("held by {by}"),
+        _ => unreachable!("an outcome added to the enum after this code was written"),
     };
     let until = Instant::now() + ttl * 3;
     let mut attempts = 0;
@@ -34,6 +35,7 @@ pub async fn watchdog_long_work_not_run_twice(backend: Arc<dyn LeaseBackend>) {
             TryAcquire::Acquired(_) => {
                 panic!("a second worker got the lease while the first worked")
             }
+            _ => unreachable!("an outcome added to the enum after this code was written"),
         }
         assert!(
             guard.is_held(),
@@ -127,6 +129,7 @@ pub async fn no_renewal_after_release(backend: Arc<dyn LeaseBackend>) {
     let guard = match c.try_acquire(&n, &options).await.expect("acquire") {
         TryAcquire::Acquired(g) => g,
         TryAcquire::Held(by) => panic!("held by {by}"),
+        _ => unreachable!("an outcome added to the enum after this code was written"),
     };
     // Release while the first renewal is in flight.
     faulty.wait_for_calls(Op::Renew, 1).await;
@@ -168,6 +171,7 @@ pub async fn drop_releases(backend: Arc<dyn LeaseBackend>) {
     let guard = match a.try_acquire(&n, &options).await.expect("acquire") {
         TryAcquire::Acquired(g) => g,
         TryAcquire::Held(by) => panic!("held by {by}"),
+        _ => unreachable!("an outcome added to the enum after this code was written"),
     };
     let dropped_at = Instant::now();
     drop(guard);

@@ -78,6 +78,7 @@ pub async fn lost_signal_before_store_expiry(backend: Arc<dyn LeaseBackend>) {
     let guard = match c.try_acquire(&n, &opts(ttl)).await.expect("acquire") {
         TryAcquire::Acquired(g) => g,
         TryAcquire::Held(by) => panic!("held by {by}"),
+        _ => unreachable!("an outcome added to the enum after this code was written"),
     };
     let reason = tokio::time::timeout(ttl * 2, guard.lost())
         .await
@@ -108,6 +109,7 @@ pub async fn lost_signal_when_store_hangs(backend: Arc<dyn LeaseBackend>) {
     let guard = match c.try_acquire(&n, &opts(ttl)).await.expect("acquire") {
         TryAcquire::Acquired(g) => g,
         TryAcquire::Held(by) => panic!("held by {by}"),
+        _ => unreachable!("an outcome added to the enum after this code was written"),
     };
     faulty.set(Op::Renew, Fault::Hang);
     let reason = tokio::time::timeout(ttl * 2, guard.lost())

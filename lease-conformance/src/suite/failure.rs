@@ -45,6 +45,7 @@ async fn held_guard(c: &LeaseClient, n: &LeaseName, options: &LeaseOptions) -> L
     match c.try_acquire(n, options).await.expect("acquire") {
         TryAcquire::Acquired(g) => g,
         TryAcquire::Held(by) => panic!("{n} unexpectedly held by {by}"),
+        _ => unreachable!("an outcome added to the enum after this code was written"),
     }
 }
 
@@ -155,6 +156,7 @@ pub async fn cancelled_acquires_leave_nothing_held(backend: Arc<dyn LeaseBackend
                     }
                     Some(Ok(TryAcquire::Held(by))) => panic!("{n} held by {by}"),
                     Some(Err(e)) => panic!("acquire of {n} failed: {e}"),
+                    _ => unreachable!("an outcome added to the enum after this code was written"),
                 }
             }
         })

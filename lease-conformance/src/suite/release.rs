@@ -230,6 +230,7 @@ pub async fn force_release_frees_and_holder_learns(backend: Arc<dyn LeaseBackend
     let guard = match c.try_acquire(&n, &opts(ttl)).await.expect("acquire") {
         TryAcquire::Acquired(g) => g,
         TryAcquire::Held(by) => panic!("held by {by}"),
+        _ => unreachable!("an outcome added to the enum after this code was written"),
     };
     assert!(backend.force_release(&n).await.expect("force_release"));
     let reason = tokio::time::timeout(ttl * 2, guard.lost())

@@ -23,6 +23,7 @@ async fn take(sem: &Semaphore, opts: &LeaseOptions) -> Permit {
     match sem.try_acquire(opts).await.expect("try_acquire") {
         TryPermit::Acquired(p) => p,
         TryPermit::Full(by) => panic!("{} full: {by:?}", sem.name()),
+        _ => unreachable!("an outcome added to the enum after this code was written"),
     }
 }
 
@@ -95,6 +96,7 @@ pub async fn semaphore_fencing_grows_per_permit(backend: Arc<dyn LeaseBackend>) 
         match sem.try_acquire(&opts).await.expect("try_acquire") {
             TryPermit::Full(by) => assert_eq!(by.len(), 3, "{by:?}"),
             TryPermit::Acquired(p) => panic!("a fourth permit: slot {}", p.slot()),
+            _ => unreachable!("an outcome added to the enum after this code was written"),
         }
         assert_eq!(sem.holders().await.expect("holders").len(), 3);
         for p in held {
