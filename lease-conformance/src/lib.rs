@@ -35,6 +35,7 @@ use lease_core::LeaseBackend;
 #[doc = include_str!("../../docs/writing-a-backend.md")]
 pub struct WritingABackendGuide;
 
+pub mod expect;
 mod faulty;
 mod not_applicable;
 pub mod outage;

@@ -6,50 +6,10 @@
 
 use std::time::Duration;
 
-use lease_core::{AcquireOutcome, Error, HolderLabel, LeaseBackend, LeaseName, Owner, TlsFiles};
+use lease_conformance::expect::{cycle, expect_auth, expect_tls, owner, unique_name};
+use lease_core::{Error, LeaseBackend, TlsFiles};
 use lease_etcd::{EtcdBackend, EtcdConfig};
 use lease_test_servers::{EtcdServer, TestCerts};
-
-fn name() -> LeaseName {
-    LeaseName::new(format!("tls-{}", uuid::Uuid::new_v4().simple())).unwrap()
-}
-
-fn owner() -> Owner {
-    Owner::new(HolderLabel::new("tls-test").unwrap())
-}
-
-/// One acquire, renewal, inspection and release: the connection works for leases.
-async fn cycle(backend: &EtcdBackend) {
-    let owner = owner();
-    let name = name();
-    let ttl = Duration::from_secs(10);
-    let AcquireOutcome::Acquired { fencing, .. } =
-        backend.acquire(&name, &owner, ttl).await.unwrap()
-    else {
-        panic!("a fresh name was held");
-    };
-    let renewed = backend
-        .renew(
-            &[lease_core::RenewItem {
-                name: name.clone(),
-                token: owner.token,
-            }],
-            ttl,
-        )
-        .await
-        .unwrap();
-    assert!(
-        matches!(renewed.as_slice(), [lease_core::RenewOutcome::Renewed]),
-        "{renewed:?}"
-    );
-    let info = backend.inspect(&name).await.unwrap().expect("held");
-    assert_eq!(info.fencing, Some(fencing));
-    backend
-        .release(&name, &owner.token, Duration::ZERO)
-        .await
-        .unwrap();
-    assert!(backend.inspect(&name).await.unwrap().is_none());
-}
 
 async fn connect(url: &str, tls: TlsFiles) -> lease_core::Result<EtcdBackend> {
     let (endpoints, mut config) = EtcdConfig::from_url(url)?;
@@ -59,28 +19,6 @@ async fn connect(url: &str, tls: TlsFiles) -> lease_core::Result<EtcdBackend> {
         config.tls = Some(files.merged(&tls)?);
     }
     EtcdBackend::connect_endpoints(&endpoints, config).await
-}
-
-fn expect_tls(r: lease_core::Result<EtcdBackend>, says: &str) {
-    match r {
-        Err(e @ Error::Tls { .. }) => {
-            assert!(!e.is_retryable(), "{e}");
-            assert!(e.to_string().contains(says), "wanted {says:?} in: {e}");
-        }
-        Err(e) => panic!("wanted a TLS error ({says}), got {e:?}"),
-        Ok(_) => panic!("wanted a TLS error ({says}), connected"),
-    }
-}
-
-fn expect_auth(r: lease_core::Result<EtcdBackend>, secret: &str) {
-    match r {
-        Err(e @ Error::Auth { .. }) => {
-            assert!(!e.is_retryable(), "{e}");
-            assert!(!format!("{e} {e:?}").contains(secret), "{e:?}");
-        }
-        Err(e) => panic!("wanted an authentication error, got {e:?}"),
-        Ok(_) => panic!("wanted an authentication error, connected"),
-    }
 }
 
 /// `https://127.0.0.1:PORT` -> `127.0.0.1:PORT`.
@@ -204,6 +142,7 @@ async fn a_user_and_password() {
             TlsFiles::default(),
         )
         .await,
+        "refused the credentials",
         "wrong-pw",
     );
 }
@@ -225,8 +164,8 @@ async fn a_user_limited_to_the_lease_prefix() {
     .unwrap();
     cycle(&backend).await;
     // Notification of a release (a watch on the prefix) works with the role.
-    let holder = owner();
-    let n = name();
+    let holder = owner("tls-test");
+    let n = unique_name("tls");
     backend
         .acquire(&n, &holder, Duration::from_secs(10))
         .await
@@ -256,7 +195,11 @@ async fn a_user_limited_to_the_lease_prefix() {
     .await;
     let e = match outside {
         Ok(b) => b
-            .acquire(&name(), &owner(), Duration::from_secs(10))
+            .acquire(
+                &unique_name("tls"),
+                &owner("tls-test"),
+                Duration::from_secs(10),
+            )
             .await
             .map(|_| ())
             .unwrap_err(),
@@ -270,6 +213,7 @@ async fn a_user_limited_to_the_lease_prefix() {
             TlsFiles::default(),
         )
         .await,
+        "refused the credentials",
         "not-it",
     );
 }

@@ -6,79 +6,16 @@
 
 use std::time::Duration;
 
-use lease_core::{AcquireOutcome, Error, HolderLabel, LeaseBackend, LeaseName, Owner, TlsFiles};
+use lease_conformance::expect::{cycle, expect_auth, expect_tls, owner, unique_name};
+use lease_core::{AcquireOutcome, Error, LeaseBackend, TlsFiles};
 use lease_postgres::{PostgresBackend, PostgresConfig};
 use lease_test_servers::{PostgresServer, TestCerts};
-
-fn name() -> LeaseName {
-    LeaseName::new(format!("tls-{}", uuid::Uuid::new_v4().simple())).unwrap()
-}
-
-fn owner() -> Owner {
-    Owner::new(HolderLabel::new("tls-test").unwrap())
-}
-
-/// One acquire, renewal, inspection and release: the connection works for leases.
-async fn cycle(backend: &PostgresBackend) {
-    let owner = owner();
-    let name = name();
-    let ttl = Duration::from_secs(10);
-    let AcquireOutcome::Acquired { fencing, .. } =
-        backend.acquire(&name, &owner, ttl).await.unwrap()
-    else {
-        panic!("a fresh name was held");
-    };
-    let renewed = backend
-        .renew(
-            &[lease_core::RenewItem {
-                name: name.clone(),
-                token: owner.token,
-            }],
-            ttl,
-        )
-        .await
-        .unwrap();
-    assert!(
-        matches!(renewed.as_slice(), [lease_core::RenewOutcome::Renewed]),
-        "{renewed:?}"
-    );
-    let info = backend.inspect(&name).await.unwrap().expect("held");
-    assert_eq!(info.fencing, Some(fencing));
-    backend
-        .release(&name, &owner.token, Duration::ZERO)
-        .await
-        .unwrap();
-    assert!(backend.inspect(&name).await.unwrap().is_none());
-}
 
 async fn connect(url: &str, tls: TlsFiles) -> lease_core::Result<PostgresBackend> {
     let config = PostgresConfig::default()
         .with_tls(tls)
         .with_request_timeout(Duration::from_secs(3));
     PostgresBackend::connect_with(url, config).await
-}
-
-fn expect_tls(r: lease_core::Result<PostgresBackend>, says: &str) {
-    match r {
-        Err(e @ Error::Tls { .. }) => {
-            assert!(!e.is_retryable(), "{e}");
-            assert!(e.to_string().contains(says), "wanted {says:?} in: {e}");
-        }
-        Err(e) => panic!("wanted a TLS error ({says}), got {e:?}"),
-        Ok(_) => panic!("wanted a TLS error ({says}), connected"),
-    }
-}
-
-fn expect_auth(r: lease_core::Result<PostgresBackend>, says: &str, secret: &str) {
-    match r {
-        Err(e @ Error::Auth { .. }) => {
-            assert!(!e.is_retryable(), "{e}");
-            assert!(e.to_string().contains(says), "wanted {says:?} in: {e}");
-            assert!(!format!("{e} {e:?}").contains(secret), "{e:?}");
-        }
-        Err(e) => panic!("wanted an authentication error ({says}), got {e:?}"),
-        Ok(_) => panic!("wanted an authentication error ({says}), connected"),
-    }
 }
 
 /// A server with TLS on and these rules: `lease_client` only over TLS with a client
@@ -371,8 +308,8 @@ async fn least_privilege_role_and_schema_qualified_table() {
     .await
     .unwrap();
     assert_eq!(alice.table(), "public.lease_locks");
-    let n = name();
-    let holder = owner();
+    let n = unique_name("tls");
+    let holder = owner("tls-test");
     assert!(matches!(
         backend
             .acquire(&n, &holder, Duration::from_secs(10))
@@ -383,7 +320,7 @@ async fn least_privilege_role_and_schema_qualified_table() {
     assert!(
         matches!(
             alice
-                .acquire(&n, &owner(), Duration::from_secs(10))
+                .acquire(&n, &owner("tls-test"), Duration::from_secs(10))
                 .await
                 .unwrap(),
             AcquireOutcome::Held(_)

@@ -5,65 +5,19 @@
 
 use std::time::Duration;
 
-use lease_core::{AcquireOutcome, Error, HolderLabel, LeaseBackend, LeaseName, Owner, TlsFiles};
+use lease_core::{Error, HolderLabel, LeaseBackend, Owner, TlsFiles};
 use lease_redis::{RedisBackend, RedisConfig};
 use lease_test_servers::redis::{LEASE_USER_ACL, tls_args};
 use lease_test_servers::{RedisServer, TestCerts, free_port};
 mod common;
 use common::admin;
-
-fn name() -> LeaseName {
-    LeaseName::new(format!("tls-{}", uuid::Uuid::new_v4().simple())).unwrap()
-}
-
-/// One acquire, renewal, inspection and release: the connection works for leases.
-async fn cycle(backend: &RedisBackend) {
-    let owner = Owner::new(HolderLabel::new("tls-test").unwrap());
-    let name = name();
-    let ttl = Duration::from_secs(10);
-    let AcquireOutcome::Acquired { fencing, .. } =
-        backend.acquire(&name, &owner, ttl).await.unwrap()
-    else {
-        panic!("a fresh name was held");
-    };
-    assert!(fencing.get() > 0);
-    let info = backend.inspect(&name).await.unwrap().expect("held");
-    assert_eq!(info.fencing, Some(fencing));
-    backend
-        .release(&name, &owner.token, Duration::ZERO)
-        .await
-        .unwrap();
-    assert!(backend.inspect(&name).await.unwrap().is_none());
-}
+use lease_conformance::expect::{cycle, expect_auth, expect_tls, unique_name};
 
 async fn connect(url: &str, tls: TlsFiles) -> lease_core::Result<RedisBackend> {
     let config = RedisConfig::default()
         .with_tls(tls)
         .with_connect_timeout(Duration::from_secs(3));
     RedisBackend::connect_with(url, config).await
-}
-
-fn expect_tls(r: lease_core::Result<RedisBackend>, says: &str) {
-    match r {
-        Err(e @ Error::Tls { .. }) => {
-            assert!(!e.is_retryable(), "{e}");
-            assert!(e.to_string().contains(says), "wanted {says:?} in: {e}");
-        }
-        Err(e) => panic!("wanted a TLS error ({says}), got {e:?}"),
-        Ok(_) => panic!("wanted a TLS error ({says}), connected"),
-    }
-}
-
-fn expect_auth(r: lease_core::Result<RedisBackend>, secret: &str) {
-    match r {
-        Err(e @ Error::Auth { .. }) => {
-            assert!(!e.is_retryable(), "{e}");
-            assert!(!e.to_string().contains(secret), "{e}");
-            assert!(!format!("{e:?}").contains(secret), "{e:?}");
-        }
-        Err(e) => panic!("wanted an authentication error, got {e:?}"),
-        Ok(_) => panic!("wanted an authentication error, connected"),
-    }
 }
 
 /// A redis-server with a plain port and a TLS port (client certificates required when
@@ -195,10 +149,12 @@ async fn a_password_alone() {
             TlsFiles::default(),
         )
         .await,
+        "refused the credentials",
         "wrong-pw",
     );
     expect_auth(
         connect(&format!("redis://127.0.0.1:{port}/"), TlsFiles::default()).await,
+        "refused the credentials",
         "s3cret-pw",
     );
 }
@@ -222,7 +178,7 @@ async fn an_acl_user_with_least_privilege() {
     cycle(&backend).await;
     // Notification of a release (pub/sub on the lease's channel) works under the ACL.
     let owner = Owner::new(HolderLabel::new("acl").unwrap());
-    let n = name();
+    let n = unique_name("tls");
     backend
         .acquire(&n, &owner, Duration::from_secs(10))
         .await
@@ -250,7 +206,7 @@ async fn an_acl_user_with_least_privilege() {
         .await
         .unwrap();
     let e = outside
-        .acquire(&name(), &owner, Duration::from_secs(10))
+        .acquire(&unique_name("tls"), &owner, Duration::from_secs(10))
         .await
         .unwrap_err();
     assert!(matches!(e, Error::Rejected { .. }), "{e:?}");
@@ -262,6 +218,7 @@ async fn an_acl_user_with_least_privilege() {
             TlsFiles::default(),
         )
         .await,
+        "refused the credentials",
         "not-it",
     );
 }
