@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use super::process::{ChildProcess, DirWatcher};
-use super::{HarnessError, Source, env_nonempty, find_binary, free_ports};
+use super::{
+    HarnessError, PORT_ATTEMPTS, PortAttempts, Source, env_nonempty, find_binary, free_ports,
+};
 
 /// Environment variable with the endpoints (`host:port[,host:port...]`) of an etcd cluster
 /// to use instead of starting one.
@@ -24,9 +26,6 @@ const READY_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// How long `stop` waits after SIGTERM before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(10);
-
-/// Attempts at free ports (another process may grab one between probing and binding).
-const PORT_ATTEMPTS: usize = 5;
 
 /// Raft timing (heartbeat, election timeout, in ms) of a single node: it never holds an
 /// election against anyone, so it can be fast.
@@ -297,9 +296,9 @@ impl EtcdServer {
         let dir = data_root("lease-etcd-")?;
         let watcher = DirWatcher::spawn(dir.path())?;
         let token = cluster_token();
-        let mut last_error = String::new();
-        for _ in 0..PORT_ATTEMPTS {
-            let (client_port, peer_port) = match free_ports(2)?.as_slice() {
+        let mut attempts = PortAttempts::new(&["address already in use"]);
+        while let Some(ports) = attempts.next(2)? {
+            let (client_port, peer_port) = match ports.as_slice() {
                 &[c, p] => (c, p),
                 _ => return Err(HarnessError::Start("no two free ports".into())),
             };
@@ -349,17 +348,17 @@ impl EtcdServer {
                 Err(why) => {
                     let tail = process.log_tail(20);
                     process.kill()?;
-                    last_error = format!(
-                        "{} on ports {client_port}/{peer_port}: {why}; log tail:\n{tail}",
-                        binary.display()
+                    attempts.failed(
+                        format!(
+                            "{} on ports {client_port}/{peer_port}: {why}",
+                            binary.display()
+                        ),
+                        &tail,
                     );
-                    if !tail.contains("address already in use") {
-                        break;
-                    }
                 }
             }
         }
-        Err(HarnessError::Start(last_error))
+        Err(attempts.into_error())
     }
 
     /// The client endpoints (`http://127.0.0.1:PORT` for a spawned node).

@@ -157,6 +157,66 @@ pub fn free_ports(n: usize) -> Result<Vec<u16>, HarnessError> {
     Ok(ports)
 }
 
+/// How many times a server is started on new free ports when another process took one
+/// of them between probing and binding.
+pub(crate) const PORT_ATTEMPTS: usize = 5;
+
+/// The one policy for starting a server on free ports, shared by every store's harness:
+/// up to [`PORT_ATTEMPTS`] tries, each on new ports, going on only while the last failure
+/// says that a port was taken meanwhile (one of `in_use` in the server's log); the error
+/// names the last failure.
+///
+/// ```ignore
+/// let mut attempts = PortAttempts::new(&["Address already in use"]);
+/// while let Some(ports) = attempts.next(1)? {
+///     match start_on(ports[0]) {
+///         Ok(server) => return Ok(server),
+///         Err((why, log_tail)) => attempts.failed(why, &log_tail),
+///     }
+/// }
+/// Err(attempts.into_error())
+/// ```
+pub(crate) struct PortAttempts {
+    in_use: &'static [&'static str],
+    tried: usize,
+    again: bool,
+    last: String,
+}
+
+impl PortAttempts {
+    pub(crate) fn new(in_use: &'static [&'static str]) -> Self {
+        PortAttempts {
+            in_use,
+            tried: 0,
+            again: true,
+            last: String::new(),
+        }
+    }
+
+    /// `n` distinct free ports for the next try, or `None` when no try is left (or the
+    /// last failure was not a port taken).
+    pub(crate) fn next(&mut self, n: usize) -> Result<Option<Vec<u16>>, HarnessError> {
+        if !self.again || self.tried >= PORT_ATTEMPTS {
+            return Ok(None);
+        }
+        self.tried += 1;
+        self.again = false;
+        free_ports(n).map(Some)
+    }
+
+    /// Records a failed try: `why`, and the server's log tail, which tells whether a port
+    /// was taken (then the next call to [`next`](Self::next) gives new ports).
+    pub(crate) fn failed(&mut self, why: String, log_tail: &str) {
+        self.again = self.in_use.iter().any(|m| log_tail.contains(m));
+        self.last = format!("{why}; log tail:\n{log_tail}");
+    }
+
+    /// The error after the last try.
+    pub(crate) fn into_error(self) -> HarnessError {
+        HarnessError::Start(self.last)
+    }
+}
+
 /// Finds an executable: each directory of `PATH`, then `extra_dirs`.
 pub fn find_binary(name: &str, extra_dirs: &[&str]) -> Option<PathBuf> {
     let from_path = std::env::var_os("PATH")

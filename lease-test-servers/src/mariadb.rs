@@ -15,7 +15,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use super::process::{ChildProcess, DirWatcher};
-use super::{HarnessError, Source, env_nonempty, find_binary, free_port};
+use super::{HarnessError, PortAttempts, Source, env_nonempty, find_binary};
 
 /// Environment variable with the URL of a MySQL or MariaDB server to use instead of
 /// starting one (`mysql://user:password@host:port/database`).
@@ -28,9 +28,6 @@ const DIRS: &[&str] = &["/usr/sbin", "/usr/bin", "/usr/local/bin", "/usr/local/s
 
 /// How long a spawned server may take to answer.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Attempts at a free port.
-const PORT_ATTEMPTS: usize = 5;
 
 /// A MariaDB server for tests.
 #[derive(Debug)]
@@ -368,9 +365,9 @@ fn start_blocking(fast: bool, extra: Vec<OsString>) -> Result<MariaDbServer, Har
     )
     .map_err(|e| HarnessError::io("writing the init file", e))?;
     let log_path = dir.path().join("mariadbd.log");
-    let mut last_error = String::new();
-    for _ in 0..PORT_ATTEMPTS {
-        let port = free_port()?;
+    let mut attempts = PortAttempts::new(&["Address already in use", "Can't start server"]);
+    while let Some(ports) = attempts.next(1)? {
+        let port = ports[0];
         let mut args = server_args(dir.path(), &data, &init_file, port, as_root, fast);
         args.extend(extra.iter().cloned());
         let mut process = ChildProcess::spawn(server.clone(), args, log_path.clone())?;
@@ -405,18 +402,11 @@ fn start_blocking(fast: bool, extra: Vec<OsString>) -> Result<MariaDbServer, Har
             Err(why) => {
                 let tail = process.log_tail(20);
                 process.kill()?;
-                last_error = format!(
-                    "{} on port {port}: {why}; log tail:\n{tail}",
-                    server.display()
-                );
-                if !tail.contains("Address already in use") && !tail.contains("Can't start server")
-                {
-                    break;
-                }
+                attempts.failed(format!("{} on port {port}: {why}", server.display()), &tail);
             }
         }
     }
-    Err(HarnessError::Start(last_error))
+    Err(attempts.into_error())
 }
 
 fn server_args(

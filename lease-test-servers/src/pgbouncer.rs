@@ -6,7 +6,7 @@ use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use super::process::{ChildProcess, DirWatcher};
-use super::{HarnessError, find_binary, free_port};
+use super::{HarnessError, PortAttempts, find_binary};
 
 const INSTALL_HINT: &str = "install the Debian package `pgbouncer` (apt-get install pgbouncer)";
 
@@ -70,9 +70,9 @@ impl PgBouncer {
         let auth = dir.path().join("users.txt");
         std::fs::write(&auth, "\"postgres\" \"\"\n")
             .map_err(|e| HarnessError::io("writing pgbouncer's auth file", e))?;
-        let mut last_error = String::new();
-        for _ in 0..5 {
-            let port = free_port()?;
+        let mut attempts = PortAttempts::new(&["Address already in use"]);
+        while let Some(ports) = attempts.next(1)? {
+            let port = ports[0];
             let ini = dir.path().join("pgbouncer.ini");
             let ignore = if ignore_options {
                 "extra_float_digits,options"
@@ -138,14 +138,11 @@ impl PgBouncer {
                 Err(why) => {
                     let tail = process.log_tail(20);
                     let _ = process.kill();
-                    last_error = format!("pgbouncer on port {port}: {why}; log tail:\n{tail}");
-                    if !tail.contains("Address already in use") {
-                        break;
-                    }
+                    attempts.failed(format!("pgbouncer on port {port}: {why}"), &tail);
                 }
             }
         }
-        Err(HarnessError::Start(last_error))
+        Err(attempts.into_error())
     }
 
     /// The URL of `database` through the pooler.

@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
-use super::{HarnessError, Source, env_nonempty, find_binary, free_port};
+use super::{HarnessError, PortAttempts, Source, env_nonempty, find_binary};
 
 /// Environment variable with the URL of a Postgres server to use instead of starting one.
 pub const URL_VAR: &str = "LEASE_TEST_POSTGRES_URL";
@@ -59,9 +59,6 @@ const READY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long `stop` waits after asking for a fast shutdown before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(10);
-
-/// Attempts at a free port (another process may grab it between probing and binding).
-const PORT_ATTEMPTS: usize = 5;
 
 /// Connection slots of a spawned server: the advisory-lock mode keeps one connection per
 /// held lease, and tests run in parallel.
@@ -923,9 +920,9 @@ fn start_blocking(
         _watcher: watcher,
         dir,
     };
-    let mut last_error = String::new();
-    for _ in 0..PORT_ATTEMPTS {
-        local.port = free_port()?;
+    let mut attempts = PortAttempts::new(&["could not bind", "already in use"]);
+    while let Some(ports) = attempts.next(1)? {
+        local.port = ports[0];
         let _ = std::fs::remove_file(&local.log_path);
         local.spawn_server()?;
         match wait_ready(&mut local) {
@@ -956,18 +953,14 @@ fn start_blocking(
             Err(why) => {
                 let log = tail(&local.log_path, 20);
                 local.kill()?;
-                last_error = format!(
-                    "{} on port {}: {why}; log tail:\n{log}",
-                    local.postgres.display(),
-                    local.port
+                attempts.failed(
+                    format!("{} on port {}: {why}", local.postgres.display(), local.port),
+                    &log,
                 );
-                if !log.contains("could not bind") && !log.contains("already in use") {
-                    break;
-                }
             }
         }
     }
-    Err(HarnessError::Start(last_error))
+    Err(attempts.into_error())
 }
 
 /// Polls until the server answers `SELECT 1`, the process exits, or [`READY_TIMEOUT`]

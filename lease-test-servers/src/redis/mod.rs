@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::Signal;
 
 use super::process::{ChildProcess, DirWatcher};
-use super::{HarnessError, Source, env_nonempty, find_binary, free_port};
+use super::{HarnessError, PortAttempts, Source, env_nonempty, find_binary};
 
 mod cluster;
 mod sentinel;
@@ -27,9 +27,6 @@ pub(super) const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long `stop` waits after SIGTERM before SIGKILL.
 pub(super) const STOP_GRACE: Duration = Duration::from_secs(10);
-
-/// Attempts at a free port (another process may grab it between probing and binding).
-pub(super) const PORT_ATTEMPTS: usize = 5;
 
 /// A Redis server for tests. See the [module docs](super) for where it comes from.
 ///
@@ -190,9 +187,9 @@ impl RedisServer {
             .map_err(|e| HarnessError::io("creating a temp dir for redis-server", e))?;
         let watcher = DirWatcher::spawn(dir.path())?;
         let log_path = dir.path().join("redis.log");
-        let mut last_error = String::new();
-        for _ in 0..PORT_ATTEMPTS {
-            let port = free_port()?;
+        let mut attempts = PortAttempts::new(&["Address already in use"]);
+        while let Some(ports) = attempts.next(1)? {
+            let port = ports[0];
             let _ = std::fs::remove_file(&log_path);
             let mut args = server_args(port, dir.path(), persistent);
             args.extend(extra.iter().map(OsString::from));
@@ -228,17 +225,11 @@ impl RedisServer {
                 Err(why) => {
                     let tail = process.log_tail(20);
                     process.kill()?;
-                    last_error = format!(
-                        "{} on port {port}: {why}; log tail:\n{tail}",
-                        binary.display()
-                    );
-                    if !tail.contains("Address already in use") {
-                        break;
-                    }
+                    attempts.failed(format!("{} on port {port}: {why}", binary.display()), &tail);
                 }
             }
         }
-        Err(HarnessError::Start(last_error))
+        Err(attempts.into_error())
     }
 
     /// The URL to connect to (`redis://127.0.0.1:PORT/` for a spawned server).
