@@ -370,24 +370,13 @@ impl LeaseClient {
                 id,
                 name: granted.name.clone(),
                 token: granted.owner.token,
-                ttl: opts.ttl(),
-                renew_every: opts.renew_every(),
-                margin: opts.safety_margin(),
-                call_timeout: opts.call_timeout(),
-                backoff: (opts.backoff_min(), opts.backoff_max()),
+                opts: opts.clone(),
                 sent_at: granted.sent_at,
                 first_deadline,
                 shared: shared.clone(),
             };
             if hb.register(reg) {
-                return Ok(LeaseGuard::new(
-                    shared,
-                    inner.store(),
-                    hb,
-                    id,
-                    opts.keep_for(),
-                    opts.call_timeout(),
-                ));
+                return Ok(LeaseGuard::new(shared, inner.store(), hb, id, opts.clone()));
             }
             hb = inner.heartbeat()?;
         }

@@ -12,7 +12,9 @@ use crate::backend::LeaseBackend;
 use crate::error::Result;
 use crate::heartbeat::{Command, HeartbeatHandle};
 use crate::shared::{GuardShared, LossReason};
-use crate::types::{FencingToken, HolderLabel, LeaseName, OwnerToken, ReleaseOutcome};
+use crate::types::{
+    FencingToken, HolderLabel, LeaseName, LeaseOptions, OwnerToken, ReleaseOutcome,
+};
 
 /// A held lease.
 ///
@@ -38,8 +40,9 @@ pub struct LeaseGuard {
     /// heartbeat dies, so this is not necessarily the client's current one).
     heartbeat: Arc<HeartbeatHandle>,
     id: u64,
-    keep_for: Duration,
-    call_timeout: Duration,
+    /// The options the lease was taken with (keep-for and the call timeout of its
+    /// release), carried whole.
+    opts: LeaseOptions,
     armed: bool,
 }
 
@@ -49,16 +52,14 @@ impl LeaseGuard {
         store: Store,
         heartbeat: Arc<HeartbeatHandle>,
         id: u64,
-        keep_for: Duration,
-        call_timeout: Duration,
+        opts: LeaseOptions,
     ) -> Self {
         LeaseGuard {
             shared,
             store,
             heartbeat,
             id,
-            keep_for,
-            call_timeout,
+            opts,
             armed: true,
         }
     }
@@ -147,8 +148,8 @@ impl LeaseGuard {
                 .release(
                     self.shared.name(),
                     self.shared.token(),
-                    self.keep_for,
-                    self.call_timeout,
+                    self.opts.keep_for(),
+                    self.opts.call_timeout(),
                 )
                 .await;
             self.armed = false;
@@ -181,7 +182,7 @@ impl LeaseGuard {
             return;
         };
         let (store, shared) = (self.store.clone(), self.shared.clone());
-        let (keep_for, call_timeout) = (self.keep_for, self.call_timeout);
+        let (keep_for, call_timeout) = (self.opts.keep_for(), self.opts.call_timeout());
         let span = tracing::Span::current();
         rt.spawn(
             async move {
@@ -235,7 +236,7 @@ impl LeaseGuard {
             id: self.id,
             ack: Some(tx),
         }) {
-            wait_for_renewal(rx, self.call_timeout).await;
+            wait_for_renewal(rx, self.opts.call_timeout()).await;
         }
     }
 }
@@ -342,8 +343,8 @@ impl Drop for LeaseGuard {
         };
         let store = self.store.clone();
         let shared = self.shared.clone();
-        let keep_for = self.keep_for;
-        let call_timeout = self.call_timeout;
+        let keep_for = self.opts.keep_for();
+        let call_timeout = self.opts.call_timeout();
         handle.spawn(async move {
             if let Some(rx) = wait {
                 wait_for_renewal(rx, call_timeout).await;

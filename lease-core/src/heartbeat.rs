@@ -29,7 +29,7 @@ use crate::backend::LeaseBackend;
 use crate::error::Error;
 use crate::metrics;
 use crate::shared::{GuardShared, LossReason};
-use crate::types::{HolderLabel, LeaseName, OwnerToken, RenewItem, RenewOutcome};
+use crate::types::{HolderLabel, LeaseName, LeaseOptions, OwnerToken, RenewItem, RenewOutcome};
 use crate::util::{Site, backoff_delay, call};
 
 /// At most this many lease names are written into one log event about a batch.
@@ -40,11 +40,9 @@ pub(crate) struct Registration {
     pub id: u64,
     pub name: LeaseName,
     pub token: OwnerToken,
-    pub ttl: Duration,
-    pub renew_every: Duration,
-    pub margin: Duration,
-    pub call_timeout: Duration,
-    pub backoff: (Duration, Duration),
+    /// The options the lease was taken with (TTL, renewal period, safety margin, call
+    /// timeout, backoff), carried whole.
+    pub opts: LeaseOptions,
     pub sent_at: Instant,
     /// Local safety deadline after the acquisition: send time + the TTL the store
     /// granted (which may be shorter than requested, e.g. a shared etcd lease) - margin.
@@ -60,7 +58,7 @@ impl Registration {
     fn first_due(&self) -> Instant {
         let halfway =
             self.sent_at + self.first_deadline.saturating_duration_since(self.sent_at) / 2;
-        (self.sent_at + self.renew_every).min(halfway)
+        (self.sent_at + self.opts.renew_every()).min(halfway)
     }
 }
 
@@ -510,8 +508,10 @@ fn start_due(
             continue;
         }
         let due = e.next_due <= now;
-        if joins_batch(e.next_due, now, e.reg.renew_every) {
-            let group = groups.entry((e.reg.ttl, e.reg.call_timeout)).or_default();
+        if joins_batch(e.next_due, now, e.reg.opts.renew_every()) {
+            let group = groups
+                .entry((e.reg.opts.ttl(), e.reg.opts.call_timeout()))
+                .or_default();
             group.0 |= due;
             group.1.push(*id);
         }
@@ -624,9 +624,10 @@ fn finish(backend: &'static str, entries: &mut HashMap<u64, Entry>, done: BatchR
                     metrics::renewal(backend, &e.reg.name, "renewed");
                     metrics::renewal_margin(backend, &e.reg.name, e.deadline - now);
                     e.attempt = 0;
-                    e.deadline = sent_at + e.reg.ttl.saturating_sub(e.reg.margin);
+                    e.deadline =
+                        sent_at + e.reg.opts.ttl().saturating_sub(e.reg.opts.safety_margin());
                     e.reg.shared.set_deadline(e.deadline);
-                    e.next_due = sent_at + e.reg.renew_every;
+                    e.next_due = sent_at + e.reg.opts.renew_every();
                     tracing::trace!(lease = %e.reg.name, "renewed");
                 }
                 Some(RenewOutcome::Renewed) => {
@@ -648,7 +649,7 @@ fn finish(backend: &'static str, entries: &mut HashMap<u64, Entry>, done: BatchR
                 metrics::renewal(backend, &e.reg.name, "error");
                 let (delay, failed) = retry.get_or_insert_with(|| {
                     (
-                        backoff_delay(e.reg.backoff.0, e.reg.backoff.1, attempt),
+                        backoff_delay(e.reg.opts.backoff_min(), e.reg.opts.backoff_max(), attempt),
                         Vec::new(),
                     )
                 });
