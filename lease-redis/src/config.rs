@@ -37,7 +37,7 @@ pub struct RedisConfig {
     /// Replica acknowledgement (`WAIT`) of acquisitions and renewals: see
     /// [`WaitForReplicas`]. `None` (default): a write counts once the primary applied it.
     pub wait_for_replicas: Option<WaitForReplicas>,
-    /// Leases per renewal script call (default [`MAX_RENEW_BATCH`], at most
+    /// Leases per renewal script call (default [`DEFAULT_RENEW_BATCH`], at most
     /// [`RENEW_BATCH_LIMIT`]); on a cluster, per primary. A larger batch takes fewer calls
     /// per tick and keeps the server (each primary) busy longer in each: Redis runs one
     /// script at a time, so every other client of that server waits meanwhile
@@ -90,7 +90,7 @@ impl Default for RedisConfig {
             persistent_fencing: None,
             tls: TlsFiles::default(),
             wait_for_replicas: None,
-            renew_batch: MAX_RENEW_BATCH,
+            renew_batch: DEFAULT_RENEW_BATCH,
         }
     }
 }

@@ -40,8 +40,10 @@ pub use redis;
 /// script call; the client splits larger batches. One call of this size keeps the server
 /// busy for a few milliseconds. On a Redis Cluster the backend takes this many per primary
 /// in one `renew` call (its capabilities say `max_renew_batch` = this times the number of
-/// primaries at connect).
-pub const MAX_RENEW_BATCH: usize = 10_000;
+/// primaries at connect). (Elsewhere `MAX_RENEW_BATCH` is the largest batch of one
+/// `renew` call; on Redis that is `Capabilities::max_renew_batch`, which depends on the
+/// topology, so there is no such constant.)
+pub const DEFAULT_RENEW_BATCH: usize = 10_000;
 
 /// The largest [`RedisConfig::renew_batch`] accepted.
 pub const RENEW_BATCH_LIMIT: usize = 100_000;

@@ -141,7 +141,7 @@ async fn capabilities_on_a_cluster() {
     // and a release's PUBLISH reaches every node.
     assert!(caps.release_notification);
     // Up to 10,000 leases per primary in one renew call.
-    assert_eq!(caps.max_renew_batch, 3 * lease_redis::MAX_RENEW_BATCH);
+    assert_eq!(caps.max_renew_batch, 3 * lease_redis::DEFAULT_RENEW_BATCH);
     let shown = format!("{backend:?}");
     let first = cluster.address(cluster.ports()[0]);
     assert!(shown.contains(&format!("cluster {first}")), "{shown}");
