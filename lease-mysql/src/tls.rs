@@ -11,23 +11,14 @@
 
 /// See the [module docs](self). Without a TLS feature, nothing.
 pub(crate) fn ensure_crypto_provider() {
-    #[cfg(any(feature = "tls-ring", feature = "tls-aws-lc-rs"))]
-    {
-        if rustls::crypto::CryptoProvider::get_default().is_some() {
-            return;
-        }
-        #[cfg(feature = "tls-ring")]
-        let (provider, name) = (rustls::crypto::ring::default_provider(), "ring");
-        #[cfg(not(feature = "tls-ring"))]
-        let (provider, name) = (rustls::crypto::aws_lc_rs::default_provider(), "aws-lc-rs");
-        // An error means another thread installed one meanwhile: that one is used.
-        if provider.install_default().is_ok() {
-            tracing::info!(
-                provider = name,
-                "installed rustls's process-wide crypto provider for ssl-mode=VERIFY_CA (the \
-                 application had installed none; to use another, install it before \
-                 connecting)"
-            );
-        }
-    }
+    #[cfg(feature = "tls-ring")]
+    lease_core::raw::tls::ensure_crypto_provider(
+        || (rustls::crypto::ring::default_provider(), "ring"),
+        "ssl-mode=VERIFY_CA",
+    );
+    #[cfg(all(feature = "tls-aws-lc-rs", not(feature = "tls-ring")))]
+    lease_core::raw::tls::ensure_crypto_provider(
+        || (rustls::crypto::aws_lc_rs::default_provider(), "aws-lc-rs"),
+        "ssl-mode=VERIFY_CA",
+    );
 }

@@ -234,6 +234,32 @@ fn read_pem(path: &Path, what: &str, kind: PemKind) -> Result<Vec<u8>, String> {
     Ok(bytes)
 }
 
+/// Installs `fallback()` as rustls's process-wide crypto provider if the application has
+/// installed none, and logs that it did (`for_what` says which connection needed it).
+/// The backends call it only right before a TLS connection that needs the process-wide
+/// provider, so that the application's own choice, made at any time before, wins.
+///
+/// `fallback` gives the provider and its name (`"ring"`, `"aws-lc-rs"`): the backend's
+/// TLS feature decides which.
+#[cfg(feature = "rustls")]
+pub fn ensure_crypto_provider(
+    fallback: impl FnOnce() -> (rustls::crypto::CryptoProvider, &'static str),
+    for_what: &str,
+) {
+    if rustls::crypto::CryptoProvider::get_default().is_some() {
+        return;
+    }
+    let (provider, name) = fallback();
+    // An error means another thread installed one meanwhile: that one is used.
+    if provider.install_default().is_ok() {
+        tracing::info!(
+            provider = name,
+            "installed rustls's process-wide crypto provider for {for_what} (the application \
+             had installed none; to use another, install it before connecting)"
+        );
+    }
+}
+
 /// Whether `error` is a failed TLS handshake (as rustls, which every backend uses,
 /// reports it), and if so what to check, followed by the library's own words. `None` for
 /// any other error.
