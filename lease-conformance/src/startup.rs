@@ -148,3 +148,19 @@ pub async fn health_reports(client: &LeaseClient, cut: impl Fn(), restore: impl 
     }
     drop(guard);
 }
+
+/// [`startup_rule`], then [`health_reports`] on a client of the backend it connected: the
+/// whole start-up and health test of one store. `cut` and `restore` open and close the
+/// switch in front of the store.
+pub async fn startup_and_health<C, Fut>(
+    connect: C,
+    cut: impl Fn() + Clone + Send + 'static,
+    restore: impl Fn() + Clone + Send + 'static,
+    bound: Duration,
+) where
+    C: Fn() -> Fut,
+    Fut: Future<Output = Result<Arc<dyn LeaseBackend>, Error>>,
+{
+    let backend = startup_rule(connect, cut.clone(), restore.clone(), bound).await;
+    health_reports(&LeaseClient::new(backend), cut, restore).await;
+}

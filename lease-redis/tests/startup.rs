@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_conformance::startup::{health_reports, startup_rule};
-use lease_core::{LeaseBackend, LeaseClient};
+use lease_conformance::startup::startup_and_health;
+use lease_core::LeaseBackend;
 use lease_redis::{RedisBackend, RedisConfig};
 use lease_test_servers::RedisServer;
 use lease_test_servers::proxy::{FaultProxy, ProxyFault};
@@ -30,19 +30,12 @@ async fn startup_rule_and_health_probe() {
             Ok(Arc::new(backend) as Arc<dyn LeaseBackend>)
         }
     };
-    let (cut, restore) = (proxy.clone(), proxy.clone());
-    let backend = startup_rule(
+    let (cut, restore) = (proxy.clone(), proxy);
+    startup_and_health(
         connect,
         move || cut.set(ProxyFault::Reset),
         move || restore.set(ProxyFault::Pass),
         bound,
-    )
-    .await;
-    let client = LeaseClient::new(backend);
-    health_reports(
-        &client,
-        || proxy.set(ProxyFault::Reset),
-        || proxy.set(ProxyFault::Pass),
     )
     .await;
 }
