@@ -1,59 +1,9 @@
-//! Connecting (endpoints, credentials, TLS and why a TLS connection failed) and the
+//! Connecting (endpoints, credentials, the status probe; TLS is in `tls`) and the
 //! bound and retry of every request.
 
 use super::*;
 use crate::error::convert;
 use tonic::Code;
-
-/// `error`, or the TLS failure behind it: when TLS is configured and the connection
-/// failed (rather than the server answering with an error), a handshake of our own tells
-/// what the server refused (see `tls_probe`), knowing whether a client certificate was
-/// sent (gRPC's own error may carry the server's alert, which does not say that).
-pub(crate) async fn explain_tls(
-    error: Error,
-    config: &EtcdConfig,
-    endpoints: &[String],
-    bound: Duration,
-) -> Error {
-    #[cfg(feature = "_tls")]
-    if let (Some(files), Error::Unavailable { .. } | Error::Backend { .. } | Error::Tls { .. }) =
-        (&config.tls, &error)
-        && let Ok(pem) = files.load(BACKEND)
-    {
-        for endpoint in endpoints.iter().filter(|e| e.starts_with("https://")) {
-            if let Some(why) = tls_probe::diagnose(endpoint, &pem, bound).await {
-                return Error::tls(BACKEND, why);
-            }
-        }
-    }
-    #[cfg(not(feature = "_tls"))]
-    let _ = (config, endpoints, bound);
-    error
-}
-
-/// `options` with TLS set up from `files`.
-#[cfg(feature = "_tls")]
-pub(crate) fn tls_options(options: ConnectOptions, files: &TlsFiles) -> Result<ConnectOptions> {
-    use etcd_client::{Certificate, Identity, TlsOptions};
-    let pem = files.load(BACKEND)?;
-    let mut tls = TlsOptions::new();
-    tls = match pem.ca {
-        Some(ca) => tls.ca_certificate(Certificate::from_pem(ca)),
-        None => tls.with_native_roots(),
-    };
-    if let Some((cert, key)) = pem.identity {
-        tls = tls.identity(Identity::from_pem(cert, key));
-    }
-    Ok(options.with_tls(tls))
-}
-
-#[cfg(not(feature = "_tls"))]
-pub(crate) fn tls_options(_: ConnectOptions, _: &TlsFiles) -> Result<ConnectOptions> {
-    Err(Error::tls(
-        BACKEND,
-        "etcds:// needs the `tls` feature (of the lease crate, or of lease-etcd)",
-    ))
-}
 
 impl EtcdBackend {
     /// Connects to an

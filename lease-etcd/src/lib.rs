@@ -8,8 +8,7 @@ mod error;
 mod keys;
 mod sessions;
 mod state;
-#[cfg(feature = "_tls")]
-mod tls_probe;
+mod tls;
 mod url;
 mod watch;
 
@@ -56,6 +55,7 @@ use backend::*;
 pub use config::EtcdConfig;
 use connection::*;
 use sessions::*;
+use tls::*;
 
 #[cfg(test)]
 mod tests {

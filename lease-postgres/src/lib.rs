@@ -8,6 +8,7 @@ mod connection;
 mod error;
 mod inline;
 mod notify;
+mod reply;
 mod sql;
 mod tls;
 
@@ -45,6 +46,7 @@ pub use backend::PostgresBackend;
 use config::*;
 pub use config::{PostgresConfig, schema_sql};
 use connection::*;
+use reply::*;
 
 #[cfg(test)]
 mod tests {

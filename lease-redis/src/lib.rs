@@ -13,6 +13,7 @@ mod reply;
 /// after a `NOSCRIPT`. Each constant's docs give its `KEYS`, `ARGV` and reply.
 pub mod scripts;
 mod sentinel;
+mod tls;
 
 use std::fmt;
 use std::future::Future;
@@ -53,6 +54,7 @@ use backend::*;
 pub use config::{RedisConfig, WaitForReplicas};
 use connection::*;
 use reply::*;
+use tls::*;
 
 #[cfg(test)]
 mod tests {
