@@ -69,6 +69,15 @@ fi
 RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --all-features
 # Every published crate packages, and its packaged sources build on their own (the test
 # and comparison crates are publish = false).
+# Cargo verifies each package against the others through a local overlay of the registry,
+# whose sources it unpacks under $CARGO_HOME/registry/src once per name and version and
+# then reuses: a second run with changed sources but the same version would build the
+# first run's copies. Remove this workspace's unpacked copies first (none of these names
+# is a crates.io crate this workspace depends on).
+cargo_home=${CARGO_HOME:-$HOME/.cargo}
+for crate in lease-core lease-conformance lease-redis lease-postgres lease-etcd lease-mysql leasehold lease-cli; do
+  rm -rf "$cargo_home"/registry/src/*/"$crate"-[0-9]* "$cargo_home"/registry/cache/*/"$crate"-[0-9]*.crate
+done
 cargo package --workspace --exclude lease-test-servers --exclude lease-lab --exclude lease-bench
 
 # Every test server prints one "lease test server: ..." line naming its source; the run
