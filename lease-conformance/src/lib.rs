@@ -151,6 +151,8 @@ macro_rules! conformance_suite {
             lost_token_fires_when_the_run_ends,
             scheduled_job_defaults_once_per_period,
             scheduled_job_validates_keep_for,
+            firings_run_once_across_skewed_instances,
+            firing_after_a_dropped_run_runs_elsewhere,
             semaphore_never_more_than_n,
             semaphore_fencing_grows_per_permit,
             semaphore_crashed_permit_expires,

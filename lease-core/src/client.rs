@@ -44,6 +44,10 @@ pub struct LeaseContext {
     /// Cancelled when the lease is lost, and when the run ends (reason
     /// [`LossReason::Released`]), so tasks spawned with it stop with the run.
     pub lost: CancellationToken,
+    /// The scheduled instant of the firing being run, for a
+    /// [`ScheduledJob`](crate::ScheduledJob) on a [`Schedule`](crate::Schedule) of
+    /// instants (cron, fixed rate); `None` otherwise.
+    pub firing: Option<std::time::SystemTime>,
     shared: Arc<GuardShared>,
 }
 
@@ -611,11 +615,29 @@ where
     F: FnOnce(LeaseContext) -> Fut,
     Fut: Future<Output = T>,
 {
+    run_with_guard_at(guard, None, None, work).await
+}
+
+/// [`run_with_guard`] for a firing of a schedule: the context says which firing, and with
+/// `keep_after`, the lease is released with keep-for = the time since `started` plus
+/// `keep_after`, so that it stays taken `keep_after` past the end of the run (a fixed
+/// delay between runs across instances).
+pub(crate) async fn run_with_guard_at<F, Fut, T>(
+    mut guard: LeaseGuard,
+    firing: Option<std::time::SystemTime>,
+    keep_after: Option<(Instant, Duration)>,
+    work: F,
+) -> RunOutcome<T>
+where
+    F: FnOnce(LeaseContext) -> Fut,
+    Fut: Future<Output = T>,
+{
     // The select below watches the deadline, so the context's token needs no watcher.
     let ctx = LeaseContext {
         name: guard.name().clone(),
         fencing: guard.fencing(),
         lost: guard.shared().lost_token().clone(),
+        firing,
         shared: guard.shared().clone(),
     };
     let fut = work(ctx);
@@ -627,6 +649,9 @@ where
         }
         out = fut => RunOutcome::Ran(out),
     };
+    if let Some((started, after)) = keep_after {
+        guard.set_keep_for(started.elapsed().saturating_add(after));
+    }
     // `release` cancels the context's token first (reason `Released`), so tasks spawned
     // with it stop before the lease is given up. Errors are logged by `release`; the
     // lease lapses at its TTL if it fails.

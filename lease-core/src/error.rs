@@ -367,6 +367,25 @@ pub enum InvalidInput {
         /// The store's TTL granularity.
         granularity: Duration,
     },
+    /// A cron expression could not be parsed.
+    #[error(
+        "cron expression {expression:?}: {reason} (expected five fields, minute to day of \
+         week, or six with seconds first as Spring's @Scheduled(cron) writes them, e.g. \
+         \"0 * * * * *\" for every minute)"
+    )]
+    Cron {
+        /// The expression as given.
+        expression: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A time zone name is not in the IANA database.
+    #[error("unknown time zone {0:?} (give an IANA name such as Europe/Berlin, or UTC)")]
+    TimeZone(String),
+    /// A schedule's settings do not fit together (a period of zero, a window that does
+    /// not fit between firings, ...).
+    #[error("schedule: {0}")]
+    Schedule(String),
     /// A store URL or endpoint could not be parsed. The message never contains credentials.
     #[error("malformed store address: {0}")]
     MalformedUrl(String),

@@ -64,6 +64,14 @@ impl LeaseGuard {
         }
     }
 
+    /// Sets the keep-for its release will ask for.
+    pub(crate) fn set_keep_for(&mut self, keep_for: Duration) {
+        self.opts = self
+            .opts
+            .clone()
+            .with_keep_for(keep_for.min(crate::types::MAX_TTL));
+    }
+
     /// The lease name.
     pub fn name(&self) -> &LeaseName {
         self.shared.name()

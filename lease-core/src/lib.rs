@@ -15,6 +15,7 @@ mod schedule;
 mod semaphore;
 mod shared;
 pub mod startup;
+mod timetable;
 mod types;
 mod util;
 
@@ -32,6 +33,9 @@ pub use schedule::{JobRun, JobStats, ScheduledJob};
 pub use semaphore::{MAX_PERMITS, Permit, PermitHolder, Semaphore, TryPermit};
 pub use shared::LossReason;
 pub use startup::connect_when_ready;
+#[cfg(feature = "cron")]
+pub use timetable::CronSchedule;
+pub use timetable::Schedule;
 pub use tokio_util::sync::CancellationToken;
 pub use types::{
     AcquireOutcome, Capabilities, Fencing, FencingToken, HeldBy, HolderLabel, LeaseInfo, LeaseName,

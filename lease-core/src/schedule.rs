@@ -1,15 +1,16 @@
 //! Scheduled jobs: at most one run per period across all instances.
 
 use std::future::Future;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use tokio::time::MissedTickBehavior;
+use tokio::time::{Instant, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::client::{LeaseClient, LeaseContext, RunOutcome, TryAcquire, run_with_guard};
+use crate::client::{LeaseClient, LeaseContext, RunOutcome, TryAcquire, run_with_guard_at};
 use crate::error::{Error, InvalidInput};
 use crate::shared::LossReason;
+use crate::timetable::{Schedule, epoch_nanos};
 use crate::types::{HeldBy, LeaseName, LeaseOptions, MAX_TTL};
 
 /// What one tick of a [`ScheduledJob`] did.
@@ -25,6 +26,15 @@ pub enum JobRun<T> {
     Lost(LossReason),
     /// The store could not be asked; the run was skipped.
     StoreError(Error),
+    /// This instance came to a firing more than the start window after its instant (the
+    /// process was paused, the runtime overloaded) and did not try it: another instance
+    /// ran it, or nobody did.
+    Missed {
+        /// The firing's scheduled instant.
+        firing: SystemTime,
+        /// How late this instance came to it, by its own clock.
+        late_by: Duration,
+    },
 }
 
 /// Counts of what [`ScheduledJob::run`] did.
@@ -39,6 +49,20 @@ pub struct JobStats {
     pub lost: u64,
     /// Ticks skipped because the store failed.
     pub store_errors: u64,
+    /// Firings this instance came to too late to try ([`JobRun::Missed`]).
+    pub missed: u64,
+}
+
+impl JobStats {
+    fn count<T>(&mut self, run: &JobRun<T>) {
+        match run {
+            JobRun::Ran(_) => self.ran += 1,
+            JobRun::Skipped(_) => self.skipped += 1,
+            JobRun::Lost(_) => self.lost += 1,
+            JobRun::StoreError(_) => self.store_errors += 1,
+            JobRun::Missed { .. } => self.missed += 1,
+        }
+    }
 }
 
 /// A job that runs on every instance's schedule but at most once per period across all
@@ -77,9 +101,43 @@ pub struct JobStats {
 pub struct ScheduledJob {
     client: LeaseClient,
     name: LeaseName,
-    period: Duration,
+    mode: Mode,
     opts: LeaseOptions,
+    /// How long a run in progress may go on after shutdown (zero: dropped at once).
+    grace: Duration,
+    /// Added to this instance's wall clock (tests and labs simulate skewed clocks).
+    clock_offset_ms: i64,
 }
+
+/// How a job's runs are placed in time.
+#[derive(Debug, Clone)]
+enum Mode {
+    /// [`ScheduledJob::new`]: every period, counted from this instance's start.
+    Interval(Duration),
+    /// Firings at wall-clock instants (cron, fixed rate), one run per firing.
+    Instants(Box<Instants>),
+    /// A fixed delay after the previous run ended, across instances.
+    Delay(Duration),
+}
+
+/// The settings of [`Mode::Instants`].
+#[derive(Debug, Clone)]
+struct Instants {
+    schedule: Schedule,
+    /// The largest difference between two instances' clocks the job is set up for.
+    max_skew: Duration,
+    /// How late after a firing's instant (by its own clock) an instance still tries it.
+    window: Duration,
+    /// How long a firing's slot lease stays taken after its acquisition.
+    hold: Duration,
+    /// How many slot names the firings cycle through.
+    slots: u64,
+}
+
+/// Margin added to a firing's hold for the acquire's round trip and scheduling.
+const HOLD_MARGIN: Duration = Duration::from_millis(500);
+/// The fewest slot names a job's firings cycle through.
+const MIN_SLOTS: u64 = 8;
 
 impl ScheduledJob {
     /// A job named `name` run every `period` with the given lease options. The options'
@@ -145,9 +203,184 @@ impl ScheduledJob {
         Ok(ScheduledJob {
             client,
             name,
-            period,
+            mode: Mode::Interval(period),
             opts: opts.with_keep_for(keep_for),
+            grace: Duration::ZERO,
+            clock_offset_ms: 0,
         })
+    }
+
+    /// A job named `name` run on `schedule` with the given lease options (its TTL is
+    /// lockAtMostFor; `wait` is ignored).
+    ///
+    /// For a [`Schedule`] of instants (cron, fixed rate), each firing runs at most once
+    /// across all instances, identified by its instant: the instance that runs it takes
+    /// the firing's own lease (one of a few slot names, `NAME#n`, that the firings cycle
+    /// through) and keeps it after the run for as long as another instance, with a clock
+    /// up to [`with_max_skew`](Self::with_max_skew) apart or up to the start window late,
+    /// may still try that firing; those find it taken and skip it. The job's lease `NAME`
+    /// is held while a run goes on, so that a firing that comes while the previous run
+    /// still goes on is skipped rather than run beside it. A firing that no instance was
+    /// up for is not run later (missed firings are skipped). The options' keep-for is not
+    /// used: the hold follows from the skew and the window.
+    ///
+    /// For [`Schedule::FixedDelay`], instances try the job's lease every quarter of the
+    /// delay (at most every second); the one that runs releases it keeping it `delay`
+    /// past the end of its run, so that the next run, on any instance, starts `delay`
+    /// after the previous one ended (give or take that polling).
+    ///
+    /// Defaults: a clock skew of up to 1 s between instances, a start window of 1 s.
+    ///
+    /// Errors: those of [`ScheduledJob::new`] for the name and the backend (keep-for is
+    /// needed); a name too long to take the `#n` suffix is an invalid name.
+    pub fn on(
+        client: LeaseClient,
+        name: impl AsRef<[u8]>,
+        schedule: Schedule,
+        opts: LeaseOptions,
+    ) -> Result<Self, Error> {
+        let name = LeaseName::new(name)?;
+        let caps = client.capabilities();
+        if !caps.keep_for {
+            return Err(Error::Unsupported {
+                backend: caps.backend,
+                what: "keep-for (lockAtLeastFor), which a scheduled job needs to run at most \
+                       once per firing",
+            });
+        }
+        let mode = match schedule {
+            Schedule::FixedDelay(delay) => Mode::Delay(delay),
+            schedule => Mode::Instants(Box::new(Instants {
+                schedule,
+                max_skew: Duration::from_secs(1),
+                window: Duration::from_secs(1),
+                hold: Duration::ZERO,
+                slots: 0,
+            })),
+        };
+        let job = ScheduledJob {
+            client,
+            name,
+            mode,
+            opts: opts.with_keep_for(Duration::ZERO),
+            grace: Duration::ZERO,
+            clock_offset_ms: 0,
+        };
+        job.settled()
+    }
+
+    /// Sets the largest difference between two instances' wall clocks that the job must
+    /// tolerate (default 1 s; a schedule of instants only). Larger values keep each
+    /// firing's lease longer.
+    ///
+    /// Errors: [`InvalidInput::Schedule`] for a value above one hour.
+    pub fn with_max_skew(mut self, max_skew: Duration) -> Result<Self, Error> {
+        if max_skew > Duration::from_secs(3600) {
+            return Err(InvalidInput::Schedule(format!(
+                "a clock skew of {max_skew:?} (at most one hour)"
+            ))
+            .into());
+        }
+        if let Mode::Instants(i) = &mut self.mode {
+            i.max_skew = max_skew;
+        }
+        self.settled()
+    }
+
+    /// Sets how late after a firing's instant (by its own clock) an instance still tries
+    /// it (default 1 s; a schedule of instants only). An instance that comes later (a
+    /// paused process, an overloaded runtime) reports [`JobRun::Missed`] instead.
+    ///
+    /// Errors: [`InvalidInput::Schedule`] for a zero window or one above one hour.
+    pub fn with_start_window(mut self, window: Duration) -> Result<Self, Error> {
+        if window.is_zero() || window > Duration::from_secs(3600) {
+            return Err(InvalidInput::Schedule(format!(
+                "a start window of {window:?} (more than zero, at most one hour)"
+            ))
+            .into());
+        }
+        if let Mode::Instants(i) = &mut self.mode {
+            i.window = window;
+        }
+        self.settled()
+    }
+
+    /// Lets a run in progress go on for up to `grace` after `run`'s shutdown token is
+    /// cancelled, instead of dropping it at once (the default, zero).
+    pub fn with_shutdown_grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// Shifts this instance's view of the wall clock by `offset_ms` milliseconds
+    /// (positive: ahead). For tests and labs that run several instances with skewed
+    /// clocks in one process; an application leaves it at zero.
+    pub fn with_clock_offset_ms(mut self, offset_ms: i64) -> Self {
+        self.clock_offset_ms = offset_ms;
+        self
+    }
+
+    /// The hold and slot count of a schedule of instants, from its skew and window.
+    fn settled(mut self) -> Result<Self, Error> {
+        let caps = self.client.capabilities();
+        if let Mode::Instants(i) = &mut self.mode {
+            // Every other instance tries a firing within `window + 2 * max_skew` of the
+            // first try (the first instance's clock may be `max_skew` ahead, the last
+            // one's `max_skew` behind and `window` late).
+            let hold = i
+                .window
+                .saturating_add(i.max_skew.saturating_mul(2))
+                .saturating_add(HOLD_MARGIN);
+            let hold = round_up(hold, caps.ttl_granularity).max(caps.min_ttl);
+            // A slot name comes back only after its last firing's lease is gone: at the
+            // latest `window + max_skew + hold` after that firing (plus a store's rounding
+            // up), before the next firing on it may be tried, `max_skew` early.
+            let span = i
+                .window
+                .saturating_add(i.max_skew.saturating_mul(2))
+                .saturating_add(hold)
+                .saturating_add(caps.ttl_granularity);
+            let unit = i.schedule.unit().as_nanos().max(1);
+            let needed = u64::try_from(span.as_nanos().div_ceil(unit))
+                .unwrap_or(u64::MAX)
+                .saturating_add(2);
+            i.hold = hold;
+            i.slots = needed.max(MIN_SLOTS);
+            if i.slots > 100_000 {
+                return Err(InvalidInput::Schedule(format!(
+                    "{} slot names for firings {:?} apart with a skew of {:?} and a window \
+                     of {:?}: give a smaller skew or window",
+                    i.slots,
+                    i.schedule.unit(),
+                    i.max_skew,
+                    i.window
+                ))
+                .into());
+            }
+        }
+        if let Mode::Instants(i) = &self.mode {
+            // The longest slot name must be a valid lease name.
+            self.slot_name(i.slots.saturating_sub(1))?;
+        }
+        Ok(self)
+    }
+
+    /// `NAME#slot`.
+    fn slot_name(&self, slot: u64) -> Result<LeaseName, InvalidInput> {
+        let mut bytes = self.name.as_bytes().to_vec();
+        bytes.extend_from_slice(format!("#{slot}").as_bytes());
+        LeaseName::new(bytes)
+    }
+
+    /// This instance's wall clock (with its test offset).
+    fn wall_now(&self) -> SystemTime {
+        let now = SystemTime::now();
+        let offset = Duration::from_millis(self.clock_offset_ms.unsigned_abs());
+        if self.clock_offset_ms >= 0 {
+            now + offset
+        } else {
+            now.checked_sub(offset).unwrap_or(now)
+        }
     }
 
     /// The keep-for each run's lease is released with (derived from the period if the
@@ -178,7 +411,7 @@ impl ScheduledJob {
         match self.client.try_acquire(&self.name, &self.opts).await {
             Ok(TryAcquire::Acquired(guard)) => {
                 tracing::info!(lease = %self.name, fencing = guard.fencing().get(), "job starting");
-                match run_with_guard(guard, job).await {
+                match run_with_guard_at(guard, None, None, job).await {
                     RunOutcome::Ran(t) => JobRun::Ran(t),
                     RunOutcome::Lost(r) => JobRun::Lost(r),
                     RunOutcome::Skipped(by) => JobRun::Skipped(by),
@@ -198,9 +431,18 @@ impl ScheduledJob {
         .await
     }
 
-    /// Runs the job on every tick of `period` until `shutdown` is cancelled; returns what
-    /// it did. The first tick is immediate; missed ticks are skipped, not bunched.
-    /// Cancelling `shutdown` drops a run in progress, as dropping this future does.
+    /// Runs the job on its schedule until `shutdown` is cancelled; returns what it did.
+    ///
+    /// - [`ScheduledJob::new`]: on every tick of the period from this instance's start;
+    ///   the first tick is immediate, missed ticks are skipped, not bunched.
+    /// - A schedule of instants ([`ScheduledJob::on`]): at each firing's instant by this
+    ///   instance's wall clock (firings that pass while a run goes on are not tried by
+    ///   this instance).
+    /// - A fixed delay: as soon as the job's lease is free, checked every quarter of the
+    ///   delay (at most every second).
+    ///
+    /// Cancelling `shutdown` drops a run in progress, or lets it finish within the
+    /// [shutdown grace](Self::with_shutdown_grace).
     ///
     /// Cancel safety: cancel-safe, as [`ScheduledJob::run_once`] is; the counts are lost.
     pub async fn run<F, Fut, T>(&self, shutdown: CancellationToken, mut job: F) -> JobStats
@@ -209,23 +451,213 @@ impl ScheduledJob {
         Fut: Future<Output = T>,
     {
         let mut stats = JobStats::default();
-        let mut ticks = tokio::time::interval(self.period);
-        ticks.set_missed_tick_behavior(MissedTickBehavior::Skip);
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return stats,
-                _ = ticks.tick() => {}
+        match &self.mode {
+            Mode::Interval(period) => {
+                let mut ticks = tokio::time::interval(*period);
+                ticks.set_missed_tick_behavior(MissedTickBehavior::Skip);
+                loop {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return stats,
+                        _ = ticks.tick() => {}
+                    }
+                    match self.finish(&shutdown, self.run_once(&mut job)).await {
+                        Some(run) => stats.count(&run),
+                        None => return stats,
+                    }
+                }
             }
-            let run = tokio::select! {
-                _ = shutdown.cancelled() => return stats,
-                run = self.run_once(&mut job) => run,
-            };
-            match run {
-                JobRun::Ran(_) => stats.ran += 1,
-                JobRun::Skipped(_) => stats.skipped += 1,
-                JobRun::Lost(_) => stats.lost += 1,
-                JobRun::StoreError(_) => stats.store_errors += 1,
+            Mode::Instants(i) => {
+                let mut next = i.schedule.next_after(self.wall_now());
+                while let Some(firing) = next {
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return stats,
+                        _ = self.sleep_until_wall(firing) => {}
+                    }
+                    match self
+                        .finish(&shutdown, self.run_firing(firing, &mut job))
+                        .await
+                    {
+                        Some(run) => stats.count(&run),
+                        None => return stats,
+                    }
+                    next = i.schedule.next_after(self.wall_now().max(firing));
+                }
+                stats
+            }
+            Mode::Delay(delay) => {
+                let poll = (*delay / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+                loop {
+                    let run = match self
+                        .finish(&shutdown, self.run_after_delay(*delay, &mut job))
+                        .await
+                    {
+                        Some(run) => run,
+                        None => return stats,
+                    };
+                    // The one that ran knows the lease is kept for `delay`: no need to ask
+                    // before then.
+                    let pause = if matches!(run, JobRun::Ran(_)) {
+                        *delay
+                    } else {
+                        poll
+                    };
+                    if !matches!(run, JobRun::Skipped(_)) {
+                        stats.count(&run);
+                    }
+                    tokio::select! {
+                        _ = shutdown.cancelled() => return stats,
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
             }
         }
     }
+
+    /// Awaits `run`; once `shutdown` is cancelled, for at most the shutdown grace more.
+    /// `None`: the run was dropped (shutdown).
+    async fn finish<R>(
+        &self,
+        shutdown: &CancellationToken,
+        run: impl Future<Output = R>,
+    ) -> Option<R> {
+        tokio::pin!(run);
+        tokio::select! {
+            r = &mut run => return Some(r),
+            _ = shutdown.cancelled() => {}
+        }
+        if self.grace.is_zero() {
+            return None;
+        }
+        tracing::info!(lease = %self.name, grace = ?self.grace, "shutdown: letting the run in progress finish");
+        match tokio::time::timeout(self.grace, run).await {
+            Ok(r) => Some(r),
+            Err(_) => {
+                tracing::warn!(lease = %self.name, grace = ?self.grace, "shutdown: the run did not finish within the grace; dropped");
+                None
+            }
+        }
+    }
+
+    /// Sleeps until this instance's wall clock reads `t` (in steps of at most a minute,
+    /// so that a clock that is set meanwhile is followed).
+    async fn sleep_until_wall(&self, t: SystemTime) {
+        loop {
+            let Ok(left) = t.duration_since(self.wall_now()) else {
+                return;
+            };
+            if left.is_zero() {
+                return;
+            }
+            tokio::time::sleep(left.min(Duration::from_secs(60))).await;
+        }
+    }
+
+    /// Runs the firing at `firing` (a schedule of instants) if no instance has taken it:
+    /// takes the firing's slot lease, then the job's lease (held by a run still going on:
+    /// the firing is skipped), runs, releases the job's lease and the slot's, which stays
+    /// taken for the hold. Never panics and never returns an error.
+    ///
+    /// Cancel safety: cancel-safe, as [`ScheduledJob::run_once`] is.
+    pub async fn run_firing<F, Fut, T>(&self, firing: SystemTime, job: F) -> JobRun<T>
+    where
+        F: FnOnce(LeaseContext) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let Mode::Instants(i) = &self.mode else {
+            return self.run_once(job).await;
+        };
+        let span = tracing::info_span!(
+            "lease.job",
+            lease = %self.name,
+            holder = %self.client.label(),
+            firing_ms = (epoch_nanos(firing) / 1_000_000) as u64,
+        );
+        async move {
+            let late_by = self.wall_now().duration_since(firing).unwrap_or_default();
+            if late_by > i.window {
+                tracing::warn!(?late_by, window = ?i.window, "firing missed: this instance came to it too late");
+                return JobRun::Missed { firing, late_by };
+            }
+            let unit = i.schedule.unit().as_nanos().max(1);
+            let slot = u64::try_from((epoch_nanos(firing) / unit) % u128::from(i.slots.max(1)))
+                .unwrap_or(0);
+            let slot_name = match self.slot_name(slot) {
+                Ok(n) => n,
+                Err(e) => return JobRun::StoreError(e.into()),
+            };
+            let slot_opts = self.opts.clone().with_keep_for(i.hold);
+            let mut slot_guard = match self.client.try_acquire(&slot_name, &slot_opts).await {
+                Ok(TryAcquire::Acquired(g)) => g,
+                Ok(TryAcquire::Held(by)) => {
+                    tracing::debug!(held_by = %by, "firing skipped: taken by another instance");
+                    return JobRun::Skipped(by);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, retryable = e.is_retryable(), "firing skipped: store error");
+                    return JobRun::StoreError(e);
+                }
+            };
+            let run = match self.client.try_acquire(&self.name, &self.opts).await {
+                Ok(TryAcquire::Acquired(guard)) => {
+                    tracing::info!(fencing = guard.fencing().get(), "job starting");
+                    match run_with_guard_at(guard, Some(firing), None, job).await {
+                        RunOutcome::Ran(t) => JobRun::Ran(t),
+                        RunOutcome::Lost(r) => JobRun::Lost(r),
+                        RunOutcome::Skipped(by) => JobRun::Skipped(by),
+                    }
+                }
+                Ok(TryAcquire::Held(by)) => {
+                    tracing::info!(held_by = %by, "firing skipped: the previous run still goes on");
+                    JobRun::Skipped(by)
+                }
+                Err(e) => {
+                    // Not run: free the firing's slot at once, so that another instance
+                    // may still run it within the window.
+                    tracing::warn!(error = %e, retryable = e.is_retryable(), "firing not run: store error");
+                    slot_guard.set_keep_for(Duration::ZERO);
+                    JobRun::StoreError(e)
+                }
+            };
+            // Errors are logged by `release`; the slot then lapses at its TTL.
+            let _ = slot_guard.release().await;
+            run
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// One try of a fixed-delay job: runs if the job's lease is free, and releases it
+    /// keeping it `delay` past the end of the run.
+    async fn run_after_delay<F, Fut, T>(&self, delay: Duration, job: F) -> JobRun<T>
+    where
+        F: FnOnce(LeaseContext) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let started = Instant::now();
+        match self.client.try_acquire(&self.name, &self.opts).await {
+            Ok(TryAcquire::Acquired(guard)) => {
+                tracing::info!(lease = %self.name, fencing = guard.fencing().get(), "job starting");
+                match run_with_guard_at(guard, None, Some((started, delay)), job).await {
+                    RunOutcome::Ran(t) => JobRun::Ran(t),
+                    RunOutcome::Lost(r) => JobRun::Lost(r),
+                    RunOutcome::Skipped(by) => JobRun::Skipped(by),
+                }
+            }
+            Ok(TryAcquire::Held(by)) => JobRun::Skipped(by),
+            Err(e) => {
+                tracing::warn!(lease = %self.name, error = %e, retryable = e.is_retryable(), "job skipped: store error");
+                JobRun::StoreError(e)
+            }
+        }
+    }
+}
+
+/// `d` rounded up to a multiple of `granularity` (unchanged for a zero granularity).
+fn round_up(d: Duration, granularity: Duration) -> Duration {
+    let g = granularity.as_nanos();
+    if g == 0 {
+        return d;
+    }
+    let n = d.as_nanos().div_ceil(g).saturating_mul(g);
+    Duration::from_nanos(u64::try_from(n).unwrap_or(u64::MAX))
 }
