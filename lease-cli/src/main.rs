@@ -2,6 +2,7 @@
 //!
 //! See `lease --help` and the README for exit codes and examples.
 
+mod cron;
 #[cfg(unix)]
 mod exec;
 #[cfg(unix)]
@@ -99,6 +100,16 @@ enum Cmd {
     /// What the command leaves running when it exits is terminated before the lease is
     /// released. Unix only.
     Exec(ExecArgs),
+    /// Run CMD on a cron schedule on every host, each firing on one host only.
+    ///
+    /// Start it on every host (as a service). At each firing every host tries the
+    /// firing's lease; the one that gets it runs CMD, the others skip that firing, also
+    /// those whose clocks are up to --max-skew apart or that come up to --start-window
+    /// late. A firing that comes while the previous run still goes on is skipped. CMD
+    /// gets LEASE_NAME, LEASE_FENCING_TOKEN and LEASE_FIRING (the firing's instant in
+    /// Unix seconds); it is killed if the lease is lost. SIGINT or SIGTERM stops it
+    /// (letting a run finish within --shutdown-grace); the exit code is then 0.
+    Cron(CronArgs),
     /// Show holder, fencing token and remaining TTL of leases.
     Status {
         /// Lease names.
@@ -169,6 +180,37 @@ struct ExecArgs {
     permits: Option<u32>,
     /// Lease name.
     name: String,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+struct CronArgs {
+    /// Cron expression: five fields (minute hour day-of-month month day-of-week) or six
+    /// with seconds first, as Spring's @Scheduled(cron) writes them ("0 * * * * *": every
+    /// minute at second 0).
+    schedule: String,
+    /// Lease name (the firings' leases are NAME#n).
+    name: String,
+    /// Time zone the expression is read in (an IANA name).
+    #[arg(long, default_value = "UTC")]
+    tz: String,
+    /// Lease TTL (lockAtMostFor): how long a crashed run blocks the next firings.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    ttl: Duration,
+    /// The largest difference between two hosts' clocks.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    max_skew: Duration,
+    /// How late after a firing a host still tries it.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    start_window: Duration,
+    /// On SIGINT or SIGTERM, how long a run in progress may go on before it is killed.
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    shutdown_grace: Duration,
+    /// Holder label stored with the lease (default hostname:pid).
+    #[arg(long)]
+    label: Option<String>,
     /// The command and its arguments (after `--`).
     #[arg(last = true, required = true)]
     command: Vec<String>,
@@ -328,6 +370,7 @@ async fn run(cli: Cli) -> Result<u8, Fail> {
              and signals to stop the command if the lease is lost (status and release work)",
             args.name
         ))),
+        Cmd::Cron(args) => cron::cron(&store, args).await,
         Cmd::Status {
             names,
             json,

@@ -1353,3 +1353,103 @@ async fn a_pipe_reader_keeps_the_terminal() {
     t.expect("from-command").await;
     t.expect("done").await;
 }
+
+/// `lease cron` on three hosts (one with its clock 1 s ahead, by libfaketime): every
+/// firing of "* * * * * *" runs once, on one host, none twice and none left out while
+/// the hosts run; SIGTERM stops each with exit code 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cron_runs_each_firing_on_one_host() {
+    let server = redis().await;
+    let url = server.url();
+    let dir = tempdir();
+    let log = dir.join("firings");
+    let script = format!(
+        "echo \"$LEASE_FIRING $LEASE_FENCING_TOKEN\" >> {}",
+        log.display()
+    );
+    let args = |c: &mut Command| {
+        c.args([
+            "cron",
+            "* * * * * *",
+            "cron-job",
+            "--max-skew",
+            "1s",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(&script);
+    };
+    let mut hosts: Vec<Child> = Vec::new();
+    for offset in [0, 1, 0] {
+        let mut c = lease(&url);
+        if offset != 0 {
+            // libfaketime loaded into `lease` itself (the `faketime` wrapper would run it
+            // as a child, out of reach of the SIGTERM below); the monotonic clock, which
+            // only measures intervals, is left alone.
+            c.env(
+                "LD_PRELOAD",
+                "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
+            )
+            .env("FAKETIME", format!("{offset:+}"))
+            .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
+        args(&mut c);
+        hosts.push(c.spawn().unwrap());
+    }
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    for h in &hosts {
+        kill(h.id().unwrap(), nix::sys::signal::Signal::SIGTERM);
+    }
+    for mut h in hosts {
+        let status = tokio::time::timeout(Duration::from_secs(10), h.wait())
+            .await
+            .expect("lease cron did not stop on SIGTERM")
+            .unwrap();
+        assert_eq!(status.code(), Some(0), "{status}");
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let mut firings: Vec<i64> = text
+        .lines()
+        .map(|l| l.split_whitespace().next().unwrap().parse().unwrap())
+        .collect();
+    let runs = firings.len();
+    firings.sort_unstable();
+    firings.dedup();
+    assert_eq!(firings.len(), runs, "a firing ran twice:\n{text}");
+    assert!(runs >= 4, "only {runs} firings ran in 7 s:\n{text}");
+    // Every second between the first and the last firing ran.
+    let span = firings.last().unwrap() - firings.first().unwrap() + 1;
+    assert_eq!(
+        span,
+        i64::try_from(runs).unwrap(),
+        "firings left out:\n{text}"
+    );
+}
+
+#[tokio::test]
+async fn cron_expression_errors_are_usage_errors() {
+    for (expr, says) in [
+        ("61 * * * * *", "cron expression \"61 * * * * *\""),
+        ("* * * *", "4 fields"),
+    ] {
+        let mut c = lease("memory://");
+        c.args(["cron", expr, "job", "--", "true"]);
+        let (code, _, err) = output(c).await;
+        assert_eq!(code, 64, "{expr}: {err}");
+        assert!(err.contains(says), "{expr}: {err}");
+    }
+    let mut c = lease("memory://");
+    c.args([
+        "cron",
+        "0 * * * * *",
+        "job",
+        "--tz",
+        "Mars/Olympus",
+        "--",
+        "true",
+    ]);
+    let (code, _, err) = output(c).await;
+    assert_eq!(code, 64, "{err}");
+    assert!(err.contains("unknown time zone \"Mars/Olympus\""), "{err}");
+}
