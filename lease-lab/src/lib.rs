@@ -8,6 +8,7 @@
 
 pub mod container_faults;
 pub mod fenced;
+pub mod firings;
 pub mod lost_reply;
 pub mod matrix;
 pub mod mysql_alternatives;
