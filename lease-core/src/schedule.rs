@@ -53,6 +53,16 @@ pub struct JobStats {
     pub missed: u64,
 }
 
+impl<T> From<RunOutcome<T>> for JobRun<T> {
+    fn from(outcome: RunOutcome<T>) -> Self {
+        match outcome {
+            RunOutcome::Ran(t) => JobRun::Ran(t),
+            RunOutcome::Lost(r) => JobRun::Lost(r),
+            RunOutcome::Skipped(by) => JobRun::Skipped(by),
+        }
+    }
+}
+
 impl JobStats {
     fn count<T>(&mut self, run: &JobRun<T>) {
         match run {
@@ -411,11 +421,7 @@ impl ScheduledJob {
         match self.client.try_acquire(&self.name, &self.opts).await {
             Ok(TryAcquire::Acquired(guard)) => {
                 tracing::info!(lease = %self.name, fencing = guard.fencing().get(), "job starting");
-                match run_with_guard_at(guard, None, None, job).await {
-                    RunOutcome::Ran(t) => JobRun::Ran(t),
-                    RunOutcome::Lost(r) => JobRun::Lost(r),
-                    RunOutcome::Skipped(by) => JobRun::Skipped(by),
-                }
+                JobRun::from(run_with_guard_at(guard, None, None, job).await)
             }
             Ok(TryAcquire::Held(by)) => {
                 tracing::info!(lease = %self.name, held_by = %by, "job skipped: held by another instance");
@@ -600,11 +606,7 @@ impl ScheduledJob {
             let run = match self.client.try_acquire(&self.name, &self.opts).await {
                 Ok(TryAcquire::Acquired(guard)) => {
                     tracing::info!(fencing = guard.fencing().get(), "job starting");
-                    match run_with_guard_at(guard, Some(firing), None, job).await {
-                        RunOutcome::Ran(t) => JobRun::Ran(t),
-                        RunOutcome::Lost(r) => JobRun::Lost(r),
-                        RunOutcome::Skipped(by) => JobRun::Skipped(by),
-                    }
+                    JobRun::from(run_with_guard_at(guard, Some(firing), None, job).await)
                 }
                 Ok(TryAcquire::Held(by)) => {
                     tracing::info!(held_by = %by, "firing skipped: the previous run still goes on");
@@ -637,11 +639,7 @@ impl ScheduledJob {
         match self.client.try_acquire(&self.name, &self.opts).await {
             Ok(TryAcquire::Acquired(guard)) => {
                 tracing::info!(lease = %self.name, fencing = guard.fencing().get(), "job starting");
-                match run_with_guard_at(guard, None, Some((started, delay)), job).await {
-                    RunOutcome::Ran(t) => JobRun::Ran(t),
-                    RunOutcome::Lost(r) => JobRun::Lost(r),
-                    RunOutcome::Skipped(by) => JobRun::Skipped(by),
-                }
+                JobRun::from(run_with_guard_at(guard, None, Some((started, delay)), job).await)
             }
             Ok(TryAcquire::Held(by)) => JobRun::Skipped(by),
             Err(e) => {
