@@ -169,9 +169,7 @@ async fn a_cluster_acquire_run_twice_is_never_held_by_its_caller() {
 async fn a_release_run_twice_still_wakes_waiters() {
     let server = RedisServer::start().await.unwrap_or_else(|e| panic!("{e}"));
     let url = server.url();
-    let target = lease_lab_free_addr(&url);
-    let proxy = FaultProxy::start(target).await.unwrap();
-    let via_proxy = url.replacen(&target.to_string(), &proxy.addr().to_string(), 1);
+    let (proxy, via_proxy) = FaultProxy::in_front_of(&url).await.unwrap();
     let config = RedisConfig::default().with_key_prefix("rerun");
     let holder = RedisBackend::connect_with(&via_proxy, config.clone())
         .await
@@ -231,13 +229,6 @@ async fn a_release_run_twice_still_wakes_waiters() {
         retried > 0,
         "no release lost its reply: the check tested nothing"
     );
-}
-
-/// The address of a `redis://host:port` URL.
-fn lease_lab_free_addr(url: &str) -> std::net::SocketAddr {
-    let rest = url.split("://").nth(1).unwrap();
-    let rest = rest.rsplit('@').next().unwrap();
-    rest.split(['/', '?']).next().unwrap().parse().unwrap()
 }
 
 /// `HLEN` of a lease's lock key, asked directly (found by `KEYS` on the test's prefix).
