@@ -169,13 +169,11 @@ impl ScheduledJob {
         }
         let name = LeaseName::new(name)?;
         let caps = client.capabilities();
-        if !caps.keep_for {
-            return Err(Error::Unsupported {
-                backend: caps.backend,
-                what: "keep-for (lockAtLeastFor), which a scheduled job needs to run at most \
-                       once per period",
-            });
-        }
+        needs_keep_for(
+            caps,
+            "keep-for (lockAtLeastFor), which a scheduled job needs to run at most once per \
+             period",
+        )?;
         // A lease released with a sliver of its keep-for left still lives the store's
         // minimum TTL (etcd grants at least 2 s): that much more must fit in the period.
         let tail = if caps.min_ttl > caps.ttl_granularity {
@@ -251,13 +249,11 @@ impl ScheduledJob {
     ) -> Result<Self, Error> {
         let name = LeaseName::new(name)?;
         let caps = client.capabilities();
-        if !caps.keep_for {
-            return Err(Error::Unsupported {
-                backend: caps.backend,
-                what: "keep-for (lockAtLeastFor), which a scheduled job needs to run at most \
-                       once per firing",
-            });
-        }
+        needs_keep_for(
+            caps,
+            "keep-for (lockAtLeastFor), which a scheduled job needs to run at most once per \
+             firing",
+        )?;
         let mode = match schedule {
             Schedule::FixedDelay(delay) => Mode::Delay(delay),
             schedule => Mode::Instants(Box::new(Instants {
@@ -658,4 +654,17 @@ fn round_up(d: Duration, granularity: Duration) -> Duration {
     }
     let n = d.as_nanos().div_ceil(g).saturating_mul(g);
     Duration::from_nanos(u64::try_from(n).unwrap_or(u64::MAX))
+}
+
+/// A scheduled job needs keep-for (lockAtLeastFor) to run at most once per period or
+/// firing across instances: [`Error::Unsupported`], saying `what` is needed, for a
+/// backend without it.
+fn needs_keep_for(caps: &crate::Capabilities, what: &'static str) -> Result<(), Error> {
+    if caps.keep_for {
+        return Ok(());
+    }
+    Err(Error::Unsupported {
+        backend: caps.backend,
+        what,
+    })
 }
