@@ -6,7 +6,8 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use leasehold::CancellationToken;
 use leasehold::{
-    Error, HolderLabel, LeaseBackend, LeaseClient, LeaseOptions, Schedule, ScheduledJob,
+    Error, HolderLabel, LeaseBackend, LeaseClient, LeaseOptions, MissedFirings, Schedule,
+    ScheduledJob,
 };
 use tokio::process::Command;
 
@@ -30,7 +31,12 @@ pub async fn cron(store: &Store, args: CronArgs) -> Result<u8, Fail> {
     let job = ScheduledJob::on(client, &args.name, schedule, opts)?
         .with_max_skew(args.max_skew)?
         .with_start_window(args.start_window)?
-        .with_shutdown_grace(args.shutdown_grace);
+        .with_shutdown_grace(args.shutdown_grace)
+        .with_missed_firings(if args.missed == "run-once" {
+            MissedFirings::RunOnce
+        } else {
+            MissedFirings::Skip
+        });
     let shutdown = shutdown_on_signals().map_err(|e| Fail {
         code: EXIT_SPAWN,
         message: format!("cannot install signal handlers: {e}"),

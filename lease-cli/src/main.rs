@@ -208,6 +208,10 @@ struct CronArgs {
     /// On SIGINT or SIGTERM, how long a run in progress may go on before it is killed.
     #[arg(long, default_value = "0s", value_parser = parse_duration)]
     shutdown_grace: Duration,
+    /// A firing that no host ran (every host down): `skip` it, or `run-once` late, on
+    /// the first host to start, if the next firing is not near.
+    #[arg(long, default_value = "skip", value_parser = ["skip", "run-once"])]
+    missed: String,
     /// Holder label stored with the lease (default hostname:pid).
     #[arg(long)]
     label: Option<String>,

@@ -1427,6 +1427,80 @@ async fn cron_runs_each_firing_on_one_host() {
     );
 }
 
+/// `lease cron --missed run-once`: a host that starts after a firing that no host ran
+/// (every 5 s; started between 1.3 s and 2.5 s after a firing, when every host would have
+/// tried it) runs that firing once, late; a second host started after it does not run it
+/// again; neither runs anything else before the next firing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cron_runs_a_missed_firing_once_on_recovery() {
+    let server = redis().await;
+    let url = server.url();
+    let dir = tempdir();
+    let log = dir.join("firings");
+    let script = format!("echo \"$LEASE_FIRING\" >> {}", log.display());
+    let start = || {
+        let mut c = lease(&url);
+        c.args([
+            "cron",
+            "*/5 * * * * *",
+            "recovered-job",
+            "--max-skew",
+            "200ms",
+            "--start-window",
+            "300ms",
+            "--missed",
+            "run-once",
+            "--",
+            "sh",
+            "-c",
+        ])
+        .arg(&script);
+        c.spawn().unwrap()
+    };
+    let phase = || {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        (now.as_millis() % 5000, now.as_secs() / 5 * 5)
+    };
+    // Wait for a point 1.3 s to 1.5 s after a firing: no host was up for it.
+    loop {
+        let (ms, _) = phase();
+        if (1300..1500).contains(&ms) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, missed) = phase();
+    let first = start();
+    let by = tokio::time::Instant::now() + Duration::from_millis(900);
+    while std::fs::read_to_string(&log).unwrap_or_default().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < by,
+            "the missed firing {missed} did not run within 0.9 s of the first host's start"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let second = start();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    for h in [&first, &second] {
+        kill(h.id().unwrap(), nix::sys::signal::Signal::SIGTERM);
+    }
+    for mut h in [first, second] {
+        let status = tokio::time::timeout(Duration::from_secs(10), h.wait())
+            .await
+            .expect("lease cron did not stop on SIGTERM")
+            .unwrap();
+        assert_eq!(status.code(), Some(0), "{status}");
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        text,
+        format!("{missed}\n"),
+        "runs (firings' instants):\n{text}"
+    );
+}
+
 #[tokio::test]
 async fn cron_expression_errors_are_usage_errors() {
     for (expr, says) in [

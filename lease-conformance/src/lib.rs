@@ -153,6 +153,7 @@ macro_rules! conformance_suite {
             scheduled_job_validates_keep_for,
             firings_run_once_across_skewed_instances,
             firing_after_a_dropped_run_runs_elsewhere,
+            missed_firing_runs_once_on_recovery,
             semaphore_never_more_than_n,
             semaphore_fencing_grows_per_permit,
             semaphore_crashed_permit_expires,

@@ -1,9 +1,11 @@
 //! What a firing of a schedule of instants costs the store: three instances of one job
-//! (clocks up to 1 s apart) over 5 firings of a 1 s fixed rate, on the in-memory backend
+//! (clocks up to 500 ms apart) over 5 firings of a 1 s fixed rate, on the in-memory backend
 //! with every call counted. The instance that runs a firing makes 4 calls (take the
 //! firing's slot, take the job's lease, release both), every other instance 1 (the slot
 //! is taken): 6 calls per firing for three instances, no renewal for a run shorter than
-//! the renewal period.
+//! the renewal period. (With clocks a whole period apart, one instance's firing comes
+//! while another runs the firing before, and waits for that run to end: one more acquire;
+//! the clocks here stay clear of that, to measure the usual case.)
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::sync::Arc;
@@ -21,7 +23,7 @@ async fn a_firing_costs_four_calls_on_the_runner_and_one_on_each_other_instance(
         backend,
         "cost",
         Schedule::fixed_rate(Duration::from_secs(1)).unwrap(),
-        &[-500, 0, 500],
+        &[-250, 0, 250],
         Duration::from_secs(1),
         5,
     )

@@ -29,7 +29,7 @@ pub use health::{HEALTH_PROBE_NAME, Health, HeartbeatState};
 pub use memory::MemoryBackend;
 pub use raw::tls::TlsFiles;
 pub use raw::url::redact_url;
-pub use schedule::{JobRun, JobStats, ScheduledJob};
+pub use schedule::{JobRun, JobStats, MissedFirings, ScheduledJob};
 pub use semaphore::{MAX_PERMITS, Permit, PermitHolder, Semaphore, TryPermit};
 pub use shared::LossReason;
 pub use startup::connect_when_ready;

@@ -51,6 +51,36 @@ pub struct JobStats {
     pub store_errors: u64,
     /// Firings this instance came to too late to try ([`JobRun::Missed`]).
     pub missed: u64,
+    /// Firings that no instance ran at their instant, run late by this instance under
+    /// [`MissedFirings::RunOnce`] (also counted in `ran`).
+    pub recovered: u64,
+}
+
+/// What a job on a schedule of instants (cron, fixed rate) does about a firing that no
+/// instance ran at its instant: every instance was down, paused, or cut off from the
+/// store. Set with [`ScheduledJob::with_missed_firings`]. Instances of one job may use
+/// different policies (during a rolling change of it, say): every instance records the
+/// firings it runs, and the policy only decides whether an instance recovers one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MissedFirings {
+    /// Not run later (the default): the next firing is the next run.
+    #[default]
+    Skip,
+    /// Run once, late, by the first instance that finds it missed (at its start, or
+    /// after it came to a firing too late or could not reach the store), if that is
+    /// before the next firing comes near. Only the latest missed firing is run, once
+    /// across all instances, with [`LeaseContext::firing`] saying which it was.
+    ///
+    /// The instance that runs a firing (under either policy) keeps the firing's lease
+    /// until shortly before the next firing, so that a recovering instance can tell a
+    /// firing that ran from one that did not. A firing is recovered only between
+    /// `window + 2 * skew + 0.5 s` after its instant (when every instance has tried it)
+    /// and `3 * skew + 0.5 s` plus the store's TTL granularity before the next one (and
+    /// not within the store's minimum TTL of that point, e.g. etcd's 2 s); with firings
+    /// closer than that, the next firing is the recovery. The conformance check
+    /// `missed_firing_runs_once_on_recovery` shows it on every store.
+    RunOnce,
 }
 
 impl<T> From<RunOutcome<T>> for JobRun<T> {
@@ -142,6 +172,10 @@ struct Instants {
     hold: Duration,
     /// How many slot names the firings cycle through.
     slots: u64,
+    /// What happens to a firing no instance ran.
+    missed: MissedFirings,
+    /// The store's TTL granularity (a lease may end up to that much late).
+    granularity: Duration,
 }
 
 /// Margin added to a firing's hold for the acquire's round trip and scheduling.
@@ -226,11 +260,14 @@ impl ScheduledJob {
     /// the firing's own lease (one of a few slot names, `NAME#n`, that the firings cycle
     /// through) and keeps it after the run for as long as another instance, with a clock
     /// up to [`with_max_skew`](Self::with_max_skew) apart or up to the start window late,
-    /// may still try that firing; those find it taken and skip it. The job's lease `NAME`
-    /// is held while a run goes on, so that a firing that comes while the previous run
-    /// still goes on is skipped rather than run beside it. A firing that no instance was
-    /// up for is not run later (missed firings are skipped). The options' keep-for is not
-    /// used: the hold follows from the skew and the window.
+    /// may still try that firing (in practice until shortly before the next firing, see
+    /// [`MissedFirings::RunOnce`]); those find it taken and skip it. The job's lease
+    /// `NAME` is held while a run goes on, so that a firing that comes while the previous
+    /// run still goes on waits for it to end until the start window is over, and is then
+    /// skipped rather than run beside it. A firing that no instance
+    /// was up for is not run later unless
+    /// [`with_missed_firings`](Self::with_missed_firings) says so. The options' keep-for
+    /// is not used: the hold follows from the skew, the window and the schedule.
     ///
     /// For [`Schedule::FixedDelay`], instances try the job's lease every quarter of the
     /// delay (at most every second); the one that runs releases it keeping it `delay`
@@ -262,6 +299,8 @@ impl ScheduledJob {
                 window: Duration::from_secs(1),
                 hold: Duration::ZERO,
                 slots: 0,
+                missed: MissedFirings::Skip,
+                granularity: Duration::ZERO,
             })),
         };
         let job = ScheduledJob {
@@ -311,6 +350,15 @@ impl ScheduledJob {
         self.settled()
     }
 
+    /// Sets what happens to a firing that no instance ran at its instant (default
+    /// [`MissedFirings::Skip`]; a schedule of instants only). See [`MissedFirings`].
+    pub fn with_missed_firings(mut self, policy: MissedFirings) -> Self {
+        if let Mode::Instants(i) = &mut self.mode {
+            i.missed = policy;
+        }
+        self
+    }
+
     /// Lets a run in progress go on for up to `grace` after `run`'s shutdown token is
     /// cancelled, instead of dropping it at once (the default, zero).
     pub fn with_shutdown_grace(mut self, grace: Duration) -> Self {
@@ -351,6 +399,7 @@ impl ScheduledJob {
                 .unwrap_or(u64::MAX)
                 .saturating_add(2);
             i.hold = hold;
+            i.granularity = caps.ttl_granularity;
             i.slots = needed.max(MIN_SLOTS);
             if i.slots > 100_000 {
                 return Err(InvalidInput::Schedule(format!(
@@ -469,18 +518,46 @@ impl ScheduledJob {
                 }
             }
             Mode::Instants(i) => {
+                let recover = i.missed == MissedFirings::RunOnce;
+                // Under RunOnce: when to look for a firing that nobody ran (at the start,
+                // and once every instance has tried a firing this one could not run).
+                let mut check_at = recover.then(|| self.wall_now());
                 let mut next = i.schedule.next_after(self.wall_now());
                 while let Some(firing) = next {
+                    if let Some(at) = check_at.take().filter(|at| *at < firing) {
+                        tokio::select! {
+                            _ = shutdown.cancelled() => return stats,
+                            _ = self.sleep_until_wall(at) => {}
+                        }
+                        match self.finish(&shutdown, self.recover(i, &mut job)).await {
+                            Some(Some(run)) => {
+                                if matches!(run, JobRun::Ran(_)) {
+                                    stats.recovered += 1;
+                                }
+                                if !matches!(run, JobRun::Skipped(_)) {
+                                    stats.count(&run);
+                                }
+                            }
+                            Some(None) => {}
+                            None => return stats,
+                        }
+                        next = i.schedule.next_after(self.wall_now().max(at));
+                        continue;
+                    }
                     tokio::select! {
                         _ = shutdown.cancelled() => return stats,
                         _ = self.sleep_until_wall(firing) => {}
                     }
-                    match self
+                    let run = match self
                         .finish(&shutdown, self.run_firing(firing, &mut job))
                         .await
                     {
-                        Some(run) => stats.count(&run),
+                        Some(run) => run,
                         None => return stats,
+                    };
+                    stats.count(&run);
+                    if recover && matches!(run, JobRun::Missed { .. } | JobRun::StoreError(_)) {
+                        check_at = Some(firing + settle_time(i));
                     }
                     next = i.schedule.next_after(self.wall_now().max(firing));
                 }
@@ -580,6 +657,79 @@ impl ScheduledJob {
                 tracing::warn!(?late_by, window = ?i.window, "firing missed: this instance came to it too late");
                 return JobRun::Missed { firing, late_by };
             }
+            // Kept until shortly before the next firing (never shorter than the hold),
+            // whatever this instance's policy, so that an instance recovering missed
+            // firings finds that this one ran.
+            let hold = record_hold(i, firing, self.wall_now())
+                .unwrap_or(i.hold)
+                .max(i.hold);
+            // A run still going on (another instance's, of the firing before) is waited
+            // for until the start window ends: with clocks apart by about a period, one
+            // instance's firing comes while another runs the one before.
+            let wait = i.window.saturating_sub(late_by);
+            self.take_firing(i, firing, hold, wait, job).await
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Under [`MissedFirings::RunOnce`]: runs the latest firing that every instance has
+    /// tried by now, if nobody took it and the next firing is not near. `None`: no such
+    /// firing to look at.
+    async fn recover<F, Fut, T>(&self, i: &Instants, job: F) -> Option<JobRun<T>>
+    where
+        F: FnOnce(LeaseContext) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        let now = self.wall_now();
+        let firing = i
+            .schedule
+            .last_at_or_before(now.checked_sub(settle_time(i))?)?;
+        let hold = record_hold(i, firing, now)?;
+        // A lease shorter than the store's minimum TTL would outlive the hold.
+        let caps = self.client.capabilities();
+        if hold < caps.min_ttl.max(HOLD_MARGIN) {
+            return None;
+        }
+        let span = tracing::info_span!(
+            "lease.job",
+            lease = %self.name,
+            holder = %self.client.label(),
+            firing_ms = (epoch_nanos(firing) / 1_000_000) as u64,
+            recovery = true,
+        );
+        let run = self
+            .take_firing(i, firing, hold, Duration::ZERO, job)
+            .instrument(span)
+            .await;
+        match &run {
+            JobRun::Ran(_) => {
+                tracing::info!(lease = %self.name, firing_ms = (epoch_nanos(firing) / 1_000_000) as u64, "missed firing run on recovery")
+            }
+            JobRun::Skipped(_) => {
+                tracing::debug!(lease = %self.name, "no missed firing: the latest one ran")
+            }
+            _ => {}
+        }
+        Some(run)
+    }
+
+    /// Takes the firing's slot lease (kept for `hold` from its acquisition), then the
+    /// job's lease (waiting up to `wait` for a run still going on to end), runs, and
+    /// releases both.
+    async fn take_firing<F, Fut, T>(
+        &self,
+        i: &Instants,
+        firing: SystemTime,
+        hold: Duration,
+        wait: Duration,
+        job: F,
+    ) -> JobRun<T>
+    where
+        F: FnOnce(LeaseContext) -> Fut,
+        Fut: Future<Output = T>,
+    {
+        {
             let unit = i.schedule.unit().as_nanos().max(1);
             let slot = u64::try_from((epoch_nanos(firing) / unit) % u128::from(i.slots.max(1)))
                 .unwrap_or(0);
@@ -587,7 +737,7 @@ impl ScheduledJob {
                 Ok(n) => n,
                 Err(e) => return JobRun::StoreError(e.into()),
             };
-            let slot_opts = self.opts.clone().with_keep_for(i.hold);
+            let slot_opts = self.opts.clone().with_keep_for(hold);
             let mut slot_guard = match self.client.try_acquire(&slot_name, &slot_opts).await {
                 Ok(TryAcquire::Acquired(g)) => g,
                 Ok(TryAcquire::Held(by)) => {
@@ -599,7 +749,22 @@ impl ScheduledJob {
                     return JobRun::StoreError(e);
                 }
             };
-            let run = match self.client.try_acquire(&self.name, &self.opts).await {
+            let taken = match self.client.try_acquire(&self.name, &self.opts).await {
+                Ok(TryAcquire::Held(by)) if !wait.is_zero() => {
+                    tracing::debug!(held_by = %by, ?wait, "firing waits for the previous run to end");
+                    match self
+                        .client
+                        .acquire_waiting(&self.name, &self.opts, Some(wait))
+                        .await
+                    {
+                        Ok(guard) => Ok(TryAcquire::Acquired(guard)),
+                        Err(Error::StillHeld { .. }) => Ok(TryAcquire::Held(by)),
+                        Err(e) => Err(e),
+                    }
+                }
+                other => other,
+            };
+            let run = match taken {
                 Ok(TryAcquire::Acquired(guard)) => {
                     tracing::info!(fencing = guard.fencing().get(), "job starting");
                     JobRun::from(run_with_guard_at(guard, Some(firing), None, job).await)
@@ -620,8 +785,6 @@ impl ScheduledJob {
             let _ = slot_guard.release().await;
             run
         }
-        .instrument(span)
-        .await
     }
 
     /// One try of a fixed-delay job: runs if the job's lease is free, and releases it
@@ -644,6 +807,32 @@ impl ScheduledJob {
             }
         }
     }
+}
+
+/// How long after its instant every instance has tried a firing: the latest clock is
+/// `2 * max_skew` behind the earliest, and tries up to the window late.
+fn settle_time(i: &Instants) -> Duration {
+    i.window
+        .saturating_add(i.max_skew.saturating_mul(2))
+        .saturating_add(HOLD_MARGIN)
+}
+
+/// How long a lease on `firing`'s slot taken at `now`
+/// (this instance's clock) is kept so that it ends shortly before any instance tries the
+/// next firing (up to `2 * max_skew` early in this clock, a margin for the round trip,
+/// and the store's rounding up). `None`: that end is not after `now` plus the skew of a
+/// recovering instance's clock (no room to record the firing).
+fn record_hold(i: &Instants, firing: SystemTime, now: SystemTime) -> Option<Duration> {
+    let next = i.schedule.next_after(firing)?;
+    let end = next
+        .checked_sub(i.max_skew.saturating_mul(2))?
+        .checked_sub(HOLD_MARGIN)?
+        .checked_sub(i.granularity)?;
+    // A recovering instance's clock may be `max_skew` behind this one: it must look
+    // before the lease ends by this clock.
+    let end_for_others = end.checked_sub(i.max_skew)?;
+    end_for_others.duration_since(now).ok()?;
+    end.duration_since(now).ok()
 }
 
 /// `d` rounded up to a multiple of `granularity` (unchanged for a zero granularity).

@@ -158,6 +158,26 @@ impl Schedule {
         }
     }
 
+    /// The last firing at or before `t`, or `None` for [`Schedule::FixedDelay`] (and for
+    /// a cron expression that never fired before `t`).
+    pub fn last_at_or_before(&self, t: SystemTime) -> Option<SystemTime> {
+        match self {
+            #[cfg(feature = "cron")]
+            Schedule::Cron(c) => {
+                let local = chrono::DateTime::<chrono::Utc>::from(t).with_timezone(&c.zone);
+                let last = c.cron.find_previous_occurrence(&local, true).ok()?;
+                Some(SystemTime::from(last.with_timezone(&chrono::Utc)))
+            }
+            Schedule::FixedRate(period) => {
+                let since = t.duration_since(UNIX_EPOCH).ok()?.as_nanos();
+                let p = period.as_nanos().max(1);
+                let last = u64::try_from((since / p).checked_mul(p)?).ok()?;
+                Some(UNIX_EPOCH + Duration::from_nanos(last))
+            }
+            Schedule::FixedDelay(_) => None,
+        }
+    }
+
     /// The smallest distance between two firings that tells them apart in a firing's
     /// slot number: the period of a fixed rate, one second for cron (its finest field).
     pub(crate) fn unit(&self) -> Duration {
@@ -193,6 +213,41 @@ mod tests {
         assert_eq!(s.next_after(at(1_000_000_020)), Some(at(1_000_000_040)));
         assert!(Schedule::fixed_rate(Duration::ZERO).is_err());
         assert!(Schedule::fixed_delay(Duration::ZERO).is_err());
+    }
+
+    #[test]
+    fn last_firing_at_or_before() {
+        let s = Schedule::fixed_rate(Duration::from_secs(20)).unwrap();
+        assert_eq!(
+            s.last_at_or_before(at(1_000_000_005)),
+            Some(at(1_000_000_000))
+        );
+        assert_eq!(
+            s.last_at_or_before(at(1_000_000_020)),
+            Some(at(1_000_000_020))
+        );
+        assert_eq!(
+            Schedule::fixed_delay(Duration::from_secs(1))
+                .unwrap()
+                .last_at_or_before(at(5)),
+            None
+        );
+    }
+
+    #[cfg(feature = "cron")]
+    #[test]
+    fn cron_last_firing_at_or_before() {
+        // 2026-11-26T10:00:05Z
+        let t = at(1_795_687_205);
+        let minute = Schedule::cron("0 * * * * *").unwrap();
+        assert_eq!(minute.last_at_or_before(t), Some(at(1_795_687_200)));
+        assert_eq!(
+            minute.last_at_or_before(at(1_795_687_200)),
+            Some(at(1_795_687_200))
+        );
+        let nightly = Schedule::cron_in("30 2 * * *", "Europe/Berlin").unwrap();
+        // 2026-11-26 02:30 CET = 01:30Z.
+        assert_eq!(nightly.last_at_or_before(t), Some(at(1_795_656_600)));
     }
 
     #[cfg(feature = "cron")]

@@ -6,7 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use lease_core::{CancellationToken, JobStats, LeaseBackend, LeaseOptions, Schedule, ScheduledJob};
+use lease_core::{
+    CancellationToken, JobStats, LeaseBackend, LeaseOptions, MissedFirings, Schedule, ScheduledJob,
+};
 
 use crate::not_applicable::{Needs, applies};
 
@@ -263,4 +265,145 @@ pub async fn firing_after_a_dropped_run_runs_elsewhere(backend: Arc<dyn LeaseBac
     for (f, _) in &runs {
         assert!(seen.insert(*f), "firing {f:?} ran twice: {runs:?}");
     }
+}
+
+/// Under [`MissedFirings::RunOnce`], a firing that no instance was up for runs once, late,
+/// when instances come back: two that start together run it once between them, one that
+/// starts after them does not run it again, one with the default policy
+/// ([`MissedFirings::Skip`]) does not run it, and the next firing runs once as usual and
+/// is not run again by an instance that starts after every instance has tried it.
+///
+/// The instances' clocks are shifted together so that they start 1.2 s after a firing of
+/// a fixed rate whose period leaves room for the recovery on this store (its TTL
+/// granularity and minimum TTL): that firing passed with no instance up.
+pub async fn missed_firing_runs_once_on_recovery(backend: Arc<dyn LeaseBackend>) {
+    if !applies(
+        &*backend,
+        "missed_firing_runs_once_on_recovery",
+        Needs::KeepFor,
+    ) {
+        return;
+    }
+    let caps = backend.capabilities();
+    let ns = namespace();
+    let name = format!("{ns}recovery");
+    let (skew, window) = (Duration::from_millis(100), Duration::from_millis(300));
+    // Every instance has tried a firing 1 s after it (window + 2 * skew + 0.5 s); a
+    // recovery must end its record 3 * skew + 0.5 s, the granularity and the minimum TTL
+    // before the next one; 1.5 s more leave room for the runs.
+    let needed = Duration::from_millis(1000 + 300 + 500 + 1500)
+        + caps.ttl_granularity
+        + caps.min_ttl.max(Duration::from_millis(500));
+    let period = Duration::from_secs(needed.as_secs_f64().ceil() as u64);
+    let schedule = Schedule::fixed_rate(period).expect("schedule");
+    let period_ms = period.as_millis() as i64;
+    let now_ms = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .expect("clock")
+        .as_millis() as i64;
+    let offset_ms = (1200 - now_ms % period_ms).rem_euclid(period_ms);
+    let shifted = SystemTime::now() + Duration::from_millis(offset_ms as u64);
+    let missed = schedule
+        .last_at_or_before(shifted)
+        .expect("the firing that passed");
+    let following = schedule.next_after(missed).expect("the next firing");
+    let opts = LeaseOptions::new(base_ttl(&*backend).max(Duration::from_secs(2))).expect("opts");
+    let runs: Arc<Mutex<Vec<(SystemTime, usize)>>> = Arc::default();
+    let ran = Arc::new(tokio::sync::Notify::new());
+    let shutdown = CancellationToken::new();
+    let start = |i: usize, policy: MissedFirings| {
+        let job = ScheduledJob::on(
+            client(&backend, &format!("instance-{i}")),
+            &name,
+            schedule.clone(),
+            opts.clone(),
+        )
+        .expect("job")
+        .with_max_skew(skew)
+        .expect("skew")
+        .with_start_window(window)
+        .expect("window")
+        .with_clock_offset_ms(offset_ms)
+        .with_missed_firings(policy);
+        let (runs, ran, shutdown) = (runs.clone(), ran.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            job.run(shutdown, move |ctx| {
+                let (runs, ran) = (runs.clone(), ran.clone());
+                async move {
+                    runs.lock()
+                        .expect("lock")
+                        .push((ctx.firing.expect("firing"), i));
+                    ran.notify_waiters();
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            })
+            .await
+        })
+    };
+    let wait_for = |firing: SystemTime, within: Duration| {
+        let (runs, ran) = (runs.clone(), ran.clone());
+        async move {
+            let by = tokio::time::Instant::now() + within;
+            loop {
+                let notified = ran.notified();
+                if runs.lock().expect("lock").iter().any(|(f, _)| *f == firing) {
+                    return;
+                }
+                if tokio::time::timeout_at(by, notified).await.is_err() {
+                    panic!(
+                        "firing {firing:?} did not run within {within:?}: runs {:?}",
+                        runs.lock().expect("lock")
+                    );
+                }
+            }
+        }
+    };
+    let mut tasks = vec![
+        start(0, MissedFirings::RunOnce),
+        start(1, MissedFirings::RunOnce),
+        start(2, MissedFirings::Skip),
+    ];
+    wait_for(missed, Duration::from_secs(3)).await;
+    // After the recovery ran: a late starter finds the firing taken.
+    tasks.push(start(3, MissedFirings::RunOnce));
+    wait_for(following, period + Duration::from_secs(3)).await;
+    // The next firing ran at its instant; an instance that starts once every instance has
+    // tried it finds it taken and does not recover it.
+    let settled = following + Duration::from_millis(1200);
+    let shifted_now = SystemTime::now() + Duration::from_millis(offset_ms as u64);
+    if let Ok(wait) = settled.duration_since(shifted_now) {
+        tokio::time::sleep(wait).await;
+    }
+    tasks.push(start(4, MissedFirings::RunOnce));
+    // Room for a second run of either firing, were there one.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    shutdown.cancel();
+    let mut stats = Vec::new();
+    for t in tasks {
+        stats.push(t.await.expect("instance task"));
+    }
+    let runs = runs.lock().expect("lock").clone();
+    let of = |f: SystemTime| runs.iter().filter(|(g, _)| *g == f).collect::<Vec<_>>();
+    assert_eq!(
+        of(missed).len(),
+        1,
+        "the missed firing ran {} times: {runs:?} (stats {stats:?})",
+        of(missed).len()
+    );
+    assert!(
+        of(missed)[0].1 < 2,
+        "the missed firing ran on an instance that should not recover it: {runs:?}"
+    );
+    assert_eq!(
+        of(following).len(),
+        1,
+        "the next firing ran {} times: {runs:?} (stats {stats:?})",
+        of(following).len()
+    );
+    assert_eq!(runs.len(), 2, "other firings ran: {runs:?}");
+    assert_eq!(
+        stats.iter().map(|s| s.recovered).sum::<u64>(),
+        1,
+        "recovered counts: {stats:?}"
+    );
 }
