@@ -57,14 +57,27 @@ pub async fn cron(store: &Store, args: CronArgs) -> Result<u8, Fail> {
                         .as_secs()
                         .to_string(),
                 )
-                // A run whose lease is lost (or that shutdown drops) is killed.
+                // A run whose lease is lost (or that shutdown drops) is killed, with every
+                // process it started: the command leads a process group of its own.
                 .kill_on_drop(true);
+            #[cfg(unix)]
+            command.process_group(0);
             async move {
-                match command.status().await {
+                let mut child = match command.spawn() {
+                    Ok(child) => child,
+                    Err(e) => {
+                        tracing::error!(error = %e, "the command could not be started");
+                        return;
+                    }
+                };
+                let mut group = GroupKill(child.id());
+                match child.wait().await {
                     Ok(status) if status.success() => {}
                     Ok(status) => tracing::warn!(%status, "the command failed"),
-                    Err(e) => tracing::error!(error = %e, "the command could not be started"),
+                    Err(e) => tracing::error!(error = %e, "the command could not be waited for"),
                 }
+                // The command ended: its group id may be reused, so it is not signalled.
+                group.0 = None;
             }
         })
         .await;
@@ -101,4 +114,22 @@ fn shutdown_on_signals() -> std::io::Result<CancellationToken> {
         });
     }
     Ok(token)
+}
+
+/// Kills the process group of a run's command when the run is dropped before the command
+/// ended (the lease was lost, or shutdown dropped the run): processes the command started
+/// die with it. Disarmed (`None`) once the command has ended.
+struct GroupKill(Option<u32>);
+
+impl Drop for GroupKill {
+    fn drop(&mut self) {
+        #[cfg(unix)]
+        if let Some(pid) = self.0.and_then(|p| i32::try_from(p).ok()) {
+            use nix::sys::signal::{Signal, killpg};
+            use nix::unistd::Pid;
+            if let Err(e) = killpg(Pid::from_raw(pid), Signal::SIGKILL) {
+                tracing::debug!(error = %e, "the command's process group was already gone");
+            }
+        }
+    }
 }

@@ -1501,6 +1501,58 @@ async fn cron_runs_a_missed_firing_once_on_recovery() {
     );
 }
 
+/// A run that `lease cron` drops (here at SIGTERM with no shutdown grace; a lost lease
+/// drops it the same way) is killed with every process it started: the command leads a
+/// process group of its own and the group is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cron_kills_a_dropped_run_with_its_children() {
+    let server = redis().await;
+    let url = server.url();
+    let dir = tempdir();
+    let pidfile = dir.join("grandchild");
+    let script = format!(
+        "sleep 300 & echo $! > {}.tmp; mv {}.tmp {}; wait",
+        pidfile.display(),
+        pidfile.display(),
+        pidfile.display()
+    );
+    let mut c = lease(&url);
+    c.args(["cron", "* * * * * *", "group-job", "--", "sh", "-c"])
+        .arg(&script);
+    let mut host = c.spawn().unwrap();
+    let by = tokio::time::Instant::now() + Duration::from_secs(5);
+    let grandchild: i32 = loop {
+        if let Ok(text) = std::fs::read_to_string(&pidfile) {
+            break text.trim().parse().unwrap();
+        }
+        assert!(
+            tokio::time::Instant::now() < by,
+            "no run started within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    kill(host.id().unwrap(), nix::sys::signal::Signal::SIGTERM);
+    let status = tokio::time::timeout(Duration::from_secs(10), host.wait())
+        .await
+        .expect("lease cron did not stop on SIGTERM")
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{status}");
+    let pid = nix::unistd::Pid::from_raw(grandchild);
+    let by = tokio::time::Instant::now() + Duration::from_secs(2);
+    // Gone, or a zombie waiting for init to reap it.
+    while nix::sys::signal::kill(pid, None).is_ok()
+        && !std::fs::read_to_string(format!("/proc/{grandchild}/stat"))
+            .map(|s| s.contains(") Z "))
+            .unwrap_or(true)
+    {
+        assert!(
+            tokio::time::Instant::now() < by,
+            "the run's child {grandchild} outlived the dropped run"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test]
 async fn cron_expression_errors_are_usage_errors() {
     for (expr, says) in [
