@@ -107,6 +107,20 @@ pub enum Error {
         holder: Option<String>,
     },
 
+    /// A protected resource refused a write: its fencing token is below the highest
+    /// token the resource has seen, so a newer holder has written since (this writer's
+    /// lease was lost, or taken over while it was paused). Not retryable: the writer no
+    /// longer holds the lease; its work must stop, and nothing of the write was applied.
+    #[error("stale fencing token {token} for {resource}: token {highest} has been seen")]
+    Fenced {
+        /// The protected resource's name.
+        resource: String,
+        /// The token the write carried.
+        token: u64,
+        /// The highest token the resource had seen.
+        highest: u64,
+    },
+
     /// The operation needs a capability the backend does not have.
     #[error("{backend} backend does not support {what}")]
     Unsupported {
@@ -168,6 +182,7 @@ impl Error {
             | Error::Tls { .. }
             | Error::Auth { .. }
             | Error::Unsupported { .. }
+            | Error::Fenced { .. }
             | Error::Panicked { .. }
             | Error::NoRuntime
             | Error::NotCompiledIn { .. } => false,
@@ -176,7 +191,7 @@ impl Error {
 
     /// What happened, as a short stable word: `invalid_input`, `unavailable`, `timeout`,
     /// `unexpected_reply`, `rejected`, `tls`, `auth`, `backend`, `still_held`,
-    /// `unsupported`, `panicked`, `no_runtime` or `not_compiled_in`. Used as the
+    /// `fenced`, `unsupported`, `panicked`, `no_runtime` or `not_compiled_in`. Used as the
     /// `outcome` of metrics and spans; stable across releases.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -189,6 +204,7 @@ impl Error {
             Error::Auth { .. } => "auth",
             Error::Backend { .. } => "backend",
             Error::StillHeld { .. } => "still_held",
+            Error::Fenced { .. } => "fenced",
             Error::Unsupported { .. } => "unsupported",
             Error::Panicked { .. } => "panicked",
             Error::NoRuntime => "no_runtime",

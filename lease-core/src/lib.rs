@@ -5,6 +5,7 @@ mod backend;
 mod client;
 mod election;
 mod error;
+pub mod fence;
 mod guard;
 mod health;
 mod heartbeat;

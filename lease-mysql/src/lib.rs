@@ -78,6 +78,7 @@ use sqlx::{AssertSqlSafe, Row};
 mod backend;
 mod config;
 mod error;
+pub mod fence;
 mod sql;
 mod tls;
 

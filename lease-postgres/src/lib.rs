@@ -6,6 +6,7 @@ mod backend;
 mod config;
 mod connection;
 mod error;
+pub mod fence;
 mod inline;
 mod notify;
 mod reply;

@@ -64,6 +64,11 @@ impl TableName {
         &self.plain
     }
 
+    /// Quoted for SQL, e.g. `"locks"."lease_locks"`.
+    pub(crate) fn quoted(&self) -> &str {
+        &self.quoted
+    }
+
     /// The prefix of this table's release notifications: `<table> `, then the name in
     /// hex. Also a safe SQL string literal: names are `[a-z0-9_.]` only.
     pub(crate) fn payload_prefix(&self) -> String {
