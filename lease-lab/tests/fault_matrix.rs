@@ -107,9 +107,11 @@ async fn redis_restart_with_and_without_aof() {
             assert_eq!(r.claim, lease_core::Fencing::Durable);
         } else {
             assert_eq!(r.claim, lease_core::Fencing::Volatile);
+            // The counter is lost and seeded again from the server's clock: the tokens
+            // still rise (before the seeding: 3 -> 1).
             assert!(
-                r.after <= r.before,
-                "without persistence the sequence restarts: {r:?}"
+                r.after > r.before,
+                "without persistence the tokens must still rise: {r:?}"
             );
         }
     }

@@ -6,6 +6,7 @@ mod cluster;
 mod config;
 mod connection;
 mod error;
+pub mod fence;
 mod keys;
 mod reply;
 /// The Lua sources of the primitives, for auditing them or loading them ahead

@@ -30,7 +30,12 @@
 //!
 //! The fencing counter (`...:fence`, same hash tag) is `INCR`ed only when the lease was
 //! free, so while a lease is live the counter *is* its holder's fencing token: inspect
-//! reads it from there, and the lease does not carry it.
+//! reads it from there, and the lease does not carry it. A counter that does not exist (a
+//! new name, or one a restart without persistence lost) starts at the server's clock in
+//! microseconds since the Unix epoch, not at 1: tokens then keep rising across a restart
+//! that loses the counter, as long as the server's clock has not stepped back by more
+//! than the number of acquisitions since the counter was seeded, in microseconds
+//! (docs/fencing.md).
 //!
 //! A release is announced on the lease's channel only when it was waited for: waiters
 //! add the `<owner token>:w` field after subscribing (`MARK_WAITING`), it goes with the
@@ -74,6 +79,14 @@ if added == 1 then
   local set = redis.pcall('PEXPIRE', KEYS[1], ARGV[3], 'NX')
   if set == 1 then
     local f = redis.pcall('INCR', KEYS[2])
+    if f == 1 then
+      -- No counter: a new name, or a restart lost it. Start above every token handed out
+      -- before: the server's clock in microseconds (one acquisition per microsecond since
+      -- a counter was seeded would be needed to catch up with it).
+      local t = redis.call('TIME')
+      f = tonumber(t[1]) * 1000000 + tonumber(t[2])
+      redis.call('SET', KEYS[2], string.format('%.0f', f))
+    end
     if type(f) == 'number' then return f end
     redis.call('HDEL', KEYS[1], ARGV[1])
     return {3, 'fencing counter: ' .. tostring(f['err'] or f)}

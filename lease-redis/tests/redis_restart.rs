@@ -29,10 +29,11 @@ async fn take(b: &dyn LeaseBackend, name: &LeaseName) -> u64 {
 }
 
 /// Without persistence a restart loses every lease: the holder is told at its next
-/// renewal (or at its deadline), and the fencing sequence starts again, which is exactly
-/// what `Fencing::Volatile` claims.
+/// renewal (or at its deadline). The fencing counter is lost with it, and seeded again
+/// from the server's clock in microseconds, so the next token is still above every token
+/// before the restart (before the seeding, the sequence started again at 1: 3 -> 1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart_without_persistence_loses_leases_and_fencing_is_volatile() {
+async fn restart_without_persistence_loses_leases_and_fencing_keeps_rising() {
     let mut server = RedisServer::start_owned()
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -57,18 +58,68 @@ async fn restart_without_persistence_loses_leases_and_fencing_is_volatile() {
         matches!(reason, LossReason::NotOwner | LossReason::DeadlinePassed),
         "{reason:?}"
     );
-    // The data is gone: the name is free and the sequence restarted.
+    // The data is gone: the name is free, and the token still rises.
     let after = take(&*backend, &guarded).await;
     assert!(
-        after <= before,
-        "volatile fencing restarted: {after} after {before}"
+        after > before,
+        "token {after} after the restart, {before} before"
     );
-    eprintln!(
-        "no persistence: token {before} before the restart, {after} after (sequence restarted, as Fencing::Volatile says)"
-    );
+    eprintln!("no persistence: token {before} before the restart, {after} after");
 }
 
-/// With `appendonly yes` + `appendfsync always`, fencing tokens keep growing across a
+/// Redis without persistence, restarted 3 times, with acquisitions of one name between
+/// the restarts (several per run, released in between): every token after a restart is
+/// above every token before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_rise_across_three_restarts_without_persistence() {
+    let mut server = RedisServer::start_owned()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let backend = RedisBackend::connect(&server.url()).await.unwrap();
+    let name = LeaseName::new("restart/{fenced}").unwrap();
+    let mut runs: Vec<Vec<u64>> = Vec::new();
+    for restart in 0..=3 {
+        if restart > 0 {
+            server.stop().await.unwrap();
+            server.start_again().await.unwrap();
+        }
+        let mut tokens = Vec::new();
+        for _ in 0..5 {
+            let o = owner();
+            let t = loop {
+                // The first call after a restart may meet the dropped connection.
+                match backend.acquire(&name, &o, Duration::from_secs(30)).await {
+                    Ok(AcquireOutcome::Acquired { fencing, .. }) => break fencing.get(),
+                    Ok(AcquireOutcome::Held(by)) => panic!("held by {by}"),
+                    Err(e) if e.is_retryable() => {
+                        tokio::time::sleep(Duration::from_millis(50)).await
+                    }
+                    Err(e) => panic!("{e}"),
+                }
+            };
+            backend
+                .release(&name, &o.token, Duration::ZERO)
+                .await
+                .unwrap();
+            tokens.push(t);
+        }
+        runs.push(tokens);
+    }
+    eprintln!("tokens per server run (restarts between): {runs:?}");
+    for pair in runs.windows(2) {
+        let before = pair[0].iter().max().unwrap();
+        let after = pair[1].iter().min().unwrap();
+        assert!(
+            after > before,
+            "token {after} after a restart, {before} before: {runs:?}"
+        );
+    }
+    for run in &runs {
+        assert!(run.windows(2).all(|w| w[0] < w[1]), "{runs:?}");
+    }
+}
+
+/// With `appendonly yes` + `appendfsync always`, the fencing counter survives a
 /// restart, and the backend says `Fencing::Durable`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn aof_fencing_survives_restart() {

@@ -658,9 +658,11 @@ async fn main() {
          period and keeps 1.5 s of room below it (keep-for 2.1 s), because etcd rounds the \
          kept lease up to whole seconds and may expire it 0.5 s late; with less room the \
          lease is still held at the next tick and the job runs every other period. \
-         Redis without persistence restarts its fencing sequence after a restart, which is \
-         what its capabilities claim (`Fencing::Volatile`); with `appendonly yes` and \
-         `appendfsync always` it is `Durable` (tested in the fault matrix)."
+         Redis without persistence loses its fencing counter in a restart and seeds it \
+         again from the server's clock in microseconds, so its tokens still rise unless \
+         that clock stepped back (its capabilities say `Fencing::Volatile`, which promises \
+         no more); with `appendonly yes` and `appendfsync always` it is `Durable` (tested \
+         in the fault matrix)."
     )
     .unwrap();
 
