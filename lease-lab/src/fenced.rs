@@ -3,8 +3,11 @@
 //! The resource is a tiny line-based TCP server on loopback. Holders send
 //!
 //! - `W <writer> <token> <seq>`: a write carrying a fencing token. It is accepted only if
-//!   the token is not lower than the highest token accepted so far (as a real store would
-//!   with `UPDATE ... WHERE fence <= $token`); the answer is `OK` or `STALE <highest>`.
+//!   the token is not lower than the highest token accepted so far. The decision is made
+//!   by a [`ResourceFence`]: the store's own fence that users run (`PgFence`,
+//!   `MysqlFence`, `RedisFence`, one real write per `W` on the store the holders lease
+//!   from), or `lease_core::fence::Fence` where the store has none (etcd, memory). The
+//!   answer is `OK` or `STALE <highest>`.
 //! - `B <writer> <token> start|end`: the writer starts or stops believing it holds the
 //!   lease (acquired / lost or released). Answer `OK`.
 //! - `T <writer> <operation> <ms>`: a call to the store took longer than its timeout
@@ -20,9 +23,188 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use lease_core::{Error, FencingToken};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
+
+/// What decides whether a write is accepted: the public fence of the store the holders
+/// lease from, doing a real write, or the in-memory fence for stores without one.
+#[derive(Debug)]
+pub enum ResourceFence {
+    /// `lease_core::fence::Fence` (etcd, memory, or holders whose store the test process
+    /// cannot reach).
+    Memory(lease_core::fence::Fence),
+    /// `lease_postgres::fence::PgFence`: check and an `UPDATE` of a data row in one
+    /// transaction.
+    Postgres {
+        /// A pool on the holders' database.
+        pool: lease_postgres::sqlx::PgPool,
+        /// The fence.
+        fence: lease_postgres::fence::PgFence,
+        /// The protected table (one row).
+        data: String,
+    },
+    /// `lease_mysql::fence::MysqlFence`: check and an `UPDATE` in one transaction.
+    Mysql {
+        /// A pool on the holders' database.
+        pool: lease_mysql::sqlx::MySqlPool,
+        /// The fence.
+        fence: lease_mysql::fence::MysqlFence,
+        /// The protected table (one row).
+        data: String,
+    },
+    /// `lease_redis::fence::RedisFence`: a fenced `SET`.
+    Redis {
+        /// A connection to the holders' server.
+        conn: lease_redis::redis::aio::MultiplexedConnection,
+        /// The fence.
+        fence: lease_redis::fence::RedisFence,
+        /// The protected key.
+        key: String,
+    },
+}
+
+impl ResourceFence {
+    /// The store's own fence for the store at `url` (PostgreSQL, MySQL, Redis; a new fence
+    /// table or key per call), or the in-memory fence for other stores.
+    pub async fn for_store(url: &str) -> Result<ResourceFence, String> {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let scheme = url.split("://").next().unwrap_or_default();
+        match scheme {
+            "postgres" | "postgresql" => {
+                use lease_postgres::sqlx;
+                let pool = sqlx::PgPool::connect(url)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let fence = lease_postgres::fence::PgFence::new(&format!("fences_{id}"))
+                    .map_err(|e| e.to_string())?;
+                fence.create_table(&pool).await.map_err(|e| e.to_string())?;
+                let data = format!("fenced_{id}");
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                    "CREATE TABLE {data} (id int PRIMARY KEY, token bigint); \
+                     INSERT INTO {data} VALUES (1, 0)"
+                )))
+                .execute(&pool)
+                .await
+                .map_err(|e| e.to_string())?;
+                Ok(ResourceFence::Postgres { pool, fence, data })
+            }
+            "mysql" | "mariadb" => {
+                use lease_mysql::sqlx;
+                let pool = sqlx::MySqlPool::connect(url)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let fence = lease_mysql::fence::MysqlFence::new(&format!("fences_{id}"))
+                    .map_err(|e| e.to_string())?;
+                fence.create_table(&pool).await.map_err(|e| e.to_string())?;
+                let data = format!("fenced_{id}");
+                for sql in [
+                    format!(
+                        "CREATE TABLE {data} (id int PRIMARY KEY, token bigint unsigned) ENGINE=InnoDB"
+                    ),
+                    format!("INSERT INTO {data} VALUES (1, 0)"),
+                ] {
+                    sqlx::query(sqlx::AssertSqlSafe(sql))
+                        .execute(&pool)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                }
+                Ok(ResourceFence::Mysql { pool, fence, data })
+            }
+            "redis" | "rediss" => {
+                let client = lease_redis::redis::Client::open(url).map_err(|e| e.to_string())?;
+                let conn = client
+                    .get_multiplexed_async_connection()
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(ResourceFence::Redis {
+                    conn,
+                    fence: lease_redis::fence::RedisFence::new(format!("{{fenced-{id}}}:fence")),
+                    key: format!("{{fenced-{id}}}:data"),
+                })
+            }
+            _ => Ok(ResourceFence::memory()),
+        }
+    }
+
+    /// The in-memory fence.
+    pub fn memory() -> ResourceFence {
+        ResourceFence::Memory(lease_core::fence::Fence::new("lab resource"))
+    }
+
+    /// Which fence decides (for reports).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ResourceFence::Memory(_) => "lease_core::fence::Fence",
+            ResourceFence::Postgres { .. } => "lease_postgres::fence::PgFence",
+            ResourceFence::Mysql { .. } => "lease_mysql::fence::MysqlFence",
+            ResourceFence::Redis { .. } => "lease_redis::fence::RedisFence",
+        }
+    }
+
+    /// One protected write carrying `token`: `Ok(None)` accepted, `Ok(Some(highest))`
+    /// refused as stale, `Err` the store failed (counted as not accepted).
+    async fn write(&self, token: u64) -> Result<Option<u64>, String> {
+        let t = FencingToken(token);
+        let r = match self {
+            ResourceFence::Memory(f) => f.check(t),
+            ResourceFence::Postgres { pool, fence, data } => {
+                use lease_postgres::sqlx;
+                async {
+                    let mut tx = pool
+                        .begin()
+                        .await
+                        .map_err(|e| Error::unexpected("lab", e.to_string()))?;
+                    fence.check(&mut tx, "lab", t).await?;
+                    sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "UPDATE {data} SET token = $1 WHERE id = 1"
+                    )))
+                    .bind(token as i64)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| Error::unexpected("lab", e.to_string()))?;
+                    tx.commit()
+                        .await
+                        .map_err(|e| Error::unexpected("lab", e.to_string()))
+                }
+                .await
+            }
+            ResourceFence::Mysql { pool, fence, data } => {
+                use lease_mysql::sqlx;
+                async {
+                    let mut tx = pool
+                        .begin()
+                        .await
+                        .map_err(|e| Error::unexpected("lab", e.to_string()))?;
+                    fence.check(&mut tx, "lab", t).await?;
+                    sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "UPDATE {data} SET token = ? WHERE id = 1"
+                    )))
+                    .bind(token)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| Error::unexpected("lab", e.to_string()))?;
+                    tx.commit()
+                        .await
+                        .map_err(|e| Error::unexpected("lab", e.to_string()))
+                }
+                .await
+            }
+            ResourceFence::Redis { conn, fence, key } => {
+                let mut conn = conn.clone();
+                fence
+                    .set(&mut conn, key, token.to_string().as_bytes(), t)
+                    .await
+            }
+        };
+        match r {
+            Ok(()) => Ok(None),
+            Err(Error::Fenced { highest, .. }) => Ok(Some(highest)),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
 
 /// One write as the resource saw it.
 #[derive(Clone, Debug)]
@@ -54,7 +236,7 @@ pub struct Belief {
 
 #[derive(Debug, Default)]
 struct State {
-    highest: u64,
+    store_errors: u64,
     writes: Vec<WriteRecord>,
     beliefs: Vec<Belief>,
     overruns: Vec<(String, String, u64)>,
@@ -66,6 +248,7 @@ pub struct FencedResource {
     addr: SocketAddr,
     started: Instant,
     state: Arc<Mutex<State>>,
+    fence_kind: &'static str,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -86,8 +269,16 @@ impl FencedResource {
     }
 
     /// Starts the server on a free port of `ip` (an address of this machine, e.g. one end
-    /// of a test network namespace's link).
+    /// of a test network namespace's link), with the in-memory fence.
     pub async fn start_on(ip: std::net::IpAddr) -> std::io::Result<Self> {
+        Self::start_with(ip, ResourceFence::memory()).await
+    }
+
+    /// Starts the server on a free port of `ip`, deciding writes with `fence`.
+    pub async fn start_with(ip: std::net::IpAddr, fence: ResourceFence) -> std::io::Result<Self> {
+        let fence_kind = fence.kind();
+        // One write at a time: the records are in the order the fence decided.
+        let fence = Arc::new(tokio::sync::Mutex::new(fence));
         let listener = TcpListener::bind((ip, 0)).await?;
         let addr = listener.local_addr()?;
         let started = Instant::now();
@@ -95,12 +286,12 @@ impl FencedResource {
         let st = state.clone();
         let task = tokio::spawn(async move {
             while let Ok((sock, _)) = listener.accept().await {
-                let st = st.clone();
+                let (st, fence) = (st.clone(), fence.clone());
                 tokio::spawn(async move {
                     let (r, mut w) = sock.into_split();
                     let mut lines = BufReader::new(r).lines();
                     while let Ok(Some(line)) = lines.next_line().await {
-                        let reply = handle(&st, started, &line);
+                        let reply = handle(&st, &fence, started, &line).await;
                         if w.write_all(reply.as_bytes()).await.is_err() {
                             break;
                         }
@@ -112,8 +303,14 @@ impl FencedResource {
             addr,
             started,
             state,
+            fence_kind,
             task,
         })
+    }
+
+    /// Which fence decides the writes.
+    pub fn fence_kind(&self) -> &'static str {
+        self.fence_kind
     }
 
     /// `host:port` for holders.
@@ -166,6 +363,11 @@ impl FencedResource {
         }
     }
 
+    /// Writes the fence's store failed (it was down): neither accepted nor stale.
+    pub fn store_errors(&self) -> u64 {
+        lock(&self.state).store_errors
+    }
+
     /// Calls past their timeout reported by writers: (writer, operation, ms).
     pub fn overruns(&self) -> Vec<(String, String, u64)> {
         lock(&self.state).overruns.clone()
@@ -175,37 +377,58 @@ impl FencedResource {
     pub fn report(&self) -> Report {
         let mut r = Report::from_records(&self.writes(), &self.beliefs(), self.now());
         r.overruns = self.overruns();
+        r.fence = self.fence_kind;
         r
     }
 }
 
-fn handle(st: &Mutex<State>, started: Instant, line: &str) -> String {
-    let at = started.elapsed();
+/// How long one fenced write may take.
+const FENCE_TIMEOUT: Duration = Duration::from_millis(250);
+
+async fn handle(
+    st: &Mutex<State>,
+    fence: &tokio::sync::Mutex<ResourceFence>,
+    started: Instant,
+    line: &str,
+) -> String {
     let parts: Vec<&str> = line.split_whitespace().collect();
     match parts.as_slice() {
         ["W", writer, token, seq] => {
             let (Ok(token), Ok(seq)) = (token.parse::<u64>(), seq.parse::<u64>()) else {
                 return "ERR bad numbers\n".into();
             };
-            let mut s = lock(st);
-            let accepted = token >= s.highest;
-            if accepted {
-                s.highest = token;
+            let fence = fence.lock().await;
+            let at = started.elapsed();
+            // Bounded as a real resource's statement timeout bounds it: with the store
+            // down, the writer gets an error at once instead of waiting on the pool.
+            let verdict = tokio::time::timeout(FENCE_TIMEOUT, fence.write(token))
+                .await
+                .unwrap_or_else(|_| Err(format!("the fence took over {FENCE_TIMEOUT:?}")));
+            // A write the store failed (it is down) is neither accepted nor stale: it is
+            // counted apart.
+            match &verdict {
+                Ok(v) => lock(st).writes.push(WriteRecord {
+                    at,
+                    writer: (*writer).to_owned(),
+                    token,
+                    seq,
+                    accepted: v.is_none(),
+                }),
+                Err(_) => lock(st).store_errors += 1,
             }
-            let highest = s.highest;
-            s.writes.push(WriteRecord {
-                at,
-                writer: (*writer).to_owned(),
-                token,
-                seq,
-                accepted,
-            });
-            if accepted {
-                "OK\n".into()
-            } else {
-                format!("STALE {highest}\n")
+            drop(fence);
+            match verdict {
+                Ok(None) => "OK\n".into(),
+                Ok(Some(highest)) => format!("STALE {highest}\n"),
+                Err(e) => format!("ERR store {}\n", e.replace('\n', " ")),
             }
         }
+        parts => handle_other(st, started.elapsed(), parts),
+    }
+}
+
+fn handle_other(st: &Mutex<State>, at: Duration, parts: &[&str]) -> String {
+    match parts {
         ["B", writer, token, what] => {
             let Ok(token) = token.parse::<u64>() else {
                 return "ERR bad token\n".into();
@@ -252,6 +475,11 @@ pub struct Report {
     pub accepted: u64,
     /// Writes rejected because their token was stale.
     pub stale_rejected: u64,
+    /// Writes a paused holder made with its old token after resuming (each must be
+    /// among the rejected; set by the paused-holder case).
+    pub stale_after_resume: u64,
+    /// The fence that decided the writes.
+    pub fence: &'static str,
     /// Accepted writes whose token was lower than an earlier accepted write's (must be 0).
     pub accepted_out_of_order: u64,
     /// Periods where two writers believed they held the lease at once: (writer a, writer
@@ -314,10 +542,17 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} writes accepted, {} stale writes rejected, {} accepted out of token order, \
-             {} double-belief periods, {} calls past their timeout, takeovers {:?}, tokens {:?}",
+            "{} writes accepted, {} stale writes rejected ({} of them a resumed holder's, \
+             by {}), {} accepted out of token order, {} double-belief periods, {} calls past \
+             their timeout, takeovers {:?}, tokens {:?}",
             self.accepted,
             self.stale_rejected,
+            self.stale_after_resume,
+            if self.fence.is_empty() {
+                "the resource"
+            } else {
+                self.fence
+            },
             self.accepted_out_of_order,
             self.double_beliefs.len(),
             self.overruns.len(),

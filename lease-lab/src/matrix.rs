@@ -19,7 +19,8 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-use crate::fenced::{FencedResource, Report};
+use crate::fenced::{FencedResource, Report, ResourceFence};
+use lease_core::redact_url;
 
 fn verbose() -> bool {
     std::env::var_os("LEASE_MATRIX_VERBOSE").is_some()
@@ -79,10 +80,21 @@ impl ContainerPlace {
 }
 
 impl Matrix {
-    /// The fenced resource, where the holders reach it.
-    async fn resource(&self) -> FencedResource {
+    /// The fenced resource, where the holders reach it. With the holders on this
+    /// machine, its writes are decided by the public fence of the store at `url` (the
+    /// one they lease from: PostgreSQL, MySQL, Redis; the in-memory fence for etcd); with
+    /// holders in containers, whose store URL is on a private network, by the in-memory
+    /// fence.
+    async fn resource(&self, url: &str) -> FencedResource {
         match &self.place {
-            Place::Host => FencedResource::start().await.unwrap(),
+            Place::Host => {
+                let fence = ResourceFence::for_store(url)
+                    .await
+                    .unwrap_or_else(|e| panic!("the fence on {}: {e}", redact_url(url)));
+                FencedResource::start_with([127, 0, 0, 1].into(), fence)
+                    .await
+                    .unwrap()
+            }
             Place::Containers(c) => FencedResource::start_on(c.resource_ip().into())
                 .await
                 .unwrap(),
@@ -143,7 +155,19 @@ impl Holder {
         id: &str,
         resource: &FencedResource,
     ) -> Holder {
-        let args: Vec<String> = [
+        Self::spawn_with(m, url, name, id, resource, &[]).await
+    }
+
+    /// [`Holder::spawn`] with more `lease-holder` flags.
+    async fn spawn_with(
+        m: &Matrix,
+        url: &str,
+        name: &str,
+        id: &str,
+        resource: &FencedResource,
+        extra: &[&str],
+    ) -> Holder {
+        let mut args: Vec<String> = [
             "--backend",
             url,
             "--name",
@@ -157,6 +181,7 @@ impl Holder {
         ]
         .map(String::from)
         .to_vec();
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
         // LEASE_MATRIX_VERBOSE=1 shows what the holders do and log.
         let log = if verbose() { "info" } else { "error" };
         let run = match &m.place {
@@ -307,7 +332,7 @@ fn check(report: &Report) {
 
 /// SIGKILL the active holder: another takes over within TTL + renewal period.
 pub async fn holder_killed(m: &Matrix, url: &str) -> (Duration, Report) {
-    let resource = m.resource().await;
+    let resource = m.resource(url).await;
     let name = format!("matrix-kill-{}", uuid::Uuid::new_v4().simple());
     let mut holders = spawn_holders(m, url, &name, "h", 3, &resource).await;
     let active = first_holder(&resource).await;
@@ -338,9 +363,24 @@ pub async fn holder_killed(m: &Matrix, url: &str) -> (Duration, Report) {
 /// lost signal fires before it writes again where it checks, and any write that slips
 /// through is rejected by its token.
 pub async fn holder_paused(m: &Matrix, url: &str) -> Report {
-    let resource = m.resource().await;
+    let resource = m.resource(url).await;
     let name = format!("matrix-pause-{}", uuid::Uuid::new_v4().simple());
-    let holders = spawn_holders(m, url, &name, "p", 2, &resource).await;
+    // Careless writers: each writes once more with its token after losing its lease, so
+    // that the resumed holder's late write reaches the fence.
+    let mut holders = Vec::new();
+    for i in 0..2 {
+        holders.push(
+            Holder::spawn_with(
+                m,
+                url,
+                &name,
+                &format!("p{i}"),
+                &resource,
+                &["--write-after-loss", "1"],
+            )
+            .await,
+        );
+    }
     let active = first_holder(&resource).await;
     let victim = holders.iter().find(|h| h.id == active).unwrap();
     victim.pause().await;
@@ -356,8 +396,10 @@ pub async fn holder_paused(m: &Matrix, url: &str) -> Report {
     if let Some(rest) = (m.ttl * 2).checked_sub(since_pause) {
         tokio::time::sleep(rest).await;
     }
-    victim.resume().await;
+    // Taken before the resume: a container's takes a CLI round trip, during which the
+    // holder may already run again and make its late write.
     let resumed_at = resource.now();
+    victim.resume().await;
     // The old holder reports the end of its belief quickly after resuming.
     let until = Instant::now() + m.ttl;
     loop {
@@ -394,12 +436,18 @@ pub async fn holder_paused(m: &Matrix, url: &str) -> Report {
         .iter()
         .filter(|w| w.writer == active && w.token == old_token && w.at >= resumed_at)
         .count();
+    assert!(
+        late_attempts >= 1,
+        "the resumed holder made no late write (it writes once after its loss)"
+    );
     let mut report = resource.report();
     // A frozen process's calls in flight look long; they are not the library's.
     report.overruns.retain(|(w, _, _)| *w != active);
     tracing::info!(
+        fence = resource.fence_kind(),
         "paused holder: {late_attempts} write(s) with the old token after resuming (all rejected)"
     );
+    report.stale_after_resume = late_attempts as u64;
     check(&report);
     report
 }
@@ -412,7 +460,7 @@ pub async fn store_down(
     stop: impl AsyncFnOnce(),
     start: impl AsyncFnOnce(),
 ) -> (Duration, Report) {
-    let resource = m.resource().await;
+    let resource = m.resource(url).await;
     let name = format!("matrix-down-{}", uuid::Uuid::new_v4().simple());
     let _holders = spawn_holders(m, url, &name, "d", 2, &resource).await;
     let active = first_holder(&resource).await;
@@ -599,7 +647,7 @@ pub async fn holder_disconnected(m: &Matrix, host_url: &str, network_url: &str) 
         panic!("holder_disconnected needs holders in containers");
     };
     let net = place.network.name().to_owned();
-    let resource = m.resource().await;
+    let resource = m.resource(network_url).await;
     let name = format!("matrix-disconnect-{}", uuid::Uuid::new_v4().simple());
     let cutoff = Holder::spawn(m, network_url, &name, "cutoff", &resource).await;
     let (first, _) =

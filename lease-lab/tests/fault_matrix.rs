@@ -24,7 +24,8 @@ async fn redis_holder_killed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_holder_paused() {
     let server = RedisServer::start().await.unwrap_or_else(|e| panic!("{e}"));
-    matrix::holder_paused(&m(), &server.url()).await;
+    let r = matrix::holder_paused(&m(), &server.url()).await;
+    eprintln!("paused holder: {r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -61,7 +62,8 @@ mod postgres {
         let db = PostgresServer::shared()
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        matrix::holder_paused(&m(), &db.url()).await;
+        let r = matrix::holder_paused(&m(), &db.url()).await;
+        eprintln!("paused holder: {r}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -152,7 +154,8 @@ mod etcd {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn etcd_holder_paused() {
         let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
-        matrix::holder_paused(&m(), &server.url()).await;
+        let r = matrix::holder_paused(&m(), &server.url()).await;
+        eprintln!("paused holder: {r}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -227,7 +230,8 @@ mod mysql {
         let db = MariaDbServer::shared()
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        matrix::holder_paused(&m(), &db.url()).await;
+        let r = matrix::holder_paused(&m(), &db.url()).await;
+        eprintln!("paused holder: {r}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

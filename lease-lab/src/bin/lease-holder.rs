@@ -5,8 +5,13 @@
 //!
 //! ```text
 //! lease-holder --backend URL --name NAME --writer ID --resource HOST:PORT
-//!              [--ttl-ms 1000] [--write-every-ms 20]
+//!              [--ttl-ms 1000] [--write-every-ms 20] [--write-after-loss 1]
 //! ```
+//!
+//! `--write-after-loss 1` makes a careless writer: after each lost lease it writes once
+//! more with the lost lease's token (a write delayed past the loss, as a process paused
+//! between its check and its write does), which the resource's fence must refuse when a
+//! newer holder has written.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test tool: failures should be loud
 
 use std::time::Duration;
@@ -25,6 +30,7 @@ struct Args {
     resource: String,
     ttl: Duration,
     write_every: Duration,
+    write_after_loss: bool,
 }
 
 fn parse() -> Result<Args, String> {
@@ -32,6 +38,7 @@ fn parse() -> Result<Args, String> {
     let (mut backend, mut name, mut writer, mut resource) = (None, None, None, None);
     let mut ttl = Duration::from_millis(1000);
     let mut write_every = Duration::from_millis(20);
+    let mut write_after_loss = false;
     while let Some(flag) = it.next() {
         let value = it.next().ok_or(format!("{flag} needs a value"))?;
         let ms = || {
@@ -47,6 +54,7 @@ fn parse() -> Result<Args, String> {
             "--resource" => resource = Some(value.clone()),
             "--ttl-ms" => ttl = ms()?,
             "--write-every-ms" => write_every = ms()?,
+            "--write-after-loss" => write_after_loss = value == "1",
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -57,6 +65,7 @@ fn parse() -> Result<Args, String> {
         resource: resource.ok_or("--resource is required")?,
         ttl,
         write_every,
+        write_after_loss,
     })
 }
 
@@ -173,6 +182,11 @@ async fn main() {
         let reason = guard.loss_reason();
         res.send(format!("B {} {token} end\n", args.writer)).await;
         println!("lost {token} {reason:?}");
+        if args.write_after_loss {
+            seq += 1;
+            let reply = res.send(format!("W {} {token} {seq}\n", args.writer)).await;
+            println!("write-after-loss {token} {seq} {}", reply.trim());
+        }
         let _ = guard.release().await;
     }
 }
