@@ -366,9 +366,35 @@ impl Permit {
     }
 
     /// The permit's fencing token: it grows strictly per slot, so a resource shared by
-    /// all holders should compare it per slot (pass [`Permit::slot`] with it).
+    /// all holders must compare it per slot (keep one fence per permit, named by
+    /// [`Permit::fence_resource`]): the tokens of two slots are unrelated, and one fence
+    /// for all would refuse a current holder whose slot's count is behind another's.
     pub fn fencing(&self) -> FencingToken {
         self.guard.fencing()
+    }
+
+    /// The name of this permit's fence for the protected resource `resource`:
+    /// `RESOURCE/permit/SLOT`. A resource fenced by permits keeps one fence per slot
+    /// (a row of a fence table, a fence key), and a holder writes through its slot's.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lease_core::Error> {
+    /// use std::{sync::Arc, time::Duration};
+    /// use lease_core::{LeaseClient, LeaseOptions, MemoryBackend, Semaphore, TryPermit};
+    /// use lease_core::fence::Fence;
+    ///
+    /// let client = LeaseClient::new(Arc::new(MemoryBackend::new()));
+    /// let pool = Semaphore::new(client, "exporters", 2)?;
+    /// let opts = LeaseOptions::new(Duration::from_secs(10))?;
+    /// let TryPermit::Acquired(permit) = pool.try_acquire(&opts).await? else { unreachable!() };
+    /// assert_eq!(permit.fence_resource("s3-export"), format!("s3-export/permit/{}", permit.slot()));
+    /// let fences = [Fence::new("s3-export/permit/0"), Fence::new("s3-export/permit/1")];
+    /// fences[permit.slot() as usize].check(permit.fencing())?;
+    /// # Ok(()) }
+    /// ```
+    pub fn fence_resource(&self, resource: &str) -> String {
+        format!("{resource}/permit/{}", self.slot)
     }
 
     /// The lease guard of the slot: its deadline, lost signal and release.

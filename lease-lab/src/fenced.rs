@@ -56,8 +56,8 @@ pub enum ResourceFence {
     },
     /// `lease_redis::fence::RedisFence`: a fenced `SET`.
     Redis {
-        /// A connection to the holders' server.
-        conn: lease_redis::redis::aio::MultiplexedConnection,
+        /// A connection to the holders' server (reconnecting after a restart).
+        conn: lease_redis::redis::aio::ConnectionManager,
         /// The fence.
         fence: lease_redis::fence::RedisFence,
         /// The protected key.
@@ -115,7 +115,7 @@ impl ResourceFence {
             "redis" | "rediss" => {
                 let client = lease_redis::redis::Client::open(url).map_err(|e| e.to_string())?;
                 let conn = client
-                    .get_multiplexed_async_connection()
+                    .get_connection_manager()
                     .await
                     .map_err(|e| e.to_string())?;
                 Ok(ResourceFence::Redis {
