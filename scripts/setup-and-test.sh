@@ -19,8 +19,9 @@ df -h . | sed 's/^/setup-and-test: disk: /'
 # redis-sentinel and pgbouncer: the Sentinel failover and transaction-pooling tests. gcc
 # compiles the stepped-clock shim of the harness (tests of a step of the store's clock).
 # openssl makes the certificates of the TLS tests at test time. mariadb-server: the
-# MySQL backend's tests (a throwaway mariadbd per test binary).
-packages=(redis-server redis-tools redis-sentinel postgresql pgbouncer etcd-server etcd-client mariadb-server protobuf-compiler libprotobuf-dev faketime gcc libc6-dev openssl)
+# MySQL backend's tests (a throwaway mariadbd per test binary). zookeeper (3.8, with a
+# JRE): the ZooKeeper harness (lease-test-servers::zookeeper).
+packages=(redis-server redis-tools redis-sentinel postgresql pgbouncer etcd-server etcd-client mariadb-server protobuf-compiler libprotobuf-dev faketime gcc libc6-dev openssl zookeeper)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
@@ -35,7 +36,7 @@ fi
 # No store may be started by the package manager for the tests: they start their own
 # servers on free loopback ports. Stop any that an install started.
 if command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
-  ${sudo:-} systemctl stop redis-server redis-sentinel etcd postgresql pgbouncer mariadb >/dev/null 2>&1 || true
+  ${sudo:-} systemctl stop redis-server redis-sentinel etcd postgresql pgbouncer mariadb zookeeper >/dev/null 2>&1 || true
 fi
 
 # Where a Docker engine answers, build the servers' images from the packages above (no

@@ -43,6 +43,7 @@ pub use self::pgbouncer::{PgBouncer, PoolMode};
 pub use self::postgres::PostgresServer;
 pub use self::redis::{RedisCluster, RedisSentinels, RedisServer};
 pub use self::tls::TestCerts;
+pub use self::zookeeper::ZooKeeperServer;
 
 /// Where a test server came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -282,6 +283,7 @@ pub(crate) fn env_nonempty(var: &str) -> Option<String> {
 pub mod etcd;
 pub mod mariadb;
 pub mod postgres;
+pub mod zookeeper;
 
 #[cfg(test)]
 mod port_tests {
