@@ -729,62 +729,60 @@ impl ScheduledJob {
         F: FnOnce(LeaseContext) -> Fut,
         Fut: Future<Output = T>,
     {
-        {
-            let unit = i.schedule.unit().as_nanos().max(1);
-            let slot = u64::try_from((epoch_nanos(firing) / unit) % u128::from(i.slots.max(1)))
-                .unwrap_or(0);
-            let slot_name = match self.slot_name(slot) {
-                Ok(n) => n,
-                Err(e) => return JobRun::StoreError(e.into()),
-            };
-            let slot_opts = self.opts.clone().with_keep_for(hold);
-            let mut slot_guard = match self.client.try_acquire(&slot_name, &slot_opts).await {
-                Ok(TryAcquire::Acquired(g)) => g,
-                Ok(TryAcquire::Held(by)) => {
-                    tracing::debug!(held_by = %by, "firing skipped: taken by another instance");
-                    return JobRun::Skipped(by);
+        let unit = i.schedule.unit().as_nanos().max(1);
+        let slot =
+            u64::try_from((epoch_nanos(firing) / unit) % u128::from(i.slots.max(1))).unwrap_or(0);
+        let slot_name = match self.slot_name(slot) {
+            Ok(n) => n,
+            Err(e) => return JobRun::StoreError(e.into()),
+        };
+        let slot_opts = self.opts.clone().with_keep_for(hold);
+        let mut slot_guard = match self.client.try_acquire(&slot_name, &slot_opts).await {
+            Ok(TryAcquire::Acquired(g)) => g,
+            Ok(TryAcquire::Held(by)) => {
+                tracing::debug!(held_by = %by, "firing skipped: taken by another instance");
+                return JobRun::Skipped(by);
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, retryable = e.is_retryable(), "firing skipped: store error");
+                return JobRun::StoreError(e);
+            }
+        };
+        let taken = match self.client.try_acquire(&self.name, &self.opts).await {
+            Ok(TryAcquire::Held(by)) if !wait.is_zero() => {
+                tracing::debug!(held_by = %by, ?wait, "firing waits for the previous run to end");
+                match self
+                    .client
+                    .acquire_waiting(&self.name, &self.opts, Some(wait))
+                    .await
+                {
+                    Ok(guard) => Ok(TryAcquire::Acquired(guard)),
+                    Err(Error::StillHeld { .. }) => Ok(TryAcquire::Held(by)),
+                    Err(e) => Err(e),
                 }
-                Err(e) => {
-                    tracing::warn!(error = %e, retryable = e.is_retryable(), "firing skipped: store error");
-                    return JobRun::StoreError(e);
-                }
-            };
-            let taken = match self.client.try_acquire(&self.name, &self.opts).await {
-                Ok(TryAcquire::Held(by)) if !wait.is_zero() => {
-                    tracing::debug!(held_by = %by, ?wait, "firing waits for the previous run to end");
-                    match self
-                        .client
-                        .acquire_waiting(&self.name, &self.opts, Some(wait))
-                        .await
-                    {
-                        Ok(guard) => Ok(TryAcquire::Acquired(guard)),
-                        Err(Error::StillHeld { .. }) => Ok(TryAcquire::Held(by)),
-                        Err(e) => Err(e),
-                    }
-                }
-                other => other,
-            };
-            let run = match taken {
-                Ok(TryAcquire::Acquired(guard)) => {
-                    tracing::info!(fencing = guard.fencing().get(), "job starting");
-                    JobRun::from(run_with_guard_at(guard, Some(firing), None, job).await)
-                }
-                Ok(TryAcquire::Held(by)) => {
-                    tracing::info!(held_by = %by, "firing skipped: the previous run still goes on");
-                    JobRun::Skipped(by)
-                }
-                Err(e) => {
-                    // Not run: free the firing's slot at once, so that another instance
-                    // may still run it within the window.
-                    tracing::warn!(error = %e, retryable = e.is_retryable(), "firing not run: store error");
-                    slot_guard.set_keep_for(Duration::ZERO);
-                    JobRun::StoreError(e)
-                }
-            };
-            // Errors are logged by `release`; the slot then lapses at its TTL.
-            let _ = slot_guard.release().await;
-            run
-        }
+            }
+            other => other,
+        };
+        let run = match taken {
+            Ok(TryAcquire::Acquired(guard)) => {
+                tracing::info!(fencing = guard.fencing().get(), "job starting");
+                JobRun::from(run_with_guard_at(guard, Some(firing), None, job).await)
+            }
+            Ok(TryAcquire::Held(by)) => {
+                tracing::info!(held_by = %by, "firing skipped: the previous run still goes on");
+                JobRun::Skipped(by)
+            }
+            Err(e) => {
+                // Not run: free the firing's slot at once, so that another instance
+                // may still run it within the window.
+                tracing::warn!(error = %e, retryable = e.is_retryable(), "firing not run: store error");
+                slot_guard.set_keep_for(Duration::ZERO);
+                JobRun::StoreError(e)
+            }
+        };
+        // Errors are logged by `release`; the slot then lapses at its TTL.
+        let _ = slot_guard.release().await;
+        run
     }
 
     /// One try of a fixed-delay job: runs if the job's lease is free, and releases it
