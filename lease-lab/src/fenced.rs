@@ -42,8 +42,8 @@ pub enum ResourceFence {
         pool: lease_postgres::sqlx::PgPool,
         /// The fence.
         fence: lease_postgres::fence::PgFence,
-        /// The protected table (one row).
-        data: String,
+        /// The protected write: `UPDATE` of the one row of a table of its own.
+        update: String,
     },
     /// `lease_mysql::fence::MysqlFence`: check and an `UPDATE` in one transaction.
     Mysql {
@@ -51,8 +51,8 @@ pub enum ResourceFence {
         pool: lease_mysql::sqlx::MySqlPool,
         /// The fence.
         fence: lease_mysql::fence::MysqlFence,
-        /// The protected table (one row).
-        data: String,
+        /// The protected write: `UPDATE` of the one row of a table of its own.
+        update: String,
     },
     /// `lease_redis::fence::RedisFence`: a fenced `SET`.
     Redis {
@@ -88,7 +88,11 @@ impl ResourceFence {
                 .execute(&pool)
                 .await
                 .map_err(|e| e.to_string())?;
-                Ok(ResourceFence::Postgres { pool, fence, data })
+                Ok(ResourceFence::Postgres {
+                    pool,
+                    fence,
+                    update: format!("UPDATE {data} SET token = $1 WHERE id = 1"),
+                })
             }
             "mysql" | "mariadb" => {
                 use lease_mysql::sqlx;
@@ -110,7 +114,11 @@ impl ResourceFence {
                         .await
                         .map_err(|e| e.to_string())?;
                 }
-                Ok(ResourceFence::Mysql { pool, fence, data })
+                Ok(ResourceFence::Mysql {
+                    pool,
+                    fence,
+                    update: format!("UPDATE {data} SET token = ? WHERE id = 1"),
+                })
             }
             "redis" | "rediss" => {
                 let client = lease_redis::redis::Client::open(url).map_err(|e| e.to_string())?;
@@ -149,45 +157,39 @@ impl ResourceFence {
         let t = FencingToken(token);
         let r = match self {
             ResourceFence::Memory(f) => f.check(t),
-            ResourceFence::Postgres { pool, fence, data } => {
+            ResourceFence::Postgres {
+                pool,
+                fence,
+                update,
+            } => {
                 use lease_postgres::sqlx;
                 async {
-                    let mut tx = pool
-                        .begin()
-                        .await
-                        .map_err(|e| Error::unexpected("lab", e.to_string()))?;
+                    let mut tx = pool.begin().await.map_err(sql_error)?;
                     fence.check(&mut tx, "lab", t).await?;
-                    sqlx::query(sqlx::AssertSqlSafe(format!(
-                        "UPDATE {data} SET token = $1 WHERE id = 1"
-                    )))
-                    .bind(token as i64)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| Error::unexpected("lab", e.to_string()))?;
-                    tx.commit()
+                    sqlx::query(sqlx::AssertSqlSafe(update.clone()))
+                        .bind(token as i64)
+                        .execute(&mut *tx)
                         .await
-                        .map_err(|e| Error::unexpected("lab", e.to_string()))
+                        .map_err(sql_error)?;
+                    tx.commit().await.map_err(sql_error)
                 }
                 .await
             }
-            ResourceFence::Mysql { pool, fence, data } => {
+            ResourceFence::Mysql {
+                pool,
+                fence,
+                update,
+            } => {
                 use lease_mysql::sqlx;
                 async {
-                    let mut tx = pool
-                        .begin()
-                        .await
-                        .map_err(|e| Error::unexpected("lab", e.to_string()))?;
+                    let mut tx = pool.begin().await.map_err(sql_error)?;
                     fence.check(&mut tx, "lab", t).await?;
-                    sqlx::query(sqlx::AssertSqlSafe(format!(
-                        "UPDATE {data} SET token = ? WHERE id = 1"
-                    )))
-                    .bind(token)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| Error::unexpected("lab", e.to_string()))?;
-                    tx.commit()
+                    sqlx::query(sqlx::AssertSqlSafe(update.clone()))
+                        .bind(token)
+                        .execute(&mut *tx)
                         .await
-                        .map_err(|e| Error::unexpected("lab", e.to_string()))
+                        .map_err(sql_error)?;
+                    tx.commit().await.map_err(sql_error)
                 }
                 .await
             }
@@ -380,6 +382,11 @@ impl FencedResource {
         r.fence = self.fence_kind;
         r
     }
+}
+
+/// A failed statement of the lab's own protected write.
+fn sql_error(e: impl std::fmt::Display) -> Error {
+    Error::unexpected("lab", e.to_string())
 }
 
 /// How long one fenced write may take.
