@@ -64,7 +64,8 @@ fn four_letter(port: u16, word: &str) -> Option<String> {
 }
 
 impl ZooKeeperServer {
-    /// Starts a standalone server with a tick of 200 ms (sessions from 400 ms to 40 s).
+    /// Starts a standalone server with a tick of 200 ms (sessions from 400 ms to 600 s;
+    /// TTL nodes reaped every 100 ms).
     ///
     /// Errors: [`HarnessError::Unavailable`] without Java or Debian's `zookeeper` package.
     pub async fn start_local() -> Result<ZooKeeperServer, HarnessError> {
@@ -90,8 +91,8 @@ impl ZooKeeperServer {
                 .map_err(|e| HarnessError::io("creating zookeeper's data dir", e))?;
             let cfg = dir.path().join("zoo.cfg");
             let text = format!(
-                "tickTime=200\ndataDir={data}\nclientPort={port}\nclientPortAddress=127.0.0.1\n\
-                 admin.enableServer=false\nextendedTypesEnabled=true\n\
+                "tickTime=200\nmaxSessionTimeout=600000\ndataDir={data}\nclientPort={port}\n\
+                 clientPortAddress=127.0.0.1\nadmin.enableServer=false\nextendedTypesEnabled=true\n\
                  4lw.commands.whitelist=ruok,srvr,stat\n",
                 data = data.display()
             );
@@ -100,6 +101,9 @@ impl ZooKeeperServer {
                 "-cp".into(),
                 format!("{CONF_DIR}:{ZOOKEEPER_JAR}").into(),
                 "-Xmx256m".into(),
+                // The container and TTL-node reaper every 100 ms (60 s by default), so that a
+                // keep-for node is gone soon after its TTL.
+                "-Dznode.container.checkIntervalMs=100".into(),
                 format!("-Dzookeeper.log.dir={}", dir.path().display()).into(),
                 "org.apache.zookeeper.server.ZooKeeperServerMain".into(),
                 cfg.into_os_string(),
@@ -144,6 +148,42 @@ impl ZooKeeperServer {
             }
         }
         Err(attempts.into_error())
+    }
+
+    /// The connect string of one standalone server shared by every test of the test
+    /// binary (started by the first caller, killed when the test process exits: its
+    /// directory watcher removes it). Tests isolate themselves by path prefix. Every
+    /// `#[tokio::test]` may call it, whatever its runtime.
+    pub async fn shared() -> Result<String, HarnessError> {
+        static SHARED: tokio::sync::OnceCell<Result<ZooKeeperServer, String>> =
+            tokio::sync::OnceCell::const_new();
+        let server = SHARED
+            .get_or_init(|| async {
+                // Started on a runtime of its own: the first caller's runtime ends with
+                // its test, and the start waits on tokio timers.
+                let started = std::thread::spawn(|| {
+                    tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .map_err(|e| e.to_string())?
+                        .block_on(ZooKeeperServer::start_local())
+                        .map_err(|e| e.to_string())
+                })
+                .join()
+                .map_err(|_| "the thread starting zookeeper panicked".to_owned())
+                .and_then(|r| r);
+                if let Ok(s) = &started {
+                    super::announce(format_args!(
+                        "lease test server: the shared zookeeper of this test binary is at {}",
+                        s.address()
+                    ));
+                }
+                started
+            })
+            .await
+            .as_ref()
+            .map_err(|e| HarnessError::Start(format!("shared zookeeper server: {e}")))?;
+        Ok(server.address())
     }
 
     /// `127.0.0.1:PORT`, the connect string.

@@ -1,0 +1,770 @@
+//! [`ZkBackend`]: the trait's primitives on ZooKeeper.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lease_core::{
+    AcquireOutcome, Capabilities, Error, Fencing, FencingToken, HeldBy, LeaseBackend, LeaseInfo,
+    LeaseName, Owner, OwnerToken, ReleaseOutcome, RenewItem, RenewOutcome, Result,
+};
+use tokio::time::Instant;
+use tracing::Instrument;
+use zookeeper_client as zk;
+
+use crate::config::{ZkConfig, parse_url};
+use crate::error::{BACKEND, bounded, convert, unexpected};
+use crate::nodes::{
+    self, FREE, HELD, Kind, Layout, NameData, RELEASED, decode_keep, decode_name, encode_keep,
+    encode_name, holder_node,
+};
+use crate::sessions::{Record, Sessions, io_runtime, sweep};
+
+/// Largest renewal batch accepted in one call (two pipelined reads per lease).
+pub const MAX_RENEW_BATCH: usize = 100_000;
+
+/// A lease backend on ZooKeeper. Cheap to clone; clones share the sessions.
+///
+/// See the crate documentation for the design.
+#[derive(Clone)]
+pub struct ZkBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    sessions: Arc<Sessions>,
+    layout: Layout,
+    /// A session for what is not bound to a lease's TTL: reads, watches, forced releases,
+    /// the clock.
+    main: zk::Client,
+    acls: zk::Acls<'static>,
+    sweeper: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.sweeper.abort();
+    }
+}
+
+impl fmt::Debug for ZkBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkBackend")
+            .field("servers", &self.inner.sessions.connect)
+            .field("config", &self.inner.sessions.config)
+            .finish()
+    }
+}
+
+/// What an acquire found when the holder node existed.
+struct Found {
+    name: Option<(NameData, zk::Stat)>,
+    holder: Option<(Vec<u8>, zk::Stat)>,
+}
+
+impl ZkBackend {
+    /// Connects to `zk://[user[:password]@]host[:port][,host[:port]...][/prefix]` with the
+    /// default settings.
+    ///
+    /// Errors: [`Error::InvalidInput`] for a malformed URL (its message never shows the
+    /// password); the connection errors of [`ZkBackend::connect_with`].
+    ///
+    /// Cancel safety: cancel-safe; a dropped call leaves nothing behind (a session it had
+    /// opened is closed).
+    pub async fn connect(url: &str) -> Result<Self> {
+        Self::connect_url_with(url, ZkConfig::default()).await
+    }
+
+    /// [`ZkBackend::connect`] on top of `config` (what the URL gives replaces it).
+    ///
+    /// Cancel safety: cancel-safe.
+    pub async fn connect_url_with(url: &str, config: ZkConfig) -> Result<Self> {
+        let (servers, config) = parse_url(url, config)?;
+        Self::connect_with(&servers, config).await
+    }
+
+    /// Connects to the servers of a ZooKeeper connect string (`host:port,host:port`) and
+    /// creates the prefix's nodes where they are missing.
+    ///
+    /// Errors: [`Error::Timeout`] when no session is made within the connect timeout;
+    /// [`Error::Auth`] for refused credentials; [`Error::Rejected`] when the prefix may not
+    /// be created or written (ACLs).
+    ///
+    /// Cancel safety: cancel-safe; a dropped call leaves nothing behind.
+    pub async fn connect_with(servers: &str, config: ZkConfig) -> Result<Self> {
+        config.validate()?;
+        let layout = Layout::new(&config.prefix);
+        let acls = if config.user.is_some() {
+            zk::Acls::creator_all()
+        } else {
+            zk::Acls::anyone_all()
+        };
+        let sessions = Arc::new(Sessions::new(servers.to_owned(), config));
+        let main = sessions
+            .connect(sessions.config.request_timeout.max(Duration::from_secs(4)))
+            .await?;
+        let t = sessions.config.request_timeout;
+        let opts = zk::CreateMode::Persistent.with_acls(acls);
+        for path in [layout.leases(), layout.clock()] {
+            match bounded("connect", t, main.mkdir(&path, &opts)).await? {
+                Ok(()) | Err(zk::Error::NodeExists) => {}
+                Err(e) => return Err(convert("connect", t, e)),
+            }
+        }
+        let sweeper = io_runtime()?.spawn(sweep(Arc::downgrade(&sessions)));
+        tracing::debug!(servers, prefix = layout.prefix(), "connected to zookeeper");
+        Ok(ZkBackend {
+            inner: Arc::new(Inner {
+                sessions,
+                layout,
+                main,
+                acls,
+                sweeper,
+            }),
+        })
+    }
+
+    fn timeout(&self) -> Duration {
+        self.inner.sessions.config.request_timeout
+    }
+
+    /// How many leases this backend holds (or may hold: acquires whose reply is
+    /// outstanding); for tests and metrics.
+    pub fn held_count(&self) -> usize {
+        self.inner.sessions.records().len()
+    }
+
+    /// The server's clock in ms since the epoch: the mtime of a write to the clock node.
+    async fn server_now_ms(&self, operation: &'static str) -> Result<i64> {
+        let t = self.timeout();
+        let clock = self.inner.layout.clock();
+        match bounded(operation, t, self.inner.main.set_data(&clock, b"", None)).await? {
+            Ok(stat) => Ok(stat.mtime),
+            Err(e) => Err(convert(operation, t, e)),
+        }
+    }
+
+    /// The name node's data and the holder node's, read in one `multiRead` (one
+    /// consistent view: no write falls between the two reads).
+    async fn read_pair(&self, client: &zk::Client, path: &str, op: &'static str) -> Result<Found> {
+        let t = self.timeout();
+        let holder = holder_node(path);
+        let mut reader = client.new_multi_reader();
+        reader
+            .add_get_data(path)
+            .and_then(|()| reader.add_get_data(&holder))
+            .map_err(|e| convert(op, t, e))?;
+        let results = match bounded(op, t, reader.commit()).await? {
+            Ok(r) => r,
+            Err(e) => return Err(convert(op, t, e)),
+        };
+        let mut it = results.into_iter();
+        let (Some(name), Some(holder), None) = (it.next(), it.next(), it.next()) else {
+            return Err(unexpected(op, "multiRead reply without two results"));
+        };
+        let name = match name {
+            zk::MultiReadResult::Data { data, stat } => match decode_name(&data) {
+                Some(d) => Some((d, stat)),
+                None => {
+                    return Err(unexpected(
+                        op,
+                        format!("{path} holds data this backend did not write"),
+                    ));
+                }
+            },
+            zk::MultiReadResult::Error {
+                err: zk::Error::NoNode,
+            } => None,
+            zk::MultiReadResult::Error { err } => return Err(convert(op, t, err)),
+            _ => return Err(unexpected(op, "not data for a read")),
+        };
+        let holder = match holder {
+            zk::MultiReadResult::Data { data, stat } => Some((data, stat)),
+            zk::MultiReadResult::Error {
+                err: zk::Error::NoNode,
+            } => None,
+            zk::MultiReadResult::Error { err } => return Err(convert(op, t, err)),
+            _ => return Err(unexpected(op, "not data for a read")),
+        };
+        Ok(Found { name, holder })
+    }
+
+    /// Creates the name node if it is missing.
+    async fn ensure_name_node(&self, client: &zk::Client, path: &str) -> Result<()> {
+        let t = self.timeout();
+        let opts = zk::CreateMode::Persistent.with_acls(self.inner.acls);
+        match bounded("acquire", t, client.create(path, &[], &opts)).await? {
+            Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
+            Err(e) => Err(convert("acquire", t, e)),
+        }
+    }
+
+    /// One acquisition attempt: the holder node and the name node's data in one `multi`;
+    /// with `replace`, an expired keep-for node (the name node at that version) goes in
+    /// the same step. `Ok(None)`: the holder node exists (or, with `replace`, the name
+    /// changed since it was read).
+    async fn try_create(
+        &self,
+        client: &zk::Client,
+        path: &str,
+        data: &[u8],
+        replace: Option<i32>,
+    ) -> Result<std::result::Result<zk::Stat, zk::Error>> {
+        let t = self.timeout();
+        let holder = holder_node(path);
+        let mut multi = client.new_multi_writer();
+        let eph = zk::CreateMode::Ephemeral.with_acls(self.inner.acls);
+        let added = match replace {
+            Some(v) => multi
+                .add_set_data(path, data, Some(v))
+                .and_then(|()| multi.add_delete(&holder, None))
+                .and_then(|()| multi.add_create(&holder, &[], &eph)),
+            None => multi
+                .add_create(&holder, &[], &eph)
+                .and_then(|()| multi.add_set_data(path, data, None)),
+        };
+        added.map_err(|e| convert("acquire", t, e))?;
+        match bounded("acquire", t, multi.commit()).await? {
+            Ok(results) => {
+                let stat = results.into_iter().find_map(|r| match r {
+                    zk::MultiWriteResult::SetData { stat } => Some(stat),
+                    _ => None,
+                });
+                stat.map(Ok).ok_or_else(|| {
+                    unexpected("acquire", "multi reply without the name node's stat")
+                })
+            }
+            Err(zk::MultiWriteError::OperationFailed { source, .. }) => Ok(Err(source)),
+            Err(zk::MultiWriteError::RequestFailed { source }) => Ok(Err(source)),
+        }
+    }
+
+    fn record_key(path: &str, token: &OwnerToken) -> (String, OwnerToken) {
+        (path.to_owned(), *token)
+    }
+}
+
+impl ZkBackend {
+    async fn acquire_in_span(
+        &self,
+        name: &LeaseName,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome> {
+        let ttl = self.capabilities().effective_ttl(ttl);
+        let (ttl_ms, client) = self.inner.sessions.session(ttl).await?;
+        let session = client.session_id().0;
+        let path = self.inner.layout.name_node(name);
+        let key = Self::record_key(&path, &owner.token);
+        let data = encode_name(HELD, &owner.token, owner.label.as_str());
+        let mut replace = None;
+        for _attempt in 0..4 {
+            let sent = Instant::now();
+            // Recorded before the request goes out: if this call is dropped or its reply
+            // lost, the sweep deletes what it may have made at the TTL.
+            self.inner.sessions.records().put(
+                key.clone(),
+                Record {
+                    ttl_ms,
+                    session,
+                    version: None,
+                    fencing: 0,
+                    label: owner.label.as_str().to_owned(),
+                    acquired_at: sent,
+                    deadline: sent + ttl,
+                },
+            );
+            let outcome = self.try_create(&client, &path, &data, replace.take()).await;
+            let failed = match outcome {
+                Ok(Ok(stat)) => {
+                    let fencing = u64::try_from(stat.mzxid)
+                        .map_err(|_| unexpected("acquire", format!("zxid {}", stat.mzxid)))?;
+                    self.inner.sessions.records().put(
+                        key.clone(),
+                        Record {
+                            ttl_ms,
+                            session,
+                            version: Some(stat.version),
+                            fencing,
+                            label: owner.label.as_str().to_owned(),
+                            acquired_at: Instant::now(),
+                            deadline: sent + ttl,
+                        },
+                    );
+                    return Ok(AcquireOutcome::Acquired {
+                        fencing: FencingToken(fencing),
+                        ttl,
+                    });
+                }
+                Ok(Err(e)) => e,
+                Err(e) => return Err(e), // timeout: the record stays for the sweep
+            };
+            match failed {
+                zk::Error::NodeExists | zk::Error::BadVersion => {}
+                zk::Error::NoNode => {
+                    self.inner.sessions.records().remove(&key);
+                    self.ensure_name_node(&client, &path).await?;
+                    continue;
+                }
+                zk::Error::SessionExpired => {
+                    self.inner.sessions.expired(ttl_ms, session).await;
+                    return Err(convert(
+                        "acquire",
+                        self.timeout(),
+                        zk::Error::SessionExpired,
+                    ));
+                }
+                e @ (zk::Error::ConnectionLoss | zk::Error::Timeout) => {
+                    return Err(convert("acquire", self.timeout(), e)); // record stays
+                }
+                e => {
+                    self.inner.sessions.records().remove(&key);
+                    return Err(convert("acquire", self.timeout(), e));
+                }
+            }
+            // The name is taken (or changed under a takeover): see by whom.
+            self.inner.sessions.records().remove(&key);
+            let found = self.read_pair(&client, &path, "acquire").await?;
+            let Some((hdata, hstat)) = found.holder else {
+                continue; // released in between: try again
+            };
+            let (nd, nstat) = match found.name {
+                Some(n) => n,
+                None => continue,
+            };
+            match nodes::kind(hstat.ephemeral_owner) {
+                Kind::Ephemeral(owner_session) => {
+                    if nd.state == HELD && nd.token == owner.token && hstat.czxid == nstat.mzxid {
+                        // A re-sent acquire whose first run took the lease.
+                        if owner_session != session {
+                            return Err(unexpected(
+                                "acquire",
+                                "own holder node on another session",
+                            ));
+                        }
+                        let fencing = u64::try_from(hstat.czxid).unwrap_or(0);
+                        self.inner.sessions.records().put(
+                            key.clone(),
+                            Record {
+                                ttl_ms,
+                                session,
+                                version: Some(nstat.version),
+                                fencing,
+                                label: owner.label.as_str().to_owned(),
+                                acquired_at: Instant::now(),
+                                deadline: sent + ttl,
+                            },
+                        );
+                        return Ok(AcquireOutcome::Acquired {
+                            fencing: FencingToken(fencing),
+                            ttl,
+                        });
+                    }
+                    let remaining = {
+                        let recs = self.inner.sessions.records();
+                        recs.by_key
+                            .get(&(path.clone(), nd.token))
+                            .map(|r| r.deadline.saturating_duration_since(Instant::now()))
+                    };
+                    return Ok(AcquireOutcome::Held(HeldBy {
+                        holder: Some(nd.label),
+                        remaining,
+                    }));
+                }
+                Kind::Ttl(_) | Kind::Persistent => {
+                    // A keep-for node: expired by the server's clock?
+                    let keep_ms = decode_keep(&hdata)
+                        .map(|(ms, _)| ms)
+                        .ok_or_else(|| unexpected("acquire", "keep-for node without its ttl"))?;
+                    let now = self.server_now_ms("acquire").await?;
+                    let until = hstat
+                        .mtime
+                        .saturating_add(i64::try_from(keep_ms).unwrap_or(i64::MAX));
+                    if until > now {
+                        return Ok(AcquireOutcome::Held(HeldBy {
+                            holder: Some(nd.label),
+                            remaining: Some(Duration::from_millis(
+                                u64::try_from(until - now).unwrap_or(0),
+                            )),
+                        }));
+                    }
+                    replace = Some(nstat.version);
+                    continue;
+                }
+            }
+        }
+        // Four rounds of a name changing under us: report it as held by whoever has it.
+        Ok(AcquireOutcome::Held(HeldBy {
+            holder: None,
+            remaining: None,
+        }))
+    }
+
+    // Cancel safety: cancel-safe; a dropped call changes nothing (the reads are
+    // read-only; the deadlines move only when the answers arrive).
+    async fn renew_in_span(
+        &self,
+        leases: &[RenewItem],
+        ttl: Duration,
+    ) -> Result<Vec<RenewOutcome>> {
+        if leases.is_empty() {
+            return Ok(Vec::new());
+        }
+        if leases.len() > MAX_RENEW_BATCH {
+            return Err(Error::InvalidInput(
+                lease_core::InvalidInput::BatchTooLarge {
+                    len: leases.len(),
+                    max: MAX_RENEW_BATCH,
+                },
+            ));
+        }
+        let ttl = self.capabilities().effective_ttl(ttl);
+        let t = self.timeout();
+        // What each item must still be: its record, on a session that is still current.
+        let mut plan = Vec::with_capacity(leases.len());
+        let mut clients: std::collections::HashMap<(u64, i64), Option<zk::Client>> =
+            std::collections::HashMap::new();
+        for item in leases {
+            let path = self.inner.layout.name_node(&item.name);
+            let rec = self
+                .inner
+                .sessions
+                .records()
+                .by_key
+                .get(&(path.clone(), item.token))
+                .cloned();
+            let Some(rec) = rec.filter(|r| r.version.is_some()) else {
+                plan.push(None);
+                continue;
+            };
+            if ttl > Duration::from_millis(rec.ttl_ms) {
+                return Err(Error::InvalidInput(lease_core::InvalidInput::TooLarge {
+                    what: "renewal ttl (above the ttl the lease was acquired with)",
+                    value: ttl,
+                    max: Duration::from_millis(rec.ttl_ms),
+                }));
+            }
+            let ck = (rec.ttl_ms, rec.session);
+            if let std::collections::hash_map::Entry::Vacant(slot) = clients.entry(ck) {
+                slot.insert(self.inner.sessions.existing(rec.ttl_ms, rec.session).await);
+            }
+            match clients.get(&ck).cloned().flatten() {
+                Some(c) => plan.push(Some((path, rec, c))),
+                None => plan.push(None),
+            }
+        }
+        let sent = Instant::now();
+        // Two reads per lease, all sent before any answer is awaited (one round trip).
+        let checks = plan.iter().map(|p| {
+            let p = p.clone();
+            async move {
+                let Some((path, rec, c)) = p else {
+                    return Ok((false, None));
+                };
+                let holder = holder_node(&path);
+                // The holder node first, then the name node, on one session (answered in
+                // order): a name node still at the acquisition's version means no holder
+                // change happened up to the second read, so the holder node seen by the
+                // first one is this lease's.
+                let (h, n) = futures::join!(c.check_stat(&holder), c.check_stat(&path));
+                let alive = match (n, h) {
+                    (Err(zk::Error::SessionExpired), _) | (_, Err(zk::Error::SessionExpired)) => {
+                        return Ok((false, Some((rec.ttl_ms, rec.session))));
+                    }
+                    (Err(e), _) | (_, Err(e)) => return Err(e),
+                    (Ok(Some(n)), Ok(Some(h))) => {
+                        Some(n.version) == rec.version
+                            && nodes::kind(h.ephemeral_owner) == Kind::Ephemeral(rec.session)
+                    }
+                    _ => false,
+                };
+                Ok((alive, None))
+            }
+        });
+        let answers = tokio::time::timeout(t, futures::future::join_all(checks))
+            .await
+            .map_err(|_| Error::Timeout {
+                operation: "renew",
+                after: t,
+            })?;
+        let mut out = Vec::with_capacity(leases.len());
+        let mut expired = Vec::new();
+        for (i, answer) in answers.into_iter().enumerate() {
+            match answer {
+                Ok((alive, gone)) => {
+                    if let Some(g) = gone {
+                        expired.push(g);
+                    }
+                    out.push(if alive {
+                        RenewOutcome::Renewed
+                    } else {
+                        RenewOutcome::Lost
+                    });
+                    if alive && let Some(Some((path, _, _))) = plan.get(i) {
+                        let key = (path.clone(), leases[i].token);
+                        self.inner.sessions.records().extend(&key, sent + ttl);
+                    }
+                }
+                Err(e) => return Err(convert("renew", t, e)),
+            }
+        }
+        for (ttl_ms, id) in expired {
+            self.inner.sessions.expired(ttl_ms, id).await;
+        }
+        Ok(out)
+    }
+
+    // Cancel safety: cancel-safe; the release is one `multi`, applied whole or not at
+    // all. A dropped call may have released; the lease's record is kept until the
+    // answer, so an unanswered release is swept at the TTL (by the name node's version:
+    // it never touches a later holder).
+    async fn release_in_span(
+        &self,
+        name: &LeaseName,
+        token: &OwnerToken,
+        keep_for: Duration,
+    ) -> Result<ReleaseOutcome> {
+        let t = self.timeout();
+        let path = self.inner.layout.name_node(name);
+        let key = Self::record_key(&path, token);
+        let holder = holder_node(&path);
+        let rec = self.inner.sessions.records().by_key.get(&key).cloned();
+        let (version, label, fencing, rest) =
+            match rec.as_ref().and_then(|r| r.version.map(|v| (v, r))) {
+                Some((v, r)) => (
+                    v,
+                    r.label.clone(),
+                    r.fencing,
+                    keep_for.saturating_sub(r.acquired_at.elapsed()),
+                ),
+                None => {
+                    // Not acquired through this backend (or its reply was lost): read the name.
+                    let found = self.read_pair(&self.inner.main, &path, "release").await?;
+                    let (Some((nd, nstat)), Some((_, hstat))) = (found.name, found.holder) else {
+                        self.inner.sessions.records().remove(&key);
+                        return Ok(ReleaseOutcome::NotOwner);
+                    };
+                    if nd.state != HELD
+                        || nd.token != *token
+                        || !matches!(nodes::kind(hstat.ephemeral_owner), Kind::Ephemeral(_))
+                        || hstat.czxid != nstat.mzxid
+                    {
+                        self.inner.sessions.records().remove(&key);
+                        return Ok(ReleaseOutcome::NotOwner);
+                    }
+                    let rest = if keep_for.is_zero() {
+                        Duration::ZERO
+                    } else {
+                        let now = self.server_now_ms("release").await?;
+                        let elapsed = u64::try_from(now.saturating_sub(nstat.mtime)).unwrap_or(0);
+                        keep_for.saturating_sub(Duration::from_millis(elapsed))
+                    };
+                    (
+                        nstat.version,
+                        nd.label,
+                        u64::try_from(hstat.czxid).unwrap_or(0),
+                        rest,
+                    )
+                }
+            };
+        let released = encode_name(RELEASED, token, &label);
+        let rest_ms = u64::try_from(rest.as_millis()).unwrap_or(u64::MAX);
+        let keep = encode_keep(rest_ms, fencing);
+        let mut ttl_nodes = true;
+        loop {
+            let mut multi = self.inner.main.new_multi_writer();
+            let mut added = multi
+                .add_set_data(&path, &released, Some(version))
+                .and_then(|()| multi.add_delete(&holder, None));
+            if rest_ms > 0 {
+                let opts = if ttl_nodes {
+                    zk::CreateMode::Persistent
+                        .with_acls(self.inner.acls)
+                        .with_ttl(Duration::from_millis(rest_ms))
+                } else {
+                    zk::CreateMode::Persistent.with_acls(self.inner.acls)
+                };
+                added = added.and_then(|()| multi.add_create(&holder, &keep, &opts));
+            }
+            added.map_err(|e| convert("release", t, e))?;
+            match bounded("release", t, multi.commit()).await? {
+                Ok(_) => {
+                    self.inner.sessions.records().remove(&key);
+                    return Ok(ReleaseOutcome::Released);
+                }
+                Err(zk::MultiWriteError::OperationFailed {
+                    index: 2,
+                    source: zk::Error::Unimplemented,
+                }) if ttl_nodes => {
+                    // TTL nodes are disabled on the server (extendedTypesEnabled): a
+                    // persistent keep-for node, removed by the next acquirer once expired.
+                    tracing::warn!(
+                        "zookeeper refuses TTL nodes (extendedTypesEnabled=false): keep-for nodes stay until the name is next acquired"
+                    );
+                    ttl_nodes = false;
+                }
+                Err(zk::MultiWriteError::OperationFailed {
+                    source: zk::Error::BadVersion | zk::Error::NoNode,
+                    ..
+                }) => {
+                    self.inner.sessions.records().remove(&key);
+                    return Ok(ReleaseOutcome::NotOwner);
+                }
+                Err(zk::MultiWriteError::OperationFailed { source, .. })
+                | Err(zk::MultiWriteError::RequestFailed { source }) => {
+                    return Err(convert("release", t, source));
+                }
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl LeaseBackend for ZkBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(BACKEND)
+            .with_fencing(Fencing::Durable)
+            .with_min_ttl(self.inner.sessions.config.min_ttl)
+            .with_ttl_granularity(Duration::from_millis(1))
+            .with_holder_info(true)
+            .with_keep_for(true)
+            .with_release_notification(true)
+            .with_max_renew_batch(MAX_RENEW_BATCH)
+    }
+
+    /// Cancel safety: cancel-safe. A dropped call may have created the holder node: it is
+    /// recorded before the request is sent, and the sweep deletes it at the TTL unless a
+    /// renewal by its token confirms it.
+    async fn acquire(
+        &self,
+        name: &LeaseName,
+        owner: &Owner,
+        ttl: Duration,
+    ) -> Result<AcquireOutcome> {
+        let span =
+            tracing::debug_span!("zookeeper.acquire", lease = %name, owner = owner.label.as_str());
+        self.acquire_in_span(name, owner, ttl)
+            .instrument(span)
+            .await
+    }
+
+    /// Cancel safety: cancel-safe; the reads and the `multi` of every round trip are
+    /// applied whole or not at all.
+    async fn renew(&self, leases: &[RenewItem], ttl: Duration) -> Result<Vec<RenewOutcome>> {
+        let span = tracing::debug_span!("zookeeper.renew", leases = leases.len());
+        self.renew_in_span(leases, ttl).instrument(span).await
+    }
+
+    /// Cancel safety: cancel-safe; the release is one `multi`, applied whole or not at
+    /// all. A dropped call may have released; the lease's record is kept until the
+    /// answer, so an unanswered release is swept at the TTL (by the name node's version:
+    /// it never touches a later holder).
+    async fn release(
+        &self,
+        name: &LeaseName,
+        token: &OwnerToken,
+        keep_for: Duration,
+    ) -> Result<ReleaseOutcome> {
+        let span = tracing::debug_span!("zookeeper.release", lease = %name, owner = %token);
+        self.release_in_span(name, token, keep_for)
+            .instrument(span)
+            .await
+    }
+
+    /// Cancel safety: cancel-safe (reads only; a lease under a keep-for node also writes
+    /// the clock node, which holds nothing).
+    async fn inspect(&self, name: &LeaseName) -> Result<Option<LeaseInfo>> {
+        let path = self.inner.layout.name_node(name);
+        let found = self.read_pair(&self.inner.main, &path, "inspect").await?;
+        let (Some((nd, _)), Some((hdata, hstat))) = (found.name, found.holder) else {
+            return Ok(None);
+        };
+        match nodes::kind(hstat.ephemeral_owner) {
+            Kind::Ephemeral(_) => {
+                let remaining = self
+                    .inner
+                    .sessions
+                    .records()
+                    .by_key
+                    .get(&(path.clone(), nd.token))
+                    .map(|r| r.deadline.saturating_duration_since(Instant::now()));
+                Ok(Some(LeaseInfo {
+                    holder: Some(nd.label),
+                    fencing: u64::try_from(hstat.czxid).ok().map(FencingToken),
+                    remaining,
+                }))
+            }
+            Kind::Ttl(_) | Kind::Persistent => {
+                let (keep_ms, fencing) = decode_keep(&hdata)
+                    .ok_or_else(|| unexpected("inspect", "keep-for node without its ttl"))?;
+                let now = self.server_now_ms("inspect").await?;
+                let until = hstat
+                    .mtime
+                    .saturating_add(i64::try_from(keep_ms).unwrap_or(i64::MAX));
+                if until <= now {
+                    return Ok(None);
+                }
+                Ok(Some(LeaseInfo {
+                    holder: Some(nd.label),
+                    fencing: Some(FencingToken(fencing)),
+                    remaining: Some(Duration::from_millis(
+                        u64::try_from(until - now).unwrap_or(0),
+                    )),
+                }))
+            }
+        }
+    }
+
+    /// Cancel safety: cancel-safe; one `multi`, applied whole or not at all.
+    async fn force_release(&self, name: &LeaseName) -> Result<bool> {
+        let t = self.timeout();
+        let path = self.inner.layout.name_node(name);
+        let holder = holder_node(&path);
+        for _ in 0..8 {
+            let found = self
+                .read_pair(&self.inner.main, &path, "force release")
+                .await?;
+            let (Some((_, nstat)), Some(_)) = (found.name, found.holder) else {
+                return Ok(false);
+            };
+            let free = encode_name(FREE, &OwnerToken::from_bytes([0; 16]), "");
+            let mut multi = self.inner.main.new_multi_writer();
+            multi
+                .add_set_data(&path, &free, Some(nstat.version))
+                .and_then(|()| multi.add_delete(&holder, None))
+                .map_err(|e| convert("force release", t, e))?;
+            match bounded("force release", t, multi.commit()).await? {
+                Ok(_) => return Ok(true),
+                Err(zk::MultiWriteError::OperationFailed {
+                    source: zk::Error::BadVersion | zk::Error::NoNode,
+                    ..
+                }) => continue,
+                Err(zk::MultiWriteError::OperationFailed { source, .. })
+                | Err(zk::MultiWriteError::RequestFailed { source }) => {
+                    return Err(convert("force release", t, source));
+                }
+            }
+        }
+        Err(Error::Backend {
+            backend: BACKEND,
+            retryable: true,
+            source: "the lease changed holder during every attempt".into(),
+        })
+    }
+
+    /// Cancel safety: cancel-safe; the watch is dropped with the call.
+    async fn wait_released(&self, name: &LeaseName, max_wait: Duration) -> Result<()> {
+        let t = self.timeout();
+        let holder = holder_node(&self.inner.layout.name_node(name));
+        let watched = bounded("wait", t, self.inner.main.check_and_watch_stat(&holder)).await?;
+        match watched {
+            Ok((None, _)) => Ok(()),
+            Ok((Some(_), watcher)) => {
+                let _ = tokio::time::timeout(max_wait, watcher.changed()).await;
+                Ok(())
+            }
+            Err(e) => Err(convert("wait", t, e)),
+        }
+    }
+}

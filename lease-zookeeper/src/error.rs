@@ -1,0 +1,65 @@
+//! Converting `zookeeper-client` errors into [`lease_core::Error`].
+
+use std::time::Duration;
+
+use lease_core::Error;
+use zookeeper_client as zk;
+
+pub(crate) const BACKEND: &str = "zookeeper";
+
+/// Maps a client error from `operation`:
+/// - no server reachable, a connection lost, a session moved, throttling -> retryable
+///   ([`Error::Unavailable`] or a retryable [`Error::Backend`]);
+/// - the client's own timeout -> [`Error::Timeout`];
+/// - refused credentials -> [`Error::Auth`]; a missing permission (`NoAuth`), an ACL,
+///   quota or a read-only server -> [`Error::Rejected`];
+/// - anything else -> a non-retryable [`Error::Backend`].
+///
+/// `SessionExpired` is handled by the callers (the session's nodes are gone: its leases
+/// are lost); where it reaches here it is retryable (a new session is made).
+pub(crate) fn convert(operation: &'static str, timeout: Duration, e: zk::Error) -> Error {
+    use zk::Error as E;
+    match e {
+        E::ConnectionLoss | E::NoHosts | E::ClientClosed => Error::unavailable(BACKEND, e),
+        E::Timeout => Error::Timeout {
+            operation,
+            after: timeout,
+        },
+        E::SessionExpired | E::SessionMoved | E::Throttled => Error::Backend {
+            backend: BACKEND,
+            retryable: true,
+            source: Box::new(e),
+        },
+        E::AuthFailed => Error::auth(BACKEND, e),
+        E::NoAuth | E::InvalidAcl | E::QuotaExceeded | E::NotReadOnly | E::Unimplemented => {
+            Error::Rejected {
+                backend: BACKEND,
+                source: Box::new(e),
+            }
+        }
+        other => Error::Backend {
+            backend: BACKEND,
+            retryable: false,
+            source: Box::new(other),
+        },
+    }
+}
+
+/// A reply that cannot be what this backend wrote.
+pub(crate) fn unexpected(operation: &'static str, detail: impl std::fmt::Display) -> Error {
+    Error::unexpected(BACKEND, format!("{operation}: {detail}"))
+}
+
+/// `fut` bounded by `timeout`: a [`Error::Timeout`] when it ran out.
+pub(crate) async fn bounded<T, E>(
+    operation: &'static str,
+    timeout: Duration,
+    fut: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<Result<T, E>, Error> {
+    tokio::time::timeout(timeout, fut)
+        .await
+        .map_err(|_| Error::Timeout {
+            operation,
+            after: timeout,
+        })
+}

@@ -1,0 +1,313 @@
+//! One ZooKeeper session per TTL, the record of the leases this backend holds on them,
+//! and the sweep that deletes what nobody renewed within its TTL.
+//!
+//! A session keeps every ephemeral node of it alive for as long as the client pings it,
+//! which the client library does on its own. A lease must lapse at its TTL when its
+//! holder stops renewing it (the guard was dropped, an acquire was abandoned) while the
+//! process and with it the session live on: so every lease held here has a deadline
+//! (the send time of its last confirmed acquire or renewal + TTL), and the sweep deletes
+//! its holder node once the deadline has passed, by the name node's version (a holder
+//! that changed since is never touched). When the process or its connection dies, the
+//! server expires the session within its timeout, which is at least the TTL.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Duration;
+
+use lease_core::{Error, InvalidInput, OwnerToken, Result};
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+use crate::error::{bounded, convert};
+use crate::nodes::{self, HELD};
+
+/// How often the sweep looks for leases past their deadline.
+pub(crate) const SWEEP_EVERY: Duration = Duration::from_millis(100);
+
+/// A lease this backend took (or may have taken: an acquire whose reply was not seen).
+#[derive(Clone, Debug)]
+pub(crate) struct Record {
+    /// The session (TTL in ms) the holder node is on, and that session's id.
+    pub(crate) ttl_ms: u64,
+    pub(crate) session: i64,
+    /// The name node's version after the acquisition; `None` while the acquire's reply
+    /// is outstanding (or was lost).
+    pub(crate) version: Option<i32>,
+    pub(crate) fencing: u64,
+    pub(crate) label: String,
+    /// When the acquire's reply arrived (keep-for counts from here: never early).
+    pub(crate) acquired_at: Instant,
+    /// The lease lapses here unless renewed.
+    pub(crate) deadline: Instant,
+}
+
+pub(crate) type Key = (String, OwnerToken);
+
+#[derive(Default)]
+pub(crate) struct Records {
+    pub(crate) by_key: HashMap<Key, Record>,
+    by_deadline: BTreeSet<(Instant, String, [u8; 16])>,
+}
+
+impl Records {
+    pub(crate) fn put(&mut self, key: Key, rec: Record) {
+        if let Some(old) = self.by_key.get(&key) {
+            self.by_deadline
+                .remove(&(old.deadline, key.0.clone(), *key.1.as_bytes()));
+        }
+        self.by_deadline
+            .insert((rec.deadline, key.0.clone(), *key.1.as_bytes()));
+        self.by_key.insert(key, rec);
+    }
+
+    pub(crate) fn remove(&mut self, key: &Key) -> Option<Record> {
+        let rec = self.by_key.remove(key)?;
+        self.by_deadline
+            .remove(&(rec.deadline, key.0.clone(), *key.1.as_bytes()));
+        Some(rec)
+    }
+
+    /// Moves the deadline of `key` to `deadline` if it is later.
+    pub(crate) fn extend(&mut self, key: &Key, deadline: Instant) {
+        if let Some(rec) = self.by_key.get_mut(key)
+            && deadline > rec.deadline
+        {
+            self.by_deadline
+                .remove(&(rec.deadline, key.0.clone(), *key.1.as_bytes()));
+            rec.deadline = deadline;
+            self.by_deadline
+                .insert((deadline, key.0.clone(), *key.1.as_bytes()));
+        }
+    }
+
+    /// Removes and returns the records whose deadline is before `now`.
+    fn take_expired(&mut self, now: Instant) -> Vec<(Key, Record)> {
+        let mut out = Vec::new();
+        while let Some(first) = self.by_deadline.first() {
+            if first.0 > now {
+                break;
+            }
+            let Some((_, path, token)) = self.by_deadline.pop_first() else {
+                break;
+            };
+            let key = (path, OwnerToken::from_bytes(token));
+            if let Some(rec) = self.by_key.remove(&key) {
+                out.push((key, rec));
+            }
+        }
+        out
+    }
+
+    /// Forgets every record on session `id` (it expired: its nodes are gone).
+    pub(crate) fn forget_session(&mut self, id: i64) {
+        let gone: Vec<Key> = self
+            .by_key
+            .iter()
+            .filter(|(_, r)| r.session == id)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in gone {
+            self.remove(&k);
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.by_key.len()
+    }
+}
+
+/// The runtime the sessions' connection tasks and the sweep run on: one worker thread,
+/// `lease-zookeeper-io`, made on first use and kept for the life of the process, so that
+/// a backend keeps working when the runtime that created it ends.
+pub(crate) fn io_runtime() -> Result<&'static tokio::runtime::Handle> {
+    static RUNTIME: OnceLock<std::result::Result<tokio::runtime::Runtime, String>> =
+        OnceLock::new();
+    let rt = RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("lease-zookeeper-io")
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())
+    });
+    match rt {
+        Ok(rt) => Ok(rt.handle()),
+        Err(e) => Err(Error::Backend {
+            backend: crate::error::BACKEND,
+            retryable: false,
+            source: format!("cannot start the zookeeper I/O runtime: {e}").into(),
+        }),
+    }
+}
+
+/// The sessions, by TTL in ms.
+pub(crate) struct Sessions {
+    pub(crate) connect: String,
+    pub(crate) config: crate::ZkConfig,
+    map: tokio::sync::Mutex<HashMap<u64, zk::Client>>,
+    pub(crate) records: Mutex<Records>,
+}
+
+impl Sessions {
+    pub(crate) fn new(connect: String, config: crate::ZkConfig) -> Self {
+        Sessions {
+            connect,
+            config,
+            map: tokio::sync::Mutex::new(HashMap::new()),
+            records: Mutex::new(Records::default()),
+        }
+    }
+
+    pub(crate) fn records(&self) -> MutexGuard<'_, Records> {
+        self.records.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A new session with timeout `timeout`, authenticated where the config has a user.
+    pub(crate) async fn connect(&self, timeout: Duration) -> Result<zk::Client> {
+        let c = &self.config;
+        let mut connector = zk::Client::connector()
+            .with_session_timeout(timeout)
+            .with_connection_timeout(c.connect_timeout);
+        if let Some(user) = &c.user {
+            let secret = format!("{user}:{}", c.password.as_deref().unwrap_or(""));
+            connector = connector.with_auth("digest", secret.as_bytes());
+        }
+        let servers = self.connect.clone();
+        let limit = c.connect_timeout;
+        // On the backend's I/O runtime: the session's task lives there, not on the
+        // caller's runtime (which may end while the backend is still used).
+        let connected = io_runtime()?
+            .spawn(async move { tokio::time::timeout(limit, connector.connect(&servers)).await })
+            .await
+            .map_err(|e| Error::Backend {
+                backend: crate::error::BACKEND,
+                retryable: true,
+                source: format!("the task connecting to zookeeper failed: {e}").into(),
+            })?
+            .map_err(|_| Error::Timeout {
+                operation: "connect",
+                after: limit,
+            })?;
+        connected.map_err(|e| convert("connect", limit, e))
+    }
+
+    /// The session for leases of `ttl`, made if there is none or the last one ended.
+    ///
+    /// Errors: [`InvalidInput::TooLarge`] when the server grants a shorter session than
+    /// `ttl` (its `maxSessionTimeout`, 20 ticks by default): a lease on it could vanish
+    /// before its holder's deadline.
+    pub(crate) async fn session(&self, ttl: Duration) -> Result<(u64, zk::Client)> {
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let mut map = self.map.lock().await;
+        if let Some(c) = map.get(&ttl_ms) {
+            match c.state() {
+                zk::SessionState::Expired
+                | zk::SessionState::Closed
+                | zk::SessionState::AuthFailed => {
+                    let id = c.session_id().0;
+                    map.remove(&ttl_ms);
+                    self.records().forget_session(id);
+                }
+                _ => return check_granted(ttl, ttl_ms, c.clone()),
+            }
+        }
+        let client = self.connect(Duration::from_millis(ttl_ms)).await?;
+        tracing::debug!(
+            ttl_ms,
+            session = %client.session_id(),
+            granted_ms = client.session_timeout().as_millis() as u64,
+            "zookeeper session for the ttl"
+        );
+        map.insert(ttl_ms, client.clone());
+        check_granted(ttl, ttl_ms, client)
+    }
+
+    /// The current session for `ttl_ms` if it is still `id`.
+    pub(crate) async fn existing(&self, ttl_ms: u64, id: i64) -> Option<zk::Client> {
+        let map = self.map.lock().await;
+        map.get(&ttl_ms).filter(|c| c.session_id().0 == id).cloned()
+    }
+
+    /// Drops the session `id` (it expired).
+    pub(crate) async fn expired(&self, ttl_ms: u64, id: i64) {
+        let mut map = self.map.lock().await;
+        if map.get(&ttl_ms).is_some_and(|c| c.session_id().0 == id) {
+            map.remove(&ttl_ms);
+        }
+        drop(map);
+        self.records().forget_session(id);
+        tracing::warn!(ttl_ms, session = %zk::SessionId(id), "zookeeper session expired: its leases are lost");
+    }
+}
+
+fn check_granted(ttl: Duration, ttl_ms: u64, c: zk::Client) -> Result<(u64, zk::Client)> {
+    let granted = c.session_timeout();
+    if granted < ttl {
+        return Err(Error::InvalidInput(InvalidInput::TooLarge {
+            what: "ttl (above the zookeeper server's maxSessionTimeout)",
+            value: ttl,
+            max: granted,
+        }));
+    }
+    Ok((ttl_ms, c))
+}
+
+/// The sweep: every [`SWEEP_EVERY`], deletes the holder nodes of records past their
+/// deadline (ends when the backend is dropped).
+pub(crate) async fn sweep(sessions: Weak<Sessions>) {
+    let mut tick = tokio::time::interval(SWEEP_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let Some(s) = sessions.upgrade() else { return };
+        let expired = s.records().take_expired(Instant::now());
+        for ((path, token), rec) in expired {
+            let s = s.clone();
+            tokio::spawn(async move {
+                if let Err(e) = delete_unrenewed(&s, &path, &token, &rec).await {
+                    tracing::debug!(error = %e, "deleting an unrenewed zookeeper lease failed");
+                }
+            });
+        }
+    }
+}
+
+/// Deletes the holder node of `path` if the lease is still the record's (the name node
+/// at the record's version, or for an acquire whose reply was lost, naming its token).
+async fn delete_unrenewed(
+    s: &Sessions,
+    path: &str,
+    token: &OwnerToken,
+    rec: &Record,
+) -> Result<()> {
+    let Some(client) = s.existing(rec.ttl_ms, rec.session).await else {
+        return Ok(()); // the session ended: its nodes went with it
+    };
+    let t = s.config.request_timeout;
+    let version = match rec.version {
+        Some(v) => v,
+        None => match bounded("release", t, client.get_data(path)).await? {
+            Ok((data, stat)) => match nodes::decode_name(&data) {
+                Some(d) if d.state == HELD && d.token == *token => stat.version,
+                _ => return Ok(()),
+            },
+            Err(zk::Error::NoNode) => return Ok(()),
+            Err(e) => return Err(convert("release", t, e)),
+        },
+    };
+    let mut multi = client.new_multi_writer();
+    let holder = nodes::holder_node(path);
+    let released = nodes::encode_name(crate::nodes::RELEASED, token, &rec.label);
+    multi
+        .add_set_data(path, &released, Some(version))
+        .and_then(|()| multi.add_delete(&holder, None))
+        .map_err(|e| convert("release", t, e))?;
+    match bounded("release", t, multi.commit()).await? {
+        Ok(_) => {
+            tracing::info!(node = path, "deleted a lease nobody renewed within its ttl");
+            Ok(())
+        }
+        Err(zk::MultiWriteError::OperationFailed { .. }) => Ok(()),
+        Err(zk::MultiWriteError::RequestFailed { source }) => Err(convert("release", t, source)),
+    }
+}

@@ -1,0 +1,31 @@
+//! The conformance suite against a real ZooKeeper 3.8 (Debian's package): one standalone
+//! server per test binary, each check under a path prefix of its own.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_conformance::Fixture;
+use lease_test_servers::ZooKeeperServer;
+use lease_zookeeper::{ZkBackend, ZkConfig};
+
+/// The harness's server ticks every 200 ms: its shortest session is 400 ms.
+fn config() -> ZkConfig {
+    let ns = lease_conformance::suite::namespace();
+    ZkConfig::default()
+        .with_prefix(format!("/{}", ns.trim_end_matches('/')))
+        .with_request_timeout(Duration::from_secs(2))
+        .with_min_ttl(Duration::from_millis(400))
+}
+
+async fn single() -> Fixture {
+    let servers = ZooKeeperServer::shared()
+        .await
+        .expect("zookeeper test server");
+    let backend = ZkBackend::connect_with(&servers, config())
+        .await
+        .expect("connect");
+    Fixture::new(Arc::new(backend))
+}
+
+lease_conformance::conformance_suite!(single);
