@@ -76,7 +76,7 @@ RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --all-features
 # first run's copies. Remove this workspace's unpacked copies first (none of these names
 # is a crates.io crate this workspace depends on).
 cargo_home=${CARGO_HOME:-$HOME/.cargo}
-for crate in lease-core lease-conformance lease-redis lease-postgres lease-etcd lease-mysql leasehold lease-cli; do
+for crate in lease-core lease-conformance lease-redis lease-postgres lease-etcd lease-mysql lease-zookeeper leasehold lease-cli; do
   rm -rf "$cargo_home"/registry/src/*/"$crate"-[0-9]* "$cargo_home"/registry/cache/*/"$crate"-[0-9]*.crate
 done
 cargo package --workspace --exclude lease-test-servers --exclude lease-lab --exclude lease-bench

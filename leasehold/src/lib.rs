@@ -14,6 +14,9 @@ pub use lease_postgres as postgres;
 /// The etcd backend (feature `etcd`).
 #[cfg(feature = "etcd")]
 pub use lease_etcd as etcd;
+/// The ZooKeeper backend (feature `zookeeper`).
+#[cfg(feature = "zookeeper")]
+pub use lease_zookeeper as zookeeper;
 
 /// The MySQL and MariaDB backend (feature `mysql`).
 #[cfg(feature = "mysql")]
@@ -32,6 +35,7 @@ use std::sync::Arc;
 /// | `etcd://` | etcd | `etcd` |
 /// | `etcds://` | etcd over TLS | `etcd` and `tls` |
 /// | `mysql://`, `mariadb://` | MySQL 8, MariaDB 10.6+ (TLS with the driver's `ssl-mode`, `ssl-ca`, `ssl-cert`, `ssl-key`: feature `tls`) | `mysql` |
+/// | `zk://host:2181,host2:2181/prefix` | ZooKeeper 3.5+ (`digest` credentials as `zk://user:password@...`) | `zookeeper` |
 ///
 /// Credentials go in the URL (`redis://user:password@host`, `postgres://user:password@host/db`,
 /// `etcd://user:password@host/prefix`); PostgreSQL also reads `PGPASSWORD` and `~/.pgpass`
@@ -116,8 +120,9 @@ pub async fn connect_with(url: &str, options: &ConnectOptions) -> Result<Arc<dyn
         "postgres" | "postgresql" => connect_postgres(url, options).await,
         "etcd" | "etcds" => connect_etcd(url, options).await,
         "mysql" | "mariadb" => connect_mysql(url, options).await,
+        "zk" => connect_zookeeper(url, options).await,
         other => Err(InvalidInput::MalformedUrl(format!(
-            "unknown scheme {other:?}: expected memory, redis, rediss, redis+sentinel, redis+cluster, rediss+cluster, postgres, postgresql, etcd, etcds, mysql or mariadb"
+            "unknown scheme {other:?}: expected memory, redis, rediss, redis+sentinel, redis+cluster, rediss+cluster, postgres, postgresql, etcd, etcds, mysql, mariadb or zk"
         ))
         .into()),
     }
@@ -186,6 +191,23 @@ async fn connect_mysql(url: &str, options: &ConnectOptions) -> Result<Arc<dyn Le
 async fn connect_mysql(url: &str, _: &ConnectOptions) -> Result<Arc<dyn LeaseBackend>> {
     let scheme = url.split("://").next().unwrap_or("mysql");
     not_compiled(scheme, "mysql")
+}
+
+#[cfg(feature = "zookeeper")]
+async fn connect_zookeeper(url: &str, options: &ConnectOptions) -> Result<Arc<dyn LeaseBackend>> {
+    if !options.tls.is_empty() {
+        return Err(InvalidInput::MalformedUrl(format!(
+            "{}: TLS files are given, but the zookeeper backend has no TLS yet",
+            redact_url(url)
+        ))
+        .into());
+    }
+    Ok(Arc::new(lease_zookeeper::ZkBackend::connect(url).await?))
+}
+
+#[cfg(not(feature = "zookeeper"))]
+async fn connect_zookeeper(_: &str, _: &ConnectOptions) -> Result<Arc<dyn LeaseBackend>> {
+    not_compiled("zk", "zookeeper")
 }
 
 #[allow(dead_code)]

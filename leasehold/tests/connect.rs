@@ -25,6 +25,8 @@ async fn errors_never_contain_the_password() {
         "redis://user:s3cret@[bad-host:1/",
         "postgres://u:s3cret@:bad/db",
         "etcd://u:s3cret@",
+        "zk://u:s3cret@h:0/p",
+        "zk://u:s3cret@h:2181/a/../b",
     ] {
         if let Err(e) = leasehold::connect(url).await {
             assert!(!e.to_string().contains("s3cret"), "{e}");
@@ -40,4 +42,24 @@ async fn store_not_compiled_in_names_the_feature() {
         Err(Error::NotCompiledIn { feature, .. }) => assert_eq!(feature, "etcd"),
         other => panic!("expected NotCompiledIn, got {other:?}"),
     }
+}
+
+/// `zk://` opens the ZooKeeper backend on a real server, with the URL's prefix.
+#[tokio::test]
+async fn zk_url_connects_to_zookeeper() {
+    let servers = lease_test_servers::ZooKeeperServer::shared().await.unwrap();
+    let url = format!("zk://{servers}/leasehold-connect-test");
+    let b = leasehold::connect(&url).await.unwrap();
+    assert_eq!(b.capabilities().backend, "zookeeper");
+    let name = leasehold::LeaseName::new("facade").unwrap();
+    let owner = leasehold::Owner::new(leasehold::HolderLabel::new("t").unwrap());
+    let got = b
+        .acquire(&name, &owner, std::time::Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(
+        matches!(got, leasehold::AcquireOutcome::Acquired { .. }),
+        "{got:?}"
+    );
+    assert!(format!("{b:?}").contains("/leasehold-connect-test"));
 }

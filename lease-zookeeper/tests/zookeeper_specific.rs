@@ -1,0 +1,159 @@
+//! What only ZooKeeper does: sessions bounded by the server, a session that outlives a
+//! server restart keeping its leases, sessions closed with the backend, digest ACLs.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_core::{
+    AcquireOutcome, Error, HolderLabel, InvalidInput, LeaseBackend, LeaseClient, LeaseName,
+    LeaseOptions, Owner,
+};
+use lease_test_servers::ZooKeeperServer;
+use lease_zookeeper::{ZkBackend, ZkConfig};
+use tokio::time::Instant;
+
+fn config() -> ZkConfig {
+    let ns = lease_conformance::suite::namespace();
+    ZkConfig::default()
+        .with_prefix(format!("/{}", ns.trim_end_matches('/')))
+        .with_request_timeout(Duration::from_secs(2))
+        .with_min_ttl(Duration::from_millis(400))
+}
+
+fn owner(label: &str) -> Owner {
+    Owner::new(HolderLabel::new(label).unwrap())
+}
+
+fn name(s: &str) -> LeaseName {
+    LeaseName::new(s).unwrap()
+}
+
+/// A TTL above the server's `maxSessionTimeout` (600 s on the test server) is refused with
+/// a typed error before anything is created: a session shorter than the TTL could drop
+/// the lease before its holder's deadline.
+#[tokio::test]
+async fn a_ttl_above_the_servers_session_maximum_is_refused() {
+    let servers = ZooKeeperServer::shared().await.unwrap();
+    let b = ZkBackend::connect_with(&servers, config()).await.unwrap();
+    let e = b
+        .acquire(&name("long"), &owner("a"), Duration::from_secs(700))
+        .await
+        .unwrap_err();
+    match &e {
+        Error::InvalidInput(InvalidInput::TooLarge { max, .. }) => {
+            assert_eq!(*max, Duration::from_secs(600), "{e}")
+        }
+        other => panic!("expected TooLarge, got {other:?}"),
+    }
+    assert!(!e.is_retryable());
+    assert!(b.inspect(&name("long")).await.unwrap().is_none());
+}
+
+/// Curator's rule: a connection lost (SUSPENDED) is not a session lost. The server is
+/// killed and started again within the TTL: the client's session reconnects, the lease
+/// is still held by the same token, and its guard never reported a loss.
+#[tokio::test]
+async fn a_server_restart_within_the_ttl_keeps_the_lease() {
+    let mut server = ZooKeeperServer::start_local().await.unwrap();
+    let b: Arc<dyn LeaseBackend> = Arc::new(
+        ZkBackend::connect_with(&server.address(), config())
+            .await
+            .unwrap(),
+    );
+    let ttl = Duration::from_secs(8);
+    let client = LeaseClient::new(b.clone());
+    let opts = LeaseOptions::new(ttl).unwrap();
+    let lease_core::TryAcquire::Acquired(g) = client.try_acquire("kept", &opts).await.unwrap()
+    else {
+        panic!("held")
+    };
+    let token = g.fencing();
+    server.kill().unwrap();
+    let down = Instant::now();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.start_again().await.unwrap();
+    let outage = down.elapsed();
+    eprintln!("zookeeper down for {outage:?} (ttl {ttl:?})");
+    assert!(
+        outage < ttl / 2,
+        "the restart took {outage:?}: too long for this test"
+    );
+    // Two renewal periods after the restart: renewed on the old session.
+    tokio::time::sleep(ttl * 2 / 3).await;
+    assert!(g.is_held(), "lost: {:?}", g.loss_reason());
+    let info = b.inspect(&name("kept")).await.unwrap().expect("held");
+    assert_eq!(info.fencing, Some(token));
+    let other = owner("other");
+    assert!(matches!(
+        b.acquire(&name("kept"), &other, ttl).await.unwrap(),
+        AcquireOutcome::Held(_)
+    ));
+    g.release().await.unwrap();
+}
+
+/// A backend that is dropped closes its sessions: its ephemeral nodes go at once, not at
+/// the session timeout.
+#[tokio::test]
+async fn dropping_the_backend_frees_its_leases_at_once() {
+    let servers = ZooKeeperServer::shared().await.unwrap();
+    let cfg = config();
+    let a = ZkBackend::connect_with(&servers, cfg.clone())
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(20);
+    assert!(matches!(
+        a.acquire(&name("dropped"), &owner("a"), ttl).await.unwrap(),
+        AcquireOutcome::Acquired { .. }
+    ));
+    drop(a);
+    let b = ZkBackend::connect_with(&servers, cfg).await.unwrap();
+    let start = Instant::now();
+    loop {
+        match b.acquire(&name("dropped"), &owner("b"), ttl).await.unwrap() {
+            AcquireOutcome::Acquired { .. } => break,
+            AcquireOutcome::Held(_) => {
+                assert!(
+                    start.elapsed() < Duration::from_secs(5),
+                    "still held {:?} after the holder's backend was dropped (ttl {ttl:?})",
+                    start.elapsed()
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    eprintln!(
+        "free {:?} after the holder's backend was dropped",
+        start.elapsed()
+    );
+}
+
+/// With digest credentials the backend's nodes are its user's only (`auth` ACL): a
+/// backend without credentials, or with a wrong password, is refused when it connects
+/// with a typed, non-retryable error.
+#[tokio::test]
+async fn digest_credentials_keep_other_users_out() {
+    let servers = ZooKeeperServer::shared().await.unwrap();
+    let cfg = config();
+    let owner_cfg = cfg.clone().with_credentials("app", "s3cret");
+    let a = ZkBackend::connect_with(&servers, owner_cfg).await.unwrap();
+    let ttl = Duration::from_secs(5);
+    assert!(matches!(
+        a.acquire(&name("private"), &owner("a"), ttl).await.unwrap(),
+        AcquireOutcome::Acquired { .. }
+    ));
+    for (who, c) in [
+        ("no credentials", cfg.clone()),
+        (
+            "a wrong password",
+            cfg.clone().with_credentials("app", "wrong"),
+        ),
+    ] {
+        // Refused at connect: the prefix's nodes are not this user's to write.
+        let e = ZkBackend::connect_with(&servers, c).await.expect_err(who);
+        assert!(matches!(e, Error::Rejected { .. }), "{who}: {e:?}");
+        assert!(!e.is_retryable(), "{who}");
+        assert!(!format!("{e} {e:?}").contains("s3cret"));
+    }
+    assert!(a.inspect(&name("private")).await.unwrap().is_some());
+}
