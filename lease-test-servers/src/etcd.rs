@@ -689,7 +689,7 @@ fn etcd_binary() -> Result<PathBuf, HarnessError> {
 
 /// A fresh temp dir, in /dev/shm where it exists (etcd fsyncs each write; memory makes
 /// that cheap), else in the default temp dir.
-fn data_root(prefix: &str) -> Result<tempfile::TempDir, HarnessError> {
+pub(crate) fn data_root(prefix: &str) -> Result<tempfile::TempDir, HarnessError> {
     let shm = Path::new("/dev/shm");
     if shm.is_dir()
         && let Ok(dir) = tempfile::Builder::new().prefix(prefix).tempdir_in(shm)
@@ -699,7 +699,7 @@ fn data_root(prefix: &str) -> Result<tempfile::TempDir, HarnessError> {
     tempfile::Builder::new()
         .prefix(prefix)
         .tempdir()
-        .map_err(|e| HarnessError::io("creating a temp dir for etcd", e))
+        .map_err(|e| HarnessError::io("creating a temp dir for a test server", e))
 }
 
 /// A token unique to this cluster, so members of concurrently running test clusters that

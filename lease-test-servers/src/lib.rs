@@ -43,7 +43,7 @@ pub use self::pgbouncer::{PgBouncer, PoolMode};
 pub use self::postgres::PostgresServer;
 pub use self::redis::{RedisCluster, RedisSentinels, RedisServer};
 pub use self::tls::TestCerts;
-pub use self::zookeeper::ZooKeeperServer;
+pub use self::zookeeper::{ZooKeeperEnsemble, ZooKeeperServer};
 
 /// Where a test server came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -1,7 +1,7 @@
-//! A throwaway local ZooKeeper server (Debian's `zookeeper` package, 3.8, on the default
-//! JRE) for the ZooKeeper work of issue 36: a standalone server on a free loopback port,
-//! with TTL nodes enabled (`extendedTypesEnabled`) and the `ruok`, `srvr` and `stat`
-//! four-letter words allowed (readiness).
+//! Throwaway local ZooKeeper servers (Debian's `zookeeper` package, 3.8, on the default
+//! JRE): a standalone server, or a 3-member ensemble, on free loopback ports, with TTL
+//! nodes enabled (`extendedTypesEnabled`) and the `ruok`, `srvr` and `stat` four-letter
+//! words allowed (readiness, the leader).
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -77,10 +77,9 @@ impl ZooKeeperServer {
                 "no {ZOOKEEPER_JAR}: {INSTALL_HINT}"
             )));
         }
-        let dir = tempfile::Builder::new()
-            .prefix("lease-zookeeper-")
-            .tempdir()
-            .map_err(|e| HarnessError::io("creating a temp dir for zookeeper", e))?;
+        // In /dev/shm where it exists: ZooKeeper fsyncs its log before it answers a write,
+        // and on this machine's disk under other servers' I/O that wait reaches seconds.
+        let dir = super::etcd::data_root("lease-zookeeper-")?;
         let watcher = DirWatcher::spawn(dir.path())?;
         let mut attempts = PortAttempts::new(&["Address already in use"]);
         while let Some(ports) = attempts.next(1)? {
@@ -254,5 +253,258 @@ impl ZooKeeperServer {
 impl Drop for ZooKeeperServer {
     fn drop(&mut self) {
         let _ = self.process.kill();
+    }
+}
+
+/// The settings every server gets: a tick of 200 ms (sessions from 400 ms to 600 s), TTL
+/// nodes, the four-letter words of readiness.
+fn common_config(data: &std::path::Path, port: u16) -> String {
+    format!(
+        "tickTime=200\ninitLimit=50\nsyncLimit=10\nmaxSessionTimeout=600000\ndataDir={data}\n\
+         clientPort={port}\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
+         extendedTypesEnabled=true\n4lw.commands.whitelist=ruok,srvr,stat\n",
+        data = data.display()
+    )
+}
+
+fn server_args(dir: &std::path::Path, cfg: &std::path::Path) -> Vec<OsString> {
+    vec![
+        "-cp".into(),
+        format!("{CONF_DIR}:{ZOOKEEPER_JAR}").into(),
+        "-Xmx256m".into(),
+        "-Dznode.container.checkIntervalMs=100".into(),
+        format!("-Dzookeeper.log.dir={}", dir.display()).into(),
+        "org.apache.zookeeper.server.quorum.QuorumPeerMain".into(),
+        cfg.as_os_str().to_owned(),
+    ]
+}
+
+/// The mode a server reports (`leader`, `follower`, `standalone`), if it serves.
+fn mode(port: u16) -> Option<String> {
+    let answer = four_letter(port, "srvr")?;
+    answer
+        .lines()
+        .find_map(|l| l.strip_prefix("Mode: "))
+        .map(|m| m.trim().to_owned())
+}
+
+/// One member of a [`ZooKeeperEnsemble`].
+#[derive(Debug)]
+struct Member {
+    id: usize,
+    port: u16,
+    process: ChildProcess,
+}
+
+/// A throwaway 3-member (or n-member) ZooKeeper ensemble on loopback, one JVM per member.
+/// Killed when dropped.
+#[derive(Debug)]
+pub struct ZooKeeperEnsemble {
+    members: Vec<Member>,
+    _watcher: DirWatcher,
+    dir: tempfile::TempDir,
+}
+
+impl ZooKeeperEnsemble {
+    /// Starts `n` members and waits until each serves (one leader, the others followers).
+    ///
+    /// Errors: [`HarnessError::Unavailable`] without Java or Debian's `zookeeper` package.
+    pub async fn start(n: usize) -> Result<ZooKeeperEnsemble, HarnessError> {
+        let java = java().ok_or_else(|| {
+            HarnessError::Unavailable(format!("no java for ZooKeeper: {INSTALL_HINT}"))
+        })?;
+        if !std::path::Path::new(ZOOKEEPER_JAR).is_file() {
+            return Err(HarnessError::Unavailable(format!(
+                "no {ZOOKEEPER_JAR}: {INSTALL_HINT}"
+            )));
+        }
+        let dir = super::etcd::data_root("lease-zookeeper-ensemble-")?;
+        let watcher = DirWatcher::spawn(dir.path())?;
+        let mut attempts = PortAttempts::new(&["Address already in use", "BindException"]);
+        while let Some(ports) = attempts.next(3 * n)? {
+            let servers: String = (0..n)
+                .map(|i| {
+                    format!(
+                        "server.{}=127.0.0.1:{}:{}\n",
+                        i + 1,
+                        ports[3 * i + 1],
+                        ports[3 * i + 2]
+                    )
+                })
+                .collect();
+            let mut members = Vec::with_capacity(n);
+            let mut failed = None;
+            for i in 0..n {
+                let own = dir.path().join(format!("member-{}", i + 1));
+                let data = own.join("data");
+                let _ = std::fs::remove_dir_all(&own);
+                std::fs::create_dir_all(&data)
+                    .map_err(|e| HarnessError::io("creating zookeeper's data dir", e))?;
+                std::fs::write(data.join("myid"), format!("{}\n", i + 1))
+                    .map_err(|e| HarnessError::io("writing myid", e))?;
+                let cfg = own.join("zoo.cfg");
+                let text = format!("{}{servers}", common_config(&data, ports[3 * i]));
+                std::fs::write(&cfg, text).map_err(|e| HarnessError::io("writing zoo.cfg", e))?;
+                let log = own.join("zookeeper.log");
+                match ChildProcess::spawn(java.clone(), server_args(&own, &cfg), log) {
+                    Ok(process) => members.push(Member {
+                        id: i + 1,
+                        port: ports[3 * i],
+                        process,
+                    }),
+                    Err(e) => {
+                        failed = Some(e.to_string());
+                        break;
+                    }
+                }
+            }
+            let start = Instant::now();
+            let ready = match failed {
+                Some(why) => Err(why),
+                None => loop {
+                    if let Some(m) = members
+                        .iter_mut()
+                        .find_map(|m| m.process.try_exit_status().map(|_| m.id))
+                    {
+                        break Err(format!("member {m} exited"));
+                    }
+                    let modes: Vec<Option<String>> = members.iter().map(|m| mode(m.port)).collect();
+                    if modes.iter().all(Option::is_some)
+                        && modes.iter().flatten().filter(|m| *m == "leader").count() == 1
+                    {
+                        break Ok(());
+                    }
+                    if start.elapsed() > READY_TIMEOUT {
+                        break Err(format!("not serving within {READY_TIMEOUT:?}: modes {modes:?}"));
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                },
+            };
+            match ready {
+                Ok(()) => {
+                    let ensemble = ZooKeeperEnsemble {
+                        members,
+                        _watcher: watcher,
+                        dir,
+                    };
+                    super::announce(format_args!(
+                        "lease test server: zookeeper ensemble of {n} at {} (local process {}, \
+                         dir {}, up {:?})",
+                        ensemble.connect_string(),
+                        java.display(),
+                        ensemble.dir.path().display(),
+                        start.elapsed()
+                    ));
+                    return Ok(ensemble);
+                }
+                Err(why) => {
+                    let tail = members
+                        .first()
+                        .map(|m| m.process.log_tail(20))
+                        .unwrap_or_default();
+                    for m in &mut members {
+                        let _ = m.process.kill();
+                    }
+                    attempts.failed(format!("zookeeper ensemble: {why}"), &tail);
+                }
+            }
+        }
+        Err(attempts.into_error())
+    }
+
+    /// The connect string of one 3-member ensemble shared by every test of the test
+    /// binary (started by the first caller; its directory watcher kills it when the test
+    /// process exits). Tests isolate themselves by path prefix and must not stop members.
+    pub async fn shared() -> Result<String, HarnessError> {
+        static SHARED: tokio::sync::OnceCell<Result<ZooKeeperEnsemble, String>> =
+            tokio::sync::OnceCell::const_new();
+        let ensemble = SHARED
+            .get_or_init(|| async {
+                std::thread::spawn(|| {
+                    tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .map_err(|e| e.to_string())?
+                        .block_on(ZooKeeperEnsemble::start(3))
+                        .map_err(|e| e.to_string())
+                })
+                .join()
+                .map_err(|_| "the thread starting zookeeper panicked".to_owned())
+                .and_then(|r| r)
+            })
+            .await
+            .as_ref()
+            .map_err(|e| HarnessError::Start(format!("shared zookeeper ensemble: {e}")))?;
+        Ok(ensemble.connect_string())
+    }
+
+    /// `127.0.0.1:P1,127.0.0.1:P2,...`, the connect string of every member.
+    pub fn connect_string(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The index (0-based) of the member that reports itself leader, if one does.
+    pub fn leader(&self) -> Option<usize> {
+        self.members
+            .iter()
+            .position(|m| mode(m.port).as_deref() == Some("leader"))
+    }
+
+    /// Kills member `i` at once (SIGKILL).
+    pub fn kill(&mut self, i: usize) -> Result<(), HarnessError> {
+        self.member(i)?.process.kill()
+    }
+
+    /// Starts a killed member again (same ports and data); returns when it serves.
+    pub async fn start_again(&mut self, i: usize) -> Result<(), HarnessError> {
+        let m = self.member(i)?;
+        m.process.respawn()?;
+        let port = m.port;
+        let start = Instant::now();
+        while mode(port).is_none() {
+            if start.elapsed() > READY_TIMEOUT {
+                return Err(HarnessError::Start(format!(
+                    "zookeeper member {} did not serve within {READY_TIMEOUT:?} of its restart",
+                    i + 1
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
+    }
+
+    /// Waits until the members that run agree on one leader again; returns its index.
+    pub async fn wait_for_leader(&self, within: Duration) -> Result<usize, HarnessError> {
+        let start = Instant::now();
+        loop {
+            if let Some(i) = self.leader() {
+                return Ok(i);
+            }
+            if start.elapsed() > within {
+                return Err(HarnessError::Start(format!(
+                    "no zookeeper leader within {within:?}"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn member(&mut self, i: usize) -> Result<&mut Member, HarnessError> {
+        let n = self.members.len();
+        self.members
+            .get_mut(i)
+            .ok_or_else(|| HarnessError::Start(format!("no member {i} in an ensemble of {n}")))
+    }
+}
+
+impl Drop for ZooKeeperEnsemble {
+    fn drop(&mut self) {
+        for m in &mut self.members {
+            let _ = m.process.kill();
+        }
     }
 }

@@ -29,3 +29,21 @@ async fn a_standalone_server_starts_restarts_and_pauses() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test]
+async fn a_three_member_ensemble_elects_a_new_leader_when_its_leader_is_killed() {
+    use lease_test_servers::ZooKeeperEnsemble;
+    let mut ensemble = ZooKeeperEnsemble::start(3)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(ensemble.connect_string().split(',').count(), 3);
+    let leader = ensemble.leader().expect("a leader");
+    ensemble.kill(leader).unwrap();
+    let next = ensemble
+        .wait_for_leader(Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_ne!(next, leader);
+    ensemble.start_again(leader).await.unwrap();
+    assert_eq!(ensemble.leader(), Some(next), "the old leader took over again");
+}

@@ -1,5 +1,6 @@
-//! The conformance suite against a real ZooKeeper 3.8 (Debian's package): one standalone
-//! server per test binary, each check under a path prefix of its own.
+//! The conformance suite against a real ZooKeeper 3.8 (Debian's package): on one
+//! standalone server and on one 3-member ensemble per test binary, each check under a
+//! path prefix of its own.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::sync::Arc;
@@ -29,3 +30,21 @@ async fn single() -> Fixture {
 }
 
 lease_conformance::conformance_suite!(single);
+
+mod ensemble {
+    use super::*;
+    use lease_test_servers::ZooKeeperEnsemble;
+
+    /// One 3-member ensemble (on loopback) for every check of this binary.
+    async fn ensemble() -> Fixture {
+        let servers = ZooKeeperEnsemble::shared()
+            .await
+            .expect("zookeeper test ensemble");
+        let backend = ZkBackend::connect_with(&servers, config())
+            .await
+            .expect("connect");
+        Fixture::new(Arc::new(backend))
+    }
+
+    lease_conformance::conformance_suite!(ensemble);
+}
