@@ -375,7 +375,9 @@ impl ZooKeeperEnsemble {
                         break Ok(());
                     }
                     if start.elapsed() > READY_TIMEOUT {
-                        break Err(format!("not serving within {READY_TIMEOUT:?}: modes {modes:?}"));
+                        break Err(format!(
+                            "not serving within {READY_TIMEOUT:?}: modes {modes:?}"
+                        ));
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 },

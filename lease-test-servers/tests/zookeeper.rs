@@ -45,5 +45,9 @@ async fn a_three_member_ensemble_elects_a_new_leader_when_its_leader_is_killed()
         .unwrap();
     assert_ne!(next, leader);
     ensemble.start_again(leader).await.unwrap();
-    assert_eq!(ensemble.leader(), Some(next), "the old leader took over again");
+    assert_eq!(
+        ensemble.leader(),
+        Some(next),
+        "the old leader took over again"
+    );
 }

@@ -21,6 +21,10 @@ use crate::nodes::{
 };
 use crate::sessions::{Record, Sessions, io_runtime, sweep};
 
+/// The timeout asked for the session that reads, watches and forces releases (the server
+/// may grant less or more).
+const MAIN_SESSION: Duration = Duration::from_secs(10);
+
 /// Largest renewal batch accepted in one call (two pipelined reads per lease).
 pub const MAX_RENEW_BATCH: usize = 100_000;
 
@@ -35,9 +39,9 @@ pub struct ZkBackend {
 struct Inner {
     sessions: Arc<Sessions>,
     layout: Layout,
-    /// A session for what is not bound to a lease's TTL: reads, watches, forced releases,
-    /// the clock.
-    main: zk::Client,
+    /// The shortest TTL: the configured one or the server's minimum session, whichever
+    /// is longer.
+    min_ttl: Duration,
     acls: zk::Acls<'static>,
     sweeper: tokio::task::JoinHandle<()>,
 }
@@ -55,6 +59,26 @@ impl fmt::Debug for ZkBackend {
             .field("config", &self.inner.sessions.config)
             .finish()
     }
+}
+
+/// The server's shortest session (its `minSessionTimeout`): what it grants when asked for
+/// less. The client gives up connecting after the requested timeout, so a short request
+/// that times out (a slow link) is made again longer; where the server grants exactly what
+/// was asked, its minimum is at most that, and that is the answer (never below the
+/// server's minimum).
+async fn shortest_session(sessions: &Sessions) -> Result<Duration> {
+    let mut last = None;
+    for ask in [50, 500, 4_000].map(Duration::from_millis) {
+        match sessions.connect(ask).await {
+            Ok(probe) => return Ok(probe.session_timeout()),
+            Err(e @ Error::Timeout { .. }) => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or(Error::Timeout {
+        operation: "connect",
+        after: sessions.config.connect_timeout,
+    }))
 }
 
 /// What an acquire found when the holder node existed.
@@ -101,9 +125,13 @@ impl ZkBackend {
             zk::Acls::anyone_all()
         };
         let sessions = Arc::new(Sessions::new(servers.to_owned(), config));
-        let main = sessions
-            .connect(sessions.config.request_timeout.max(Duration::from_secs(4)))
-            .await?;
+        let server_min = shortest_session(&sessions).await?;
+        let min_ttl = sessions
+            .config
+            .min_ttl
+            .unwrap_or(server_min)
+            .max(server_min);
+        let main = sessions.any(MAIN_SESSION).await?;
         let t = sessions.config.request_timeout;
         let opts = zk::CreateMode::Persistent.with_acls(acls);
         for path in [layout.leases(), layout.clock()] {
@@ -118,11 +146,16 @@ impl ZkBackend {
             inner: Arc::new(Inner {
                 sessions,
                 layout,
-                main,
+                min_ttl,
                 acls,
                 sweeper,
             }),
         })
+    }
+
+    /// The session for reads, watches, forced releases and the clock.
+    async fn main(&self) -> Result<zk::Client> {
+        self.inner.sessions.any(MAIN_SESSION).await
     }
 
     fn timeout(&self) -> Duration {
@@ -139,7 +172,8 @@ impl ZkBackend {
     async fn server_now_ms(&self, operation: &'static str) -> Result<i64> {
         let t = self.timeout();
         let clock = self.inner.layout.clock();
-        match bounded(operation, t, self.inner.main.set_data(&clock, b"", None)).await? {
+        let main = self.main().await?;
+        match bounded(operation, t, main.set_data(&clock, b"", None)).await? {
             Ok(stat) => Ok(stat.mtime),
             Err(e) => Err(convert(operation, t, e)),
         }
@@ -540,7 +574,9 @@ impl ZkBackend {
                 ),
                 None => {
                     // Not acquired through this backend (or its reply was lost): read the name.
-                    let found = self.read_pair(&self.inner.main, &path, "release").await?;
+                    let found = self
+                        .read_pair(&self.main().await?, &path, "release")
+                        .await?;
                     let (Some((nd, nstat)), Some((_, hstat))) = (found.name, found.holder) else {
                         self.inner.sessions.records().remove(&key);
                         return Ok(ReleaseOutcome::NotOwner);
@@ -573,7 +609,8 @@ impl ZkBackend {
         let keep = encode_keep(rest_ms, fencing);
         let mut ttl_nodes = true;
         loop {
-            let mut multi = self.inner.main.new_multi_writer();
+            let main = self.main().await?;
+            let mut multi = main.new_multi_writer();
             let mut added = multi
                 .add_set_data(&path, &released, Some(version))
                 .and_then(|()| multi.add_delete(&holder, None));
@@ -625,7 +662,7 @@ impl LeaseBackend for ZkBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities::new(BACKEND)
             .with_fencing(Fencing::Durable)
-            .with_min_ttl(self.inner.sessions.config.min_ttl)
+            .with_min_ttl(self.inner.min_ttl)
             .with_ttl_granularity(Duration::from_millis(1))
             .with_holder_info(true)
             .with_keep_for(true)
@@ -676,7 +713,9 @@ impl LeaseBackend for ZkBackend {
     /// the clock node, which holds nothing).
     async fn inspect(&self, name: &LeaseName) -> Result<Option<LeaseInfo>> {
         let path = self.inner.layout.name_node(name);
-        let found = self.read_pair(&self.inner.main, &path, "inspect").await?;
+        let found = self
+            .read_pair(&self.main().await?, &path, "inspect")
+            .await?;
         let (Some((nd, _)), Some((hdata, hstat))) = (found.name, found.holder) else {
             return Ok(None);
         };
@@ -723,13 +762,14 @@ impl LeaseBackend for ZkBackend {
         let holder = holder_node(&path);
         for _ in 0..8 {
             let found = self
-                .read_pair(&self.inner.main, &path, "force release")
+                .read_pair(&self.main().await?, &path, "force release")
                 .await?;
             let (Some((_, nstat)), Some(_)) = (found.name, found.holder) else {
                 return Ok(false);
             };
             let free = encode_name(FREE, &OwnerToken::from_bytes([0; 16]), "");
-            let mut multi = self.inner.main.new_multi_writer();
+            let main = self.main().await?;
+            let mut multi = main.new_multi_writer();
             multi
                 .add_set_data(&path, &free, Some(nstat.version))
                 .and_then(|()| multi.add_delete(&holder, None))
@@ -757,7 +797,8 @@ impl LeaseBackend for ZkBackend {
     async fn wait_released(&self, name: &LeaseName, max_wait: Duration) -> Result<()> {
         let t = self.timeout();
         let holder = holder_node(&self.inner.layout.name_node(name));
-        let watched = bounded("wait", t, self.inner.main.check_and_watch_stat(&holder)).await?;
+        let main = self.main().await?;
+        let watched = bounded("wait", t, main.check_and_watch_stat(&holder)).await?;
         match watched {
             Ok((None, _)) => Ok(()),
             Ok((Some(_), watcher)) => {

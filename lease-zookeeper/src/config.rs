@@ -22,10 +22,12 @@ pub struct ZkConfig {
     pub request_timeout: Duration,
     /// Bound on establishing a session (default 10 s).
     pub connect_timeout: Duration,
-    /// The shortest session the server grants: its `minSessionTimeout`, `2 × tickTime`
-    /// by default, so 4 s with ZooKeeper's default tick of 2 s. A shorter TTL is raised
-    /// to it (the capabilities report it as the minimum TTL).
-    pub min_ttl: Duration,
+    /// The shortest TTL: a shorter one is raised to it (the capabilities report it as the
+    /// minimum TTL). `None` (the default): the server's `minSessionTimeout` (`2 × tickTime`,
+    /// 4 s with ZooKeeper's default tick of 2 s), asked of the server at connect by
+    /// opening a session with the shortest timeout and reading what it granted. A value
+    /// below the server's minimum is raised to it.
+    pub min_ttl: Option<Duration>,
     /// A user for ZooKeeper's `digest` authentication; the nodes the backend creates are
     /// then readable and writable by this user only (`auth` ACL).
     pub user: Option<String>,
@@ -39,7 +41,7 @@ impl Default for ZkConfig {
             prefix: "/lease".into(),
             request_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(10),
-            min_ttl: Duration::from_secs(4),
+            min_ttl: None,
             user: None,
             password: None,
         }
@@ -80,7 +82,7 @@ impl ZkConfig {
 
     /// Sets [`ZkConfig::min_ttl`].
     pub fn with_min_ttl(mut self, min_ttl: Duration) -> Self {
-        self.min_ttl = min_ttl;
+        self.min_ttl = Some(min_ttl);
         self
     }
 
@@ -114,7 +116,7 @@ impl ZkConfig {
                 "zookeeper request and connect timeouts must be above zero".into(),
             ));
         }
-        if self.min_ttl.is_zero() {
+        if self.min_ttl.is_some_and(|t| t.is_zero()) {
             return Err(InvalidInput::Other(
                 "zookeeper min_ttl must be above zero".into(),
             ));

@@ -222,6 +222,25 @@ impl Sessions {
         check_granted(ttl, ttl_ms, client)
     }
 
+    /// A session of about `timeout` for what is not bound to a lease (reads, watches,
+    /// forced releases, the clock), made again if the last one ended; not checked
+    /// against what the server grants.
+    pub(crate) async fn any(&self, timeout: Duration) -> Result<zk::Client> {
+        let key = u64::MAX; // no lease TTL uses this slot
+        let mut map = self.map.lock().await;
+        if let Some(c) = map.get(&key)
+            && !matches!(
+                c.state(),
+                zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed
+            )
+        {
+            return Ok(c.clone());
+        }
+        let client = self.connect(timeout).await?;
+        map.insert(key, client.clone());
+        Ok(client)
+    }
+
     /// The current session for `ttl_ms` if it is still `id`.
     pub(crate) async fn existing(&self, ttl_ms: u64, id: i64) -> Option<zk::Client> {
         let map = self.map.lock().await;

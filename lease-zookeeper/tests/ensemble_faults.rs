@@ -18,8 +18,7 @@ async fn leader_killed_while_twenty_leases_are_held() {
     let mut ensemble = ZooKeeperEnsemble::start(3).await.unwrap();
     let config = ZkConfig::default()
         .with_prefix("/leader-kill")
-        .with_request_timeout(Duration::from_secs(2))
-        .with_min_ttl(Duration::from_millis(400));
+        .with_request_timeout(Duration::from_secs(2));
     let backend: Arc<dyn LeaseBackend> = Arc::new(
         ZkBackend::connect_with(&ensemble.connect_string(), config)
             .await
@@ -30,7 +29,11 @@ async fn leader_killed_while_twenty_leases_are_held() {
     let client = LeaseClient::new(backend.clone());
     let mut guards = Vec::new();
     for i in 0..20 {
-        match client.try_acquire(format!("lease-{i}"), &opts).await.unwrap() {
+        match client
+            .try_acquire(format!("lease-{i}"), &opts)
+            .await
+            .unwrap()
+        {
             TryAcquire::Acquired(g) => guards.push(g),
             other => panic!("lease-{i}: {other:?}"),
         }
@@ -71,7 +74,11 @@ async fn leader_killed_while_twenty_leases_are_held() {
     // same token.
     tokio::time::sleep((ttl * 2).saturating_sub(killed.elapsed())).await;
     for (i, g) in guards.iter().enumerate() {
-        assert!(g.is_held(), "lease-{i} reported lost: {:?}", g.loss_reason());
+        assert!(
+            g.is_held(),
+            "lease-{i} reported lost: {:?}",
+            g.loss_reason()
+        );
         let info = backend
             .inspect(&lease_core::LeaseName::new(format!("lease-{i}")).unwrap())
             .await
@@ -96,7 +103,11 @@ async fn leader_killed_while_twenty_leases_are_held() {
     let other = LeaseClient::new(backend.clone());
     let mut again = BTreeSet::new();
     for i in 0..20 {
-        match other.try_acquire(format!("lease-{i}"), &opts).await.unwrap() {
+        match other
+            .try_acquire(format!("lease-{i}"), &opts)
+            .await
+            .unwrap()
+        {
             TryAcquire::Acquired(g) => {
                 let t = g.fencing().get();
                 assert!(t > tokens[i], "lease-{i}: token {t} after {}", tokens[i]);

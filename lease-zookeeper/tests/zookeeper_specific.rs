@@ -18,7 +18,6 @@ fn config() -> ZkConfig {
     ZkConfig::default()
         .with_prefix(format!("/{}", ns.trim_end_matches('/')))
         .with_request_timeout(Duration::from_secs(2))
-        .with_min_ttl(Duration::from_millis(400))
 }
 
 fn owner(label: &str) -> Owner {
@@ -27,6 +26,21 @@ fn owner(label: &str) -> Owner {
 
 fn name(s: &str) -> LeaseName {
     LeaseName::new(s).unwrap()
+}
+
+/// The minimum TTL is the server's shortest session (2 ticks of 200 ms on the test
+/// server), asked of it at connect; a configured minimum below it is raised to it.
+#[tokio::test]
+async fn the_minimum_ttl_is_the_servers_shortest_session() {
+    let servers = ZooKeeperServer::shared().await.unwrap();
+    let b = ZkBackend::connect_with(&servers, config()).await.unwrap();
+    assert_eq!(b.capabilities().min_ttl, Duration::from_millis(400));
+    let low = config().with_min_ttl(Duration::from_millis(100));
+    let b = ZkBackend::connect_with(&servers, low).await.unwrap();
+    assert_eq!(b.capabilities().min_ttl, Duration::from_millis(400));
+    let high = config().with_min_ttl(Duration::from_secs(3));
+    let b = ZkBackend::connect_with(&servers, high).await.unwrap();
+    assert_eq!(b.capabilities().min_ttl, Duration::from_secs(3));
 }
 
 /// A TTL above the server's `maxSessionTimeout` (600 s on the test server) is refused with
