@@ -269,6 +269,86 @@ mod mysql {
     }
 }
 
+mod zookeeper {
+    use super::*;
+    use lease_test_servers::{ZooKeeperEnsemble, ZooKeeperServer};
+
+    fn url(servers: &str) -> String {
+        format!("zk://{servers}/matrix-{}", uuid::Uuid::new_v4().simple())
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn zookeeper_holder_killed() {
+        let servers = ZooKeeperServer::shared()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (t, _) = matrix::holder_killed(&m(), &url(&servers)).await;
+        eprintln!("zookeeper: takeover {t:?} after SIGKILL (ttl {TTL:?}, renew {RENEW:?})");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn zookeeper_holder_paused() {
+        let servers = ZooKeeperServer::shared()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let r = matrix::holder_paused(&m(), &url(&servers)).await;
+        eprintln!("paused holder: {r}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn zookeeper_store_down_twice_the_ttl() {
+        let server = ZooKeeperServer::start_local()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let url = url(&server.address());
+        let server = tokio::sync::Mutex::new(server);
+        matrix::store_down(
+            &m(),
+            &url,
+            async || server.lock().await.kill().unwrap(),
+            async || server.lock().await.start_again().await.unwrap(),
+        )
+        .await;
+    }
+
+    /// A crash (SIGKILL) and a start again: the zxid, and with it the fencing token, is in
+    /// the transaction log.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn zookeeper_restart_keeps_fencing() {
+        let server = ZooKeeperServer::start_local()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let url = url(&server.address());
+        let server = tokio::sync::Mutex::new(server);
+        let r = matrix::store_restarted(&url, async || {
+            let mut s = server.lock().await;
+            s.kill().unwrap();
+            s.start_again().await.unwrap();
+        })
+        .await;
+        eprintln!("zookeeper (killed, restarted): {r:?}");
+        assert_eq!(r.claim, lease_core::Fencing::Durable);
+        assert!(r.after > r.before, "{r:?}");
+    }
+
+    /// The leader of a 3-member ensemble is killed while holders run: the lease survives or
+    /// moves, and fencing keeps growing.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn zookeeper_ensemble_leader_killed() {
+        let mut ensemble = ZooKeeperEnsemble::start(3)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let url = url(&ensemble.connect_string());
+        let leader = ensemble.leader().expect("a leader");
+        let r = matrix::store_restarted(&url, async || {
+            ensemble.kill(leader).unwrap();
+        })
+        .await;
+        eprintln!("zookeeper ensemble (leader killed): {r:?}");
+        assert!(r.after > r.before, "{r:?}");
+    }
+}
+
 /// Network cut between one holder and the store, per store. Needs root (a network
 /// namespace); elsewhere each test says it was skipped and why.
 mod network_cut {
@@ -306,6 +386,18 @@ mod network_cut {
             .await
             .unwrap_or_else(|e| panic!("{e}"));
         run(&db.url(), "mysql").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn zookeeper_network_cut() {
+        let servers = lease_test_servers::ZooKeeperServer::shared()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        run(
+            &format!("zk://{servers}/cut-{}", uuid::Uuid::new_v4().simple()),
+            "zookeeper",
+        )
+        .await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
