@@ -9,6 +9,7 @@
 #   lease-test/postgres:15      initdb + postgres    (Debian package postgresql-15)
 #   lease-test/etcd:3.4         etcd                 (Debian package etcd-server)
 #   lease-test/mariadb:10.11    mariadbd             (Debian package mariadb-server)
+#   lease-test/zookeeper:3.8    ZooKeeper server     (Debian packages zookeeper, openjdk-17-jre-headless)
 #
 # An image that exists already is kept (the tags are the cache); --force builds again.
 # Without a Docker engine that answers, this does nothing and exits 0.
@@ -162,5 +163,68 @@ EOF2
       -c 'ENTRYPOINT ["/entrypoint.sh"]' -c 'ENV PATH=/usr/sbin:/usr/bin:/bin' \
       -c 'EXPOSE 3306' - lease-test/mariadb:10.11 >/dev/null
     echo "build-test-images: built lease-test/mariadb:10.11 ($("$mariadbd" --version))"
+  fi
+fi
+
+if wanted lease-test/zookeeper:3.8; then
+  if [ ! -f /usr/share/java/zookeeper.jar ] || ! command -v java >/dev/null 2>&1; then
+    echo "build-test-images: no ZooKeeper or no java (apt-get install zookeeper); lease-test/zookeeper:3.8 not built"
+  else
+    root=$work/zookeeper
+    base "$root"
+    # The JRE, without the JDK's parts (jmods, headers, javac's ct.sym, sources). Some of
+    # its files are symlinks into /etc/java-17-openjdk and /etc/ssl: they are copied as
+    # files; a symlink to nothing (src.zip without the sources package) is dropped.
+    jhome=$(dirname "$(dirname "$(readlink -f "$(command -v java)")")")
+    mkdir -p "$root$jhome"
+    cp -a "$jhome/." "$root$jhome/"
+    rm -rf "$root$jhome/jmods" "$root$jhome/include" "$root$jhome/man" "$root$jhome/docs" \
+      "$root$jhome/lib/src.zip" "$root$jhome/lib/ct.sym"
+    find "$root$jhome" -type l | while read -r link; do
+      if [ -e "${link#"$root"}" ]; then
+        cp -aL --remove-destination "${link#"$root"}" "$link"
+      else
+        rm -f "$link"
+      fi
+    done
+    copy_with_libs "$root" "$jhome/bin/java" /bin/sh
+    for lib in "$root$jhome/lib/"*.so "$root$jhome/lib/server/"*.so; do
+      copy_with_libs "$root" "${lib#"$root"}" >/dev/null 2>&1 || true
+    done
+    # zookeeper.jar names its dependencies in its manifest's Class-Path, as jars in
+    # /usr/share/java (relative symlinks among them, kept as they are).
+    mkdir -p "$root/usr/share" "$root/etc/zookeeper/conf"
+    cp -a /usr/share/java "$root/usr/share/"
+    cp -L /etc/zookeeper/conf/log4j.properties "$root/etc/zookeeper/conf/"
+    mkdir -p "$root/zookeeper-data" "$root/var/log/zookeeper"
+    # The entrypoint: a standalone server on port 2181 of every address, data in
+    # /zookeeper-data (the harness mounts a tmpfs there), the log on the console. Debian's
+    # zookeeper.jar names no SLF4J binding, so without slf4j-log4j12 and log4j 1.2 on the
+    # class path the server logs nothing. Arguments go to the JVM (-Dname=value). Once the
+    # server serves, the ContainerManager it starts last says "Using checkIntervalMs=100"
+    # on stdout.
+    cat >"$root/entrypoint.sh" <<EOF2
+#!/bin/sh
+set -e
+cat >/etc/zookeeper/conf/zoo.cfg <<'CFG'
+tickTime=200
+maxSessionTimeout=600000
+dataDir=/zookeeper-data
+clientPort=2181
+admin.enableServer=false
+extendedTypesEnabled=true
+4lw.commands.whitelist=ruok,srvr,stat
+CFG
+exec $jhome/bin/java \\
+  -cp /etc/zookeeper/conf:/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-log4j12.jar:/usr/share/java/log4j-1.2.jar \\
+  -Xmx256m -Dznode.container.checkIntervalMs=100 -Dzookeeper.log.dir=/var/log/zookeeper \\
+  -Dzookeeper.root.logger=INFO,CONSOLE "\$@" \\
+  org.apache.zookeeper.server.ZooKeeperServerMain /etc/zookeeper/conf/zoo.cfg
+EOF2
+    chmod 755 "$root/entrypoint.sh"
+    tar -C "$root" -c . | docker import \
+      -c 'ENTRYPOINT ["/entrypoint.sh"]' -c "ENV JAVA_HOME=$jhome" \
+      -c "ENV PATH=$jhome/bin:/usr/bin:/bin" -c 'EXPOSE 2181' - lease-test/zookeeper:3.8 >/dev/null
+    echo "build-test-images: built lease-test/zookeeper:3.8 (ZooKeeper $(dpkg-query -W -f='${Version}' zookeeper 2>/dev/null || echo '?'), $("$jhome/bin/java" -version 2>&1 | head -1))"
   fi
 fi

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -25,7 +26,11 @@ use crate::sessions::{Record, Sessions, io_runtime, sweep};
 /// may grant less or more).
 const MAIN_SESSION: Duration = Duration::from_secs(10);
 
-/// Largest renewal batch accepted in one call (two pipelined reads per lease).
+/// Leases per `multiRead` of a renewal (two reads each; a reply stays well below the
+/// client's and server's 1 MB packet limit).
+const RENEW_CHUNK: usize = 1_000;
+
+/// Largest renewal batch accepted in one call (one `multiRead` per 1,000 leases).
 pub const MAX_RENEW_BATCH: usize = 100_000;
 
 /// A lease backend on ZooKeeper. Cheap to clone; clones share the sessions.
@@ -43,6 +48,8 @@ struct Inner {
     /// is longer.
     min_ttl: Duration,
     acls: zk::Acls<'static>,
+    /// `multiRead` requests sent by renewals (round trips, for benchmarks).
+    renew_requests: AtomicU64,
     sweeper: tokio::task::JoinHandle<()>,
 }
 
@@ -148,6 +155,7 @@ impl ZkBackend {
                 layout,
                 min_ttl,
                 acls,
+                renew_requests: AtomicU64::new(0),
                 sweeper,
             }),
         })
@@ -160,6 +168,12 @@ impl ZkBackend {
 
     fn timeout(&self) -> Duration {
         self.inner.sessions.config.request_timeout
+    }
+
+    /// How many requests renewals have sent (one `multiRead` per session and 1,000
+    /// leases); for benchmarks.
+    pub fn renew_requests(&self) -> u64 {
+        self.inner.renew_requests.load(Ordering::Relaxed)
     }
 
     /// How many leases this backend holds (or may hold: acquires whose reply is
@@ -488,59 +502,118 @@ impl ZkBackend {
                 None => plan.push(None),
             }
         }
+        // One `multiRead` per session and chunk of leases: the holder node and the name
+        // node of each, read atomically on the lease's own session (which the request
+        // keeps alive). All chunks are sent before any answer is awaited.
+        let mut chunks: Vec<(zk::Client, (u64, i64), Vec<usize>)> = Vec::new();
+        {
+            let mut by_session: std::collections::HashMap<(u64, i64), Vec<usize>> =
+                std::collections::HashMap::new();
+            for (i, p) in plan.iter().enumerate() {
+                if let Some((_, rec, _)) = p {
+                    by_session
+                        .entry((rec.ttl_ms, rec.session))
+                        .or_default()
+                        .push(i);
+                }
+            }
+            for (ck, idx) in by_session {
+                let Some(client) = clients.get(&ck).cloned().flatten() else {
+                    continue;
+                };
+                for part in idx.chunks(RENEW_CHUNK) {
+                    chunks.push((client.clone(), ck, part.to_vec()));
+                }
+            }
+        }
         let sent = Instant::now();
-        // Two reads per lease, all sent before any answer is awaited (one round trip).
-        let checks = plan.iter().map(|p| {
-            let p = p.clone();
+        let reads = chunks.iter().map(|(client, _, idx)| {
+            let mut reader = client.new_multi_reader();
+            let mut added = Ok(());
+            for &i in idx {
+                if let Some((path, _, _)) = &plan[i] {
+                    added = added
+                        .and_then(|()| reader.add_get_data(&holder_node(path)))
+                        .and_then(|()| reader.add_get_data(path));
+                }
+            }
+            self.inner.renew_requests.fetch_add(1, Ordering::Relaxed);
+            let commit = added.map(|()| reader.commit());
             async move {
-                let Some((path, rec, c)) = p else {
-                    return Ok((false, None));
-                };
-                let holder = holder_node(&path);
-                // The holder node first, then the name node, on one session (answered in
-                // order): a name node still at the acquisition's version means no holder
-                // change happened up to the second read, so the holder node seen by the
-                // first one is this lease's.
-                let (h, n) = futures::join!(c.check_stat(&holder), c.check_stat(&path));
-                let alive = match (n, h) {
-                    (Err(zk::Error::SessionExpired), _) | (_, Err(zk::Error::SessionExpired)) => {
-                        return Ok((false, Some((rec.ttl_ms, rec.session))));
-                    }
-                    (Err(e), _) | (_, Err(e)) => return Err(e),
-                    (Ok(Some(n)), Ok(Some(h))) => {
-                        Some(n.version) == rec.version
-                            && nodes::kind(h.ephemeral_owner) == Kind::Ephemeral(rec.session)
-                    }
-                    _ => false,
-                };
-                Ok((alive, None))
+                match commit {
+                    Ok(c) => c.await,
+                    Err(e) => Err(e),
+                }
             }
         });
-        let answers = tokio::time::timeout(t, futures::future::join_all(checks))
+        let answers = tokio::time::timeout(t, futures::future::join_all(reads))
             .await
             .map_err(|_| Error::Timeout {
                 operation: "renew",
                 after: t,
             })?;
-        let mut out = Vec::with_capacity(leases.len());
+        let mut alive = vec![false; leases.len()];
         let mut expired = Vec::new();
-        for (i, answer) in answers.into_iter().enumerate() {
-            match answer {
-                Ok((alive, gone)) => {
-                    if let Some(g) = gone {
-                        expired.push(g);
-                    }
-                    out.push(if alive {
-                        RenewOutcome::Renewed
-                    } else {
-                        RenewOutcome::Lost
-                    });
-                    if alive && let Some(Some((path, _, _))) = plan.get(i) {
-                        let key = (path.clone(), leases[i].token);
-                        self.inner.sessions.records().extend(&key, sent + ttl);
-                    }
+        for ((_, ck, idx), answer) in chunks.iter().zip(answers) {
+            let results = match answer {
+                Ok(r) => r,
+                Err(zk::Error::SessionExpired) => {
+                    expired.push(*ck);
+                    continue;
                 }
                 Err(e) => return Err(convert("renew", t, e)),
+            };
+            if results.len() != 2 * idx.len() {
+                return Err(unexpected(
+                    "renew",
+                    format!("{} results for {} reads", results.len(), 2 * idx.len()),
+                ));
+            }
+            for (&i, pair) in idx.iter().zip(results.chunks(2)) {
+                let Some((_, rec, _)) = &plan[i] else {
+                    continue;
+                };
+                let (h, n) = (&pair[0], &pair[1]);
+                alive[i] = match (h, n) {
+                    (
+                        zk::MultiReadResult::Data { stat: h, .. },
+                        zk::MultiReadResult::Data { stat: n, .. },
+                    ) => {
+                        Some(n.version) == rec.version
+                            && nodes::kind(h.ephemeral_owner) == Kind::Ephemeral(rec.session)
+                    }
+                    (
+                        zk::MultiReadResult::Error {
+                            err: zk::Error::NoNode,
+                        },
+                        _,
+                    )
+                    | (
+                        _,
+                        zk::MultiReadResult::Error {
+                            err: zk::Error::NoNode,
+                        },
+                    ) => false,
+                    (zk::MultiReadResult::Error { err }, _)
+                    | (_, zk::MultiReadResult::Error { err }) => {
+                        return Err(convert("renew", t, err.clone()));
+                    }
+                    _ => return Err(unexpected("renew", "not data for a read")),
+                };
+            }
+        }
+        let mut out = Vec::with_capacity(leases.len());
+        {
+            let mut records = self.inner.sessions.records();
+            for (i, ok) in alive.iter().enumerate() {
+                out.push(if *ok {
+                    RenewOutcome::Renewed
+                } else {
+                    RenewOutcome::Lost
+                });
+                if *ok && let Some((path, _, _)) = &plan[i] {
+                    records.extend(&(path.clone(), leases[i].token), sent + ttl);
+                }
             }
         }
         for (ttl_ms, id) in expired {
