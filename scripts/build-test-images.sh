@@ -206,15 +206,10 @@ if wanted lease-test/zookeeper:3.8; then
     cat >"$root/entrypoint.sh" <<EOF2
 #!/bin/sh
 set -e
-cat >/etc/zookeeper/conf/zoo.cfg <<'CFG'
-tickTime=200
-maxSessionTimeout=600000
-dataDir=/zookeeper-data
-clientPort=2181
-admin.enableServer=false
-extendedTypesEnabled=true
-4lw.commands.whitelist=ruok,srvr,stat
-CFG
+# The image has no cat: the shell's printf writes the configuration.
+printf '%s\\n' tickTime=200 maxSessionTimeout=600000 dataDir=/zookeeper-data clientPort=2181 \\
+  admin.enableServer=false extendedTypesEnabled=true 4lw.commands.whitelist=ruok,srvr,stat \\
+  >/etc/zookeeper/conf/zoo.cfg
 exec $jhome/bin/java \\
   -cp /etc/zookeeper/conf:/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-log4j12.jar:/usr/share/java/log4j-1.2.jar \\
   -Xmx256m -Dznode.container.checkIntervalMs=100 -Dzookeeper.log.dir=/var/log/zookeeper \\
