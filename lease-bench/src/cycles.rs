@@ -521,6 +521,76 @@ pub fn etcd_lock_service(client: etcd_client::Client, lease: i64) -> Case {
 }
 
 // ---------------------------------------------------------------------------------------
+// ZooKeeper: the bare operations and Curator's InterProcessMutex recipe, sent raw.
+
+use lease_zookeeper::zookeeper_client as zk;
+
+/// The least a lock on ZooKeeper takes: create an ephemeral node at the name's path
+/// (`NodeExists` = held) and delete it. No fencing token read back, no holder label, no
+/// owner check on release.
+pub fn zk_bare(client: zk::Client) -> Case {
+    Case::new("bare create ephemeral + delete", move |prefix, n| {
+        let client = client.clone();
+        async move {
+            let eph = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+            for i in 0..n {
+                let path = format!("/bench-bare/{prefix}-{}", i % 64);
+                client.create(&path, b"", &eph).await.expect("create");
+                client.delete(&path, None).await.expect("delete");
+            }
+        }
+    })
+}
+
+/// Apache Curator's `InterProcessMutex`, uncontended, sent raw: create a protected
+/// ephemeral-sequential node under the lock's path (its parent made once per name, as
+/// Curator's `creatingParentContainersIfNeeded` does), list the children to see that it
+/// is the lowest, delete it to release. Three round trips; no fencing token.
+pub fn zk_curator(client: zk::Client) -> Case {
+    Case::new(
+        "Curator InterProcessMutex recipe, sent raw (create ephemeral-sequential + getChildren + delete)",
+        move |prefix, n| {
+            let client = client.clone();
+            async move {
+                let eph = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+                let container = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+                for i in 0..n {
+                    let dir = format!("/bench-curator/{prefix}-{}", i % 64);
+                    let node = format!("{dir}/_c_{}-lock-", uuid::Uuid::new_v4());
+                    let (_, seq) = match client.create(&node, b"", &eph).await {
+                        Ok(r) => r,
+                        Err(zk::Error::NoNode) => {
+                            match client.create(&dir, b"", &container).await {
+                                Ok(_) | Err(zk::Error::NodeExists) => {}
+                                Err(e) => panic!("curator dir: {e}"),
+                            }
+                            client.create(&node, b"", &eph).await.expect("create")
+                        }
+                        Err(e) => panic!("curator create: {e}"),
+                    };
+                    let children = client.list_children(&dir).await.expect("children");
+                    let ours = format!("{seq}");
+                    let lowest = children
+                        .iter()
+                        .filter_map(|c| c.rsplit("-lock-").next())
+                        .min()
+                        .map(str::to_owned);
+                    assert_eq!(
+                        lowest.as_deref().map(|l| l.trim_start_matches('0')),
+                        Some(ours.trim_start_matches('0')),
+                        "{dir}: not the lowest"
+                    );
+                    client
+                        .delete(&format!("{node}{seq}"), None)
+                        .await
+                        .expect("delete");
+                }
+            }
+        },
+    )
+}
+
+// ---------------------------------------------------------------------------------------
 // MySQL / MariaDB: the bare statements, ShedLock's statements, and the library's sent raw.
 
 /// The tables of the bare floor and of ShedLock's statements.

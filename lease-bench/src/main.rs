@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run --release -p lease-bench -- [--out BENCHMARKS.md] [--svg docs/benchmarks.svg]
-//!     [--notes docs/benchmark-notes.md] [--only redis,postgres,etcd,mysql] [--quick]
+//!     [--notes docs/benchmark-notes.md] [--only redis,postgres,etcd,mysql,zookeeper] [--quick]
 //! ```
 //!
 //! Without `--out` the report goes to standard output. `--quick` runs fewer rounds and
@@ -28,7 +28,8 @@ use lease_etcd::EtcdBackend;
 use lease_mysql::MysqlBackend;
 use lease_postgres::{AdvisoryLockBackend, PostgresBackend};
 use lease_redis::RedisBackend;
-use lease_test_servers::{EtcdServer, MariaDbServer, PostgresServer, RedisServer};
+use lease_test_servers::{EtcdServer, MariaDbServer, PostgresServer, RedisServer, ZooKeeperServer};
+use lease_zookeeper::ZkBackend;
 
 use crate::cycles::{Case, Plan};
 use crate::report::StoreResult;
@@ -43,7 +44,7 @@ struct Args {
 }
 
 const USAGE: &str = "usage: lease-bench [--out FILE] [--svg FILE] [--notes FILE] \
-                     [--only redis,postgres,etcd,mysql] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS";
+                     [--only redis,postgres,etcd,mysql,zookeeper] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS";
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let mut a = Args {
@@ -55,6 +56,7 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "postgres".into(),
             "etcd".into(),
             "mysql".into(),
+            "zookeeper".into(),
         ],
         quick: false,
         cycles_only: false,
@@ -68,11 +70,12 @@ fn parse(args: &[String]) -> Result<Args, String> {
             "--notes" => a.notes = value()?,
             "--only" => {
                 a.stores = value()?.split(',').map(|s| s.trim().to_owned()).collect();
-                if let Some(bad) = a
-                    .stores
-                    .iter()
-                    .find(|s| !matches!(s.as_str(), "redis" | "postgres" | "etcd" | "mysql"))
-                {
+                if let Some(bad) = a.stores.iter().find(|s| {
+                    !matches!(
+                        s.as_str(),
+                        "redis" | "postgres" | "etcd" | "mysql" | "zookeeper"
+                    )
+                }) {
                     return Err(format!("unknown store {bad:?}"));
                 }
             }
@@ -481,6 +484,70 @@ async fn etcd_store(mode: Mode) -> StoreResult {
     r
 }
 
+async fn zookeeper_store(mode: Mode) -> StoreResult {
+    // A local standalone server (tick 200 ms, data in /dev/shm: ZooKeeper fsyncs its log
+    // before every write's answer, as etcd does, and the harness keeps both in memory).
+    let server = ZooKeeperServer::start_local()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let url = format!("zk://{}/bench", server.address());
+    let version = server
+        .srvr()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Zookeeper version: "))
+                .and_then(|v| v.split([',', '-']).next())
+                .map(str::to_owned)
+        })
+        .unwrap_or_else(|| "?".into());
+    let bare = lease_zookeeper::zookeeper_client::Client::connector()
+        .with_session_timeout(Duration::from_secs(30))
+        .connect(&server.address())
+        .await
+        .expect("zookeeper client");
+    let opts = lease_zookeeper::zookeeper_client::CreateMode::Persistent
+        .with_acls(lease_zookeeper::zookeeper_client::Acls::anyone_all());
+    for dir in ["/bench-bare", "/bench-curator"] {
+        bare.mkdir(dir, &opts).await.expect("bench dirs");
+    }
+    // Renewing 100,000 leases is 100 multiReads in one tick: more than the default 5 s
+    // call timeout may pass on this machine.
+    let zk = Arc::new(
+        ZkBackend::connect_url_with(
+            &url,
+            lease_zookeeper::ZkConfig::default().with_request_timeout(Duration::from_secs(30)),
+        )
+        .await
+        .expect("zookeeper backend"),
+    );
+    let backend: Arc<dyn LeaseBackend> = zk.clone();
+    let cases = vec![
+        cycles::zk_bare(bare.clone()),
+        cycles::backend_case("library backend acquire + release", backend.clone()),
+        cycles::client_case("library LeaseClient try_acquire + release", backend.clone()),
+        cycles::zk_curator(bare.clone()),
+        cycles::semaphore_case(SEMAPHORE_ROW, backend.clone()),
+        metered::client_case(METRICS_ROW, backend.clone()),
+    ];
+    let counter: scale::Counter = Box::new(move || {
+        let zk = zk.clone();
+        Box::pin(async move { zk.renew_requests() })
+    });
+    let s = sizes(mode, 200, 20, 101);
+    let setup = Setup {
+        store: "ZooKeeper",
+        server: format!(
+            "ZooKeeper {version} (local process, standalone, tickTime 200 ms, data in /dev/shm)"
+        ),
+        url,
+        cases,
+        backend,
+        counter: Some(counter),
+        round_trip_source: "multiRead requests sent",
+    };
+    common(setup, &s).await
+}
+
 async fn mysql_store(mode: Mode) -> StoreResult {
     // A local server with the default durability (`innodb_flush_log_at_trx_commit=1`, a
     // log flush per commit), as PostgreSQL runs with fsync on.
@@ -599,6 +666,7 @@ async fn main() {
             "redis" => redis_store(mode).await,
             "postgres" => postgres_store(mode).await,
             "mysql" => mysql_store(mode).await,
+            "zookeeper" => zookeeper_store(mode).await,
             _ => etcd_store(mode).await,
         });
     }

@@ -81,3 +81,17 @@ async fn mysql_lost_replies() {
         .unwrap_or_else(|e| panic!("{e}"));
     run("mysql", &db.url(), false).await;
 }
+
+/// ZooKeeper: the proxy cuts the connection when it drops a reply; the session survives
+/// the reconnection, so a lost acquire reply leaves a node the session keeps alive: the
+/// client's cleanup (or the backend's sweep at the TTL) must remove it. Whether the
+/// first reply lost is the acquire's depends on the client's pings, so the orphan case
+/// is not required to happen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_lost_replies() {
+    let servers = lease_test_servers::ZooKeeperServer::shared()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let url = format!("zk://{servers}/lost-{}", uuid::Uuid::new_v4().simple());
+    run("zookeeper", &url, false).await;
+}

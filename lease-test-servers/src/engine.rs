@@ -44,6 +44,14 @@ pub(crate) const ETCD_IMAGES: Images = Images {
     var: "LEASE_TEST_ETCD_IMAGE",
 };
 
+/// ZooKeeper 3.8 (the project's image has the harness's settings: tick 200 ms, sessions
+/// up to 600 s, TTL nodes; the official one gets them from its environment).
+pub(crate) const ZOOKEEPER_IMAGES: Images = Images {
+    official: "zookeeper:3.8",
+    local: "lease-test/zookeeper:3.8",
+    var: "LEASE_TEST_ZOOKEEPER_IMAGE",
+};
+
 /// MariaDB 10.11 (the MySQL protocol).
 pub(crate) const MARIADB_IMAGES: Images = Images {
     official: "mariadb:10.11",

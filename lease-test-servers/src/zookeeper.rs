@@ -25,10 +25,20 @@ const CONF_DIR: &str = "/etc/zookeeper/conf";
 /// How long a started server may take to serve (a JVM's start-up included).
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A throwaway local ZooKeeper server, standalone. Killed when dropped.
+/// A throwaway ZooKeeper server, standalone: a container where an engine answers
+/// ([`ZooKeeperServer::start`]), else (or always, [`ZooKeeperServer::start_local`]) a local
+/// process. Killed when dropped.
 #[derive(Debug)]
 pub struct ZooKeeperServer {
     port: u16,
+    source: super::Source,
+    local: Option<Local>,
+    _container: Option<super::container::Running>,
+}
+
+/// A local server process.
+#[derive(Debug)]
+struct Local {
     // Declared in drop order: the process, its watcher, then its directory.
     process: ChildProcess,
     _watcher: DirWatcher,
@@ -64,6 +74,66 @@ fn four_letter(port: u16, word: &str) -> Option<String> {
 }
 
 impl ZooKeeperServer {
+    /// A server from the first source that works: a container (`zookeeper:3.8`, else the
+    /// project's `lease-test/zookeeper:3.8` from `scripts/build-test-images.sh`) where a
+    /// Docker engine answers, else a local process ([`ZooKeeperServer::start_local`]).
+    /// Under `LEASE_TEST_SOURCE=containers` a container that does not start is an error.
+    /// Both have the same settings (tick 200 ms, sessions up to 600 s, TTL nodes reaped
+    /// every 100 ms, data in memory).
+    pub async fn start() -> Result<ZooKeeperServer, HarnessError> {
+        let spec = super::container::Spec {
+            images: &super::engine::ZOOKEEPER_IMAGES,
+            port: 2181,
+            // Logged once the client port is bound and the server runs.
+            ready: vec![("Using checkIntervalMs=", false)],
+            // For the official image (the project's writes its own zoo.cfg).
+            env: vec![
+                ("ZOO_TICK_TIME", "200".to_owned()),
+                ("ZOO_4LW_COMMANDS_WHITELIST", "ruok,srvr,stat".to_owned()),
+                ("ZOO_ADMINSERVER_ENABLED", "false".to_owned()),
+                (
+                    "ZOO_CFG_EXTRA",
+                    "maxSessionTimeout=600000 extendedTypesEnabled=true".to_owned(),
+                ),
+                (
+                    "JVMFLAGS",
+                    "-Xmx256m -Dznode.container.checkIntervalMs=100".to_owned(),
+                ),
+                ("ZOO_DATA_DIR", "/zookeeper-data".to_owned()),
+            ],
+            cmd: Vec::new(),
+            tmpfs: Some("/zookeeper-data"),
+        };
+        let started = super::container::try_start(spec).await;
+        if started.is_none() && super::container::forced() {
+            return Err(super::container::forced_failure("zookeeper"));
+        }
+        let Some(c) = started else {
+            return Self::start_local().await;
+        };
+        // The container's port is published on loopback; the four-letter words go there.
+        let start = Instant::now();
+        while !serving(c.port) {
+            if start.elapsed() > READY_TIMEOUT {
+                return Err(HarnessError::Start(format!(
+                    "zookeeper container {} logged ready but srvr got no mode within {READY_TIMEOUT:?}",
+                    c.description
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        super::announce(format_args!(
+            "lease test server: zookeeper at {}:{} (container {})",
+            c.host, c.port, c.description
+        ));
+        Ok(ZooKeeperServer {
+            port: c.port,
+            source: super::Source::Container,
+            local: None,
+            _container: Some(c),
+        })
+    }
+
     /// Starts a standalone server with a tick of 200 ms (sessions from 400 ms to 600 s;
     /// TTL nodes reaped every 100 ms).
     ///
@@ -134,9 +204,13 @@ impl ZooKeeperServer {
                     ));
                     return Ok(ZooKeeperServer {
                         port,
-                        process,
-                        _watcher: watcher,
-                        dir,
+                        source: super::Source::LocalProcess,
+                        local: Some(Local {
+                            process,
+                            _watcher: watcher,
+                            dir,
+                        }),
+                        _container: None,
                     });
                 }
                 Err(why) => {
@@ -149,9 +223,10 @@ impl ZooKeeperServer {
         Err(attempts.into_error())
     }
 
-    /// The connect string of one standalone server shared by every test of the test
-    /// binary (started by the first caller, killed when the test process exits: its
-    /// directory watcher removes it). Tests isolate themselves by path prefix. Every
+    /// The connect string of one standalone server ([`ZooKeeperServer::start`]: a
+    /// container where an engine answers) shared by every test of the test binary
+    /// (started by the first caller, removed when the test process exits by its cleanup
+    /// watcher). Tests isolate themselves by path prefix. Every
     /// `#[tokio::test]` may call it, whatever its runtime.
     pub async fn shared() -> Result<String, HarnessError> {
         static SHARED: tokio::sync::OnceCell<Result<ZooKeeperServer, String>> =
@@ -165,7 +240,7 @@ impl ZooKeeperServer {
                         .enable_all()
                         .build()
                         .map_err(|e| e.to_string())?
-                        .block_on(ZooKeeperServer::start_local())
+                        .block_on(ZooKeeperServer::start())
                         .map_err(|e| e.to_string())
                 })
                 .join()
@@ -201,43 +276,64 @@ impl ZooKeeperServer {
         four_letter(self.port, "srvr")
     }
 
-    /// The server's directory (configuration, data, log).
-    pub fn dir(&self) -> &std::path::Path {
-        self.dir.path()
+    /// Where the server came from.
+    pub fn source(&self) -> super::Source {
+        self.source
     }
 
-    /// The last lines of the server's log.
+    /// The server's directory (configuration, data, log); `None` for a container.
+    pub fn dir(&self) -> Option<&std::path::Path> {
+        self.local.as_ref().map(|l| l.dir.path())
+    }
+
+    /// The last lines of the server's log (a local process's only).
     pub fn log_tail(&self, lines: usize) -> String {
-        self.process.log_tail(lines)
+        self.local
+            .as_ref()
+            .map(|l| l.process.log_tail(lines))
+            .unwrap_or_default()
     }
 
-    /// Freezes it (SIGSTOP): connections stay open, nothing is answered.
-    pub fn pause(&self) -> Result<(), HarnessError> {
-        self.process.signal(Signal::SIGSTOP)
+    fn local(&mut self) -> Result<&mut Local, HarnessError> {
+        self.local.as_mut().ok_or_else(|| {
+            HarnessError::Start(
+                "a zookeeper container cannot be killed, paused or started again here: use \
+                 ZooKeeperServer::start_local"
+                    .into(),
+            )
+        })
+    }
+
+    /// Freezes it (SIGSTOP): connections stay open, nothing is answered. A local
+    /// process's only.
+    pub fn pause(&mut self) -> Result<(), HarnessError> {
+        self.local()?.process.signal(Signal::SIGSTOP)
     }
 
     /// Continues a paused server (SIGCONT).
-    pub fn resume(&self) -> Result<(), HarnessError> {
-        self.process.signal(Signal::SIGCONT)
+    pub fn resume(&mut self) -> Result<(), HarnessError> {
+        self.local()?.process.signal(Signal::SIGCONT)
     }
 
-    /// Kills it at once (SIGKILL) and reaps it.
+    /// Kills it at once (SIGKILL) and reaps it. A local process's only.
     pub fn kill(&mut self) -> Result<(), HarnessError> {
-        self.process.kill()
+        self.local()?.process.kill()
     }
 
     /// Starts a killed server again (same port and data) and waits until it serves.
     pub async fn start_again(&mut self) -> Result<(), HarnessError> {
-        self.process.respawn()?;
+        let port = self.port;
+        let local = self.local()?;
+        local.process.respawn()?;
         let start = Instant::now();
         loop {
-            if serving(self.port) {
+            if serving(port) {
                 return Ok(());
             }
-            if let Some(status) = self.process.try_exit_status() {
+            if let Some(status) = local.process.try_exit_status() {
                 return Err(HarnessError::Start(format!(
                     "zookeeper exited with {status} on restart: {}",
-                    self.process.log_tail(20)
+                    local.process.log_tail(20)
                 )));
             }
             if start.elapsed() > READY_TIMEOUT {
@@ -252,7 +348,9 @@ impl ZooKeeperServer {
 
 impl Drop for ZooKeeperServer {
     fn drop(&mut self) {
-        let _ = self.process.kill();
+        if let Some(l) = &mut self.local {
+            let _ = l.process.kill();
+        }
     }
 }
 
