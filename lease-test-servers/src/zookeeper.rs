@@ -19,6 +19,8 @@ const INSTALL_HINT: &str =
 
 /// Where Debian's package puts the server's classes.
 const ZOOKEEPER_JAR: &str = "/usr/share/java/zookeeper.jar";
+/// Netty's codec classes (Debian package libnetty-java, a dependency of zookeeper).
+const NETTY_CODEC_JAR: &str = "/usr/share/java/netty-codec.jar";
 /// The package's configuration directory (its log4j settings are on the class path).
 const CONF_DIR: &str = "/etc/zookeeper/conf";
 
@@ -31,6 +33,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 #[derive(Debug)]
 pub struct ZooKeeperServer {
     port: u16,
+    secure_port: Option<u16>,
     source: super::Source,
     local: Option<Local>,
     _container: Option<super::container::Running>,
@@ -128,6 +131,7 @@ impl ZooKeeperServer {
         ));
         Ok(ZooKeeperServer {
             port: c.port,
+            secure_port: None,
             source: super::Source::Container,
             local: None,
             _container: Some(c),
@@ -139,6 +143,25 @@ impl ZooKeeperServer {
     ///
     /// Errors: [`HarnessError::Unavailable`] without Java or Debian's `zookeeper` package.
     pub async fn start_local() -> Result<ZooKeeperServer, HarnessError> {
+        Self::start_local_with(None).await
+    }
+
+    /// [`ZooKeeperServer::start_local`] with a secure client port as well (TLS through
+    /// Netty, PEM files): the server's certificate from `certs` (`server_cert`, valid for
+    /// `127.0.0.1` only), clients verified against `certs.ca` and, with
+    /// `require_client_cert`, required to present a certificate it signed. The plain port
+    /// stays open (readiness, four-letter words); [`ZooKeeperServer::secure_address`] is
+    /// the TLS one.
+    pub async fn start_local_tls(
+        certs: &super::tls::TestCerts,
+        require_client_cert: bool,
+    ) -> Result<ZooKeeperServer, HarnessError> {
+        Self::start_local_with(Some((certs, require_client_cert))).await
+    }
+
+    async fn start_local_with(
+        tls: Option<(&super::tls::TestCerts, bool)>,
+    ) -> Result<ZooKeeperServer, HarnessError> {
         let java = java().ok_or_else(|| {
             HarnessError::Unavailable(format!("no java for ZooKeeper: {INSTALL_HINT}"))
         })?;
@@ -151,24 +174,61 @@ impl ZooKeeperServer {
         // and on this machine's disk under other servers' I/O that wait reaches seconds.
         let dir = super::etcd::data_root("lease-zookeeper-")?;
         let watcher = DirWatcher::spawn(dir.path())?;
+        // The key store: the server's key (PKCS#8) followed by its certificate.
+        let tls_cfg = match tls {
+            None => String::new(),
+            Some((certs, require)) => {
+                let key = std::process::Command::new("openssl")
+                    .args(["pkcs8", "-topk8", "-nocrypt", "-in"])
+                    .arg(&certs.server_key)
+                    .output()
+                    .map_err(|e| HarnessError::io("running openssl pkcs8", e))?;
+                if !key.status.success() {
+                    return Err(HarnessError::Start(format!(
+                        "openssl pkcs8: {}",
+                        String::from_utf8_lossy(&key.stderr)
+                    )));
+                }
+                let cert = std::fs::read(&certs.server_cert)
+                    .map_err(|e| HarnessError::io("reading the server certificate", e))?;
+                let store = dir.path().join("keystore.pem");
+                std::fs::write(&store, [key.stdout, cert].concat())
+                    .map_err(|e| HarnessError::io("writing keystore.pem", e))?;
+                format!(
+                    "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+                     ssl.keyStore.location={}\nssl.keyStore.type=PEM\n\
+                     ssl.trustStore.location={}\nssl.trustStore.type=PEM\n\
+                     ssl.clientAuth={}\nsecureClientPortAddress=127.0.0.1\n",
+                    store.display(),
+                    certs.ca.display(),
+                    if require { "need" } else { "none" }
+                )
+            }
+        };
         let mut attempts = PortAttempts::new(&["Address already in use"]);
-        while let Some(ports) = attempts.next(1)? {
+        while let Some(ports) = attempts.next(2)? {
             let port = ports[0];
+            let secure = tls.map(|_| ports[1]);
             let data = dir.path().join("data");
             let _ = std::fs::remove_dir_all(&data);
             std::fs::create_dir_all(&data)
                 .map_err(|e| HarnessError::io("creating zookeeper's data dir", e))?;
             let cfg = dir.path().join("zoo.cfg");
-            let text = format!(
+            let mut text = format!(
                 "tickTime=200\nmaxSessionTimeout=600000\ndataDir={data}\nclientPort={port}\n\
                  clientPortAddress=127.0.0.1\nadmin.enableServer=false\nextendedTypesEnabled=true\n\
                  4lw.commands.whitelist=ruok,srvr,stat\n",
                 data = data.display()
             );
+            if let Some(secure) = secure {
+                text.push_str(&format!("secureClientPort={secure}\n{tls_cfg}"));
+            }
             std::fs::write(&cfg, text).map_err(|e| HarnessError::io("writing zoo.cfg", e))?;
             let args: Vec<OsString> = vec![
                 "-cp".into(),
-                format!("{CONF_DIR}:{ZOOKEEPER_JAR}").into(),
+                // Netty's codec: the secure port's server needs it, and Debian's
+                // zookeeper.jar does not list it.
+                format!("{CONF_DIR}:{ZOOKEEPER_JAR}:{NETTY_CODEC_JAR}").into(),
                 "-Xmx256m".into(),
                 // The container and TTL-node reaper every 100 ms (60 s by default), so that a
                 // keep-for node is gone soon after its TTL.
@@ -204,6 +264,7 @@ impl ZooKeeperServer {
                     ));
                     return Ok(ZooKeeperServer {
                         port,
+                        secure_port: secure,
                         source: super::Source::LocalProcess,
                         local: Some(Local {
                             process,
@@ -263,6 +324,12 @@ impl ZooKeeperServer {
     /// `127.0.0.1:PORT`, the connect string.
     pub fn address(&self) -> String {
         format!("127.0.0.1:{}", self.port)
+    }
+
+    /// `127.0.0.1:PORT` of the secure (TLS) client port, for a server started with
+    /// [`ZooKeeperServer::start_local_tls`].
+    pub fn secure_address(&self) -> Option<String> {
+        self.secure_port.map(|p| format!("127.0.0.1:{p}"))
     }
 
     /// The client port.

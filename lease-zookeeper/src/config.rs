@@ -4,8 +4,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use lease_core::InvalidInput;
 use lease_core::raw::url::percent_decode;
+use lease_core::{InvalidInput, TlsFiles};
 
 /// Default client port of ZooKeeper.
 pub(crate) const DEFAULT_PORT: u16 = 2181;
@@ -33,6 +33,10 @@ pub struct ZkConfig {
     pub user: Option<String>,
     /// The user's password (needs `user`).
     pub password: Option<String>,
+    /// TLS to the servers' secure client port (`zks://` URLs set it; feature `tls`): the
+    /// CA file is required, a client certificate and key are given for servers that
+    /// require one (`ssl.clientAuth=need`).
+    pub tls: Option<TlsFiles>,
 }
 
 impl Default for ZkConfig {
@@ -44,6 +48,7 @@ impl Default for ZkConfig {
             min_ttl: None,
             user: None,
             password: None,
+            tls: None,
         }
     }
 }
@@ -57,6 +62,7 @@ impl fmt::Debug for ZkConfig {
             .field("min_ttl", &self.min_ttl)
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "<hidden>"))
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -94,6 +100,12 @@ impl ZkConfig {
     ) -> Self {
         self.user = Some(user.into());
         self.password = Some(password.into());
+        self
+    }
+
+    /// Sets [`ZkConfig::tls`].
+    pub fn with_tls(mut self, files: TlsFiles) -> Self {
+        self.tls = Some(files);
         self
     }
 
@@ -139,31 +151,46 @@ impl ZkConfig {
     }
 }
 
-/// Parses `zk://[user[:password]@]host[:port][,host[:port]...][/prefix]` into the
-/// connect string (`host:port,...`) and the settings (on top of `base`).
+/// Parses `zk://[user[:password]@]host[:port][,host[:port]...][/prefix]`, or
+/// `zks://...[?tls_ca=FILE&tls_cert=FILE&tls_key=FILE]` for the secure client port, into
+/// the connect string (`host:port,...`) and the settings (on top of `base`).
 ///
-/// The port defaults to 2181; user, password and prefix may be percent-encoded. Errors
-/// never contain the password.
+/// The port defaults to 2181; user, password, prefix and file names may be
+/// percent-encoded. Errors never contain the password.
 pub(crate) fn parse_url(url: &str, base: ZkConfig) -> Result<(String, ZkConfig), InvalidInput> {
     let redacted = lease_core::raw::url::redact_url(url);
     let malformed = |why: &str| InvalidInput::MalformedUrl(format!("{redacted}: {why}"));
-    lease_core::raw::url::check_url_userinfo(url)?;
+    let (url, tls_files) = TlsFiles::take_from_url(url)?;
+    let url = url.as_str();
     let Some((scheme, rest)) = url.split_once("://") else {
         return Err(malformed(
             "expected zk://[user:password@]host:port[,host:port...][/prefix]",
         ));
     };
-    if !scheme.eq_ignore_ascii_case("zk") {
-        return Err(malformed("the scheme must be zk://"));
-    }
+    let secure = match scheme.to_ascii_lowercase().as_str() {
+        "zk" => false,
+        "zks" => true,
+        _ => return Err(malformed("the scheme must be zk:// or zks://")),
+    };
     if rest.contains(['?', '#']) {
-        return Err(malformed("zk:// URLs take no query parameters"));
+        return Err(malformed(
+            "the only query parameters are tls_ca, tls_cert and tls_key (for zks://)",
+        ));
+    }
+    if !secure && (!tls_files.is_empty() || base.tls.is_some()) {
+        return Err(malformed("TLS files are given, but the URL is not zks://"));
     }
     let (authority, path) = match rest.find('/') {
         Some(i) => (&rest[..i], &rest[i..]),
         None => (rest, ""),
     };
     let mut config = base;
+    if secure {
+        config.tls = Some(match &config.tls {
+            Some(files) => files.merged(&tls_files)?,
+            None => tls_files,
+        });
+    }
     let hosts = match authority.rfind('@') {
         Some(at) => {
             let userinfo = &authority[..at];
@@ -229,7 +256,17 @@ mod tests {
         assert_eq!(cfg.prefix, "/lease");
         assert_eq!(cfg.user.as_deref(), Some("u"));
         assert_eq!(cfg.password.as_deref(), Some("p/w"));
+        let (_, cfg) = parse_url(
+            "zks://h:2281/p?tls_ca=%2Fca.pem&tls_cert=%2Fc.pem&tls_key=%2Fc.key",
+            ZkConfig::default(),
+        )
+        .unwrap();
+        let tls = cfg.tls.unwrap();
+        assert_eq!(tls.ca.as_deref(), Some(std::path::Path::new("/ca.pem")));
+        assert_eq!(tls.key.as_deref(), Some(std::path::Path::new("/c.key")));
         for bad in [
+            "zks://h",
+            "zk://h?tls_ca=%2Fca.pem",
             "redis://h",
             "zk://",
             "zk://h:0",

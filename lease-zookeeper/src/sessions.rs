@@ -140,6 +140,59 @@ pub(crate) fn io_runtime() -> Result<&'static tokio::runtime::Handle> {
     }
 }
 
+/// `connector` with TLS from `files` (the CA required; a client identity where given).
+#[cfg(feature = "_tls")]
+fn with_tls(connector: zk::Connector, files: &lease_core::TlsFiles) -> Result<zk::Connector> {
+    let pem = files.load(crate::error::BACKEND)?;
+    let text = |what: &str, bytes: &[u8]| {
+        String::from_utf8(bytes.to_vec()).map_err(|_| {
+            Error::tls(
+                crate::error::BACKEND,
+                format!("the {what} is not UTF-8 PEM text"),
+            )
+        })
+    };
+    let bad = |what: &str, e: zk::Error| {
+        Error::tls(
+            crate::error::BACKEND,
+            format!("the {what} was refused: {e}"),
+        )
+    };
+    let ca = pem
+        .ca
+        .as_deref()
+        .ok_or_else(|| Error::tls(crate::error::BACKEND, "zks:// needs a CA file (tls_ca)"))?;
+    let mut options = zk::TlsOptions::new()
+        .with_pem_ca(&text("CA file", ca)?)
+        .map_err(|e| bad("CA file", e))?;
+    if let Some((cert, key)) = &pem.identity {
+        options = options
+            .with_pem_identity(
+                &text("client certificate", cert)?,
+                &text("client key", key)?,
+            )
+            .map_err(|e| bad("client certificate or key", e))?;
+    }
+    lease_core::raw::tls::ensure_crypto_provider(
+        || {
+            #[cfg(feature = "tls-ring")]
+            return (rustls::crypto::ring::default_provider(), "ring");
+            #[cfg(not(feature = "tls-ring"))]
+            return (rustls::crypto::aws_lc_rs::default_provider(), "aws-lc-rs");
+        },
+        "zookeeper",
+    );
+    Ok(connector.with_tls(options))
+}
+
+#[cfg(not(feature = "_tls"))]
+fn with_tls(_: zk::Connector, _: &lease_core::TlsFiles) -> Result<zk::Connector> {
+    Err(Error::tls(
+        crate::error::BACKEND,
+        "zks:// needs the `tls` feature (of the lease crate, or of lease-zookeeper)",
+    ))
+}
+
 /// The sessions, by TTL in ms.
 pub(crate) struct Sessions {
     pub(crate) connect: String,
@@ -172,12 +225,26 @@ impl Sessions {
             let secret = format!("{user}:{}", c.password.as_deref().unwrap_or(""));
             connector = connector.with_auth("digest", secret.as_bytes());
         }
+        let secure = c.tls.is_some();
+        if let Some(files) = &c.tls {
+            connector = with_tls(connector, files)?;
+        }
         let servers = self.connect.clone();
         let limit = c.connect_timeout;
         // On the backend's I/O runtime: the session's task lives there, not on the
         // caller's runtime (which may end while the backend is still used).
         let connected = io_runtime()?
-            .spawn(async move { tokio::time::timeout(limit, connector.connect(&servers)).await })
+            .spawn(async move {
+                tokio::time::timeout(limit, async move {
+                    #[cfg(feature = "_tls")]
+                    if secure {
+                        return connector.secure_connect(&servers).await;
+                    }
+                    let _ = secure;
+                    connector.connect(&servers).await
+                })
+                .await
+            })
             .await
             .map_err(|e| Error::Backend {
                 backend: crate::error::BACKEND,
@@ -187,8 +254,50 @@ impl Sessions {
             .map_err(|_| Error::Timeout {
                 operation: "connect",
                 after: limit,
-            })?;
-        connected.map_err(|e| convert("connect", limit, e))
+            });
+        match connected {
+            Ok(Ok(client)) => Ok(client),
+            Ok(Err(e)) => Err(self.explain_tls(convert("connect", limit, e)).await),
+            Err(e) => Err(self.explain_tls(e).await),
+        }
+    }
+
+    /// `error`, or the TLS failure behind it: the client library retries a refused
+    /// handshake until its timeout, so where TLS is configured a handshake of our own with
+    /// the same files says what the server refused (lease-core's `probe_handshake`).
+    async fn explain_tls(&self, error: Error) -> Error {
+        #[cfg(feature = "_tls")]
+        if let Some(files) = &self.config.tls
+            && let Ok(pem) = files.load(crate::error::BACKEND)
+        {
+            for server in self.connect.split(',') {
+                let Some((host, port)) = server.rsplit_once(':') else {
+                    continue;
+                };
+                let Ok(port) = port.parse::<u16>() else {
+                    continue;
+                };
+                let Some(config) = lease_core::raw::tls::client_config(
+                    &pem,
+                    || {
+                        #[cfg(feature = "tls-ring")]
+                        return rustls::crypto::ring::default_provider();
+                        #[cfg(not(feature = "tls-ring"))]
+                        return rustls::crypto::aws_lc_rs::default_provider();
+                    },
+                    Vec::new,
+                ) else {
+                    break;
+                };
+                let bound = Duration::from_secs(1);
+                if let Some(why) =
+                    lease_core::raw::tls::probe_handshake(host, port, config, None, bound).await
+                {
+                    return Error::tls(crate::error::BACKEND, why);
+                }
+            }
+        }
+        error
     }
 
     /// The session for leases of `ttl`, made if there is none or the last one ended.

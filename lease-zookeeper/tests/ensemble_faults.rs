@@ -102,7 +102,7 @@ async fn leader_killed_while_twenty_leases_are_held() {
     }
     let other = LeaseClient::new(backend.clone());
     let mut again = BTreeSet::new();
-    for i in 0..20 {
+    for (i, old) in tokens.iter().enumerate() {
         match other
             .try_acquire(format!("lease-{i}"), &opts)
             .await
@@ -110,7 +110,7 @@ async fn leader_killed_while_twenty_leases_are_held() {
         {
             TryAcquire::Acquired(g) => {
                 let t = g.fencing().get();
-                assert!(t > tokens[i], "lease-{i}: token {t} after {}", tokens[i]);
+                assert!(t > *old, "lease-{i}: token {t} after {old}");
                 assert!(again.insert(t), "token {t} handed out twice");
                 g.release().await.unwrap();
             }

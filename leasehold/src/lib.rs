@@ -36,6 +36,7 @@ use std::sync::Arc;
 /// | `etcds://` | etcd over TLS | `etcd` and `tls` |
 /// | `mysql://`, `mariadb://` | MySQL 8, MariaDB 10.6+ (TLS with the driver's `ssl-mode`, `ssl-ca`, `ssl-cert`, `ssl-key`: feature `tls`) | `mysql` |
 /// | `zk://host:2181,host2:2181/prefix` | ZooKeeper 3.5+ (`digest` credentials as `zk://user:password@...`) | `zookeeper` |
+/// | `zks://host:2281/prefix?tls_ca=FILE` | ZooKeeper's secure client port (`tls_cert`, `tls_key` for mutual TLS) | `zookeeper` and `tls` |
 ///
 /// Credentials go in the URL (`redis://user:password@host`, `postgres://user:password@host/db`,
 /// `etcd://user:password@host/prefix`); PostgreSQL also reads `PGPASSWORD` and `~/.pgpass`
@@ -120,9 +121,9 @@ pub async fn connect_with(url: &str, options: &ConnectOptions) -> Result<Arc<dyn
         "postgres" | "postgresql" => connect_postgres(url, options).await,
         "etcd" | "etcds" => connect_etcd(url, options).await,
         "mysql" | "mariadb" => connect_mysql(url, options).await,
-        "zk" => connect_zookeeper(url, options).await,
+        "zk" | "zks" => connect_zookeeper(url, options).await,
         other => Err(InvalidInput::MalformedUrl(format!(
-            "unknown scheme {other:?}: expected memory, redis, rediss, redis+sentinel, redis+cluster, rediss+cluster, postgres, postgresql, etcd, etcds, mysql, mariadb or zk"
+            "unknown scheme {other:?}: expected memory, redis, rediss, redis+sentinel, redis+cluster, rediss+cluster, postgres, postgresql, etcd, etcds, mysql, mariadb, zk or zks"
         ))
         .into()),
     }
@@ -195,14 +196,13 @@ async fn connect_mysql(url: &str, _: &ConnectOptions) -> Result<Arc<dyn LeaseBac
 
 #[cfg(feature = "zookeeper")]
 async fn connect_zookeeper(url: &str, options: &ConnectOptions) -> Result<Arc<dyn LeaseBackend>> {
+    let mut config = lease_zookeeper::ZkConfig::default();
     if !options.tls.is_empty() {
-        return Err(InvalidInput::MalformedUrl(format!(
-            "{}: TLS files are given, but the zookeeper backend has no TLS yet",
-            redact_url(url)
-        ))
-        .into());
+        config.tls = Some(options.tls.clone());
     }
-    Ok(Arc::new(lease_zookeeper::ZkBackend::connect(url).await?))
+    Ok(Arc::new(
+        lease_zookeeper::ZkBackend::connect_url_with(url, config).await?,
+    ))
 }
 
 #[cfg(not(feature = "zookeeper"))]

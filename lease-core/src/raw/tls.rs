@@ -260,6 +260,99 @@ pub fn ensure_crypto_provider(
     }
 }
 
+/// A client configuration from the files of `pem`: the CA file's certificates as the only
+/// roots (else `fallback_roots()`, for backends that trust the system's store), the
+/// client identity where one is given, and the application's process-wide crypto provider
+/// if it installed one, else `provider` (nothing is installed here). `None` when a file
+/// does not parse (the connection's own error then stands).
+#[cfg(feature = "rustls")]
+pub fn client_config(
+    pem: &TlsPem,
+    provider: impl FnOnce() -> rustls::crypto::CryptoProvider,
+    fallback_roots: impl FnOnce() -> Vec<rustls::pki_types::CertificateDer<'static>>,
+) -> Option<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let mut roots = rustls::RootCertStore::empty();
+    match &pem.ca {
+        Some(ca) => {
+            for cert in CertificateDer::pem_slice_iter(ca) {
+                roots.add(cert.ok()?).ok()?;
+            }
+        }
+        None => {
+            for cert in fallback_roots() {
+                let _ = roots.add(cert);
+            }
+        }
+    }
+    let provider = match rustls::crypto::CryptoProvider::get_default() {
+        Some(installed) => installed.clone(),
+        None => std::sync::Arc::new(provider()),
+    };
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .ok()?
+        .with_root_certificates(roots);
+    Some(match &pem.identity {
+        Some((cert, key)) => {
+            let chain = CertificateDer::pem_slice_iter(cert)
+                .collect::<Result<Vec<_>, _>>()
+                .ok()?;
+            let key = PrivateKeyDer::from_pem_slice(key).ok()?;
+            builder.with_client_auth_cert(chain, key).ok()?
+        }
+        None => builder.with_no_client_auth(),
+    })
+}
+
+/// Why a TLS connection to `host:port` fails, as [`tls_failure_for`] words it: a handshake
+/// of the caller's own with `config` (the same files the client library was given), then
+/// `first_write` where given (a protocol's opening bytes, so that a server that accepted
+/// the handshake answers), then one read. In TLS 1.3 a server judges the client's
+/// certificate after the client has finished its side of the handshake, so its verdict
+/// arrives as an alert on that first read. For client libraries that report such a
+/// connection only as closed, or retry it until their timeout. `None` when the probe sees
+/// no TLS failure, or does not finish within `bound` (a server that waits for the client
+/// to speak first, having accepted it, also ends here).
+#[cfg(feature = "rustls")]
+pub async fn probe_handshake(
+    host: &str,
+    port: u16,
+    config: rustls::ClientConfig,
+    first_write: Option<&[u8]>,
+    bound: std::time::Duration,
+) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let sent = config.client_auth_cert_resolver.has_certs();
+    let server_name = rustls::pki_types::ServerName::try_from(host.clone()).ok()?;
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let probe = async move {
+        let tcp = tokio::net::TcpStream::connect((host.as_str(), port))
+            .await
+            .ok()?;
+        let mut stream = match connector.connect(server_name, tcp).await {
+            Ok(stream) => stream,
+            Err(e) => return tls_failure_for(&e, Some(sent)),
+        };
+        if let Some(bytes) = first_write
+            && let Err(e) = stream.write_all(bytes).await
+        {
+            return tls_failure_for(&e, Some(sent));
+        }
+        let mut byte = [0u8; 1];
+        match stream.read(&mut byte).await {
+            Err(e) => tls_failure_for(&e, Some(sent)),
+            Ok(_) => None,
+        }
+    };
+    tokio::time::timeout(bound, probe).await.ok().flatten()
+}
+
 /// Whether `error` is a failed TLS handshake (as rustls, which every backend uses,
 /// reports it), and if so what to check, followed by the library's own words. `None` for
 /// any other error.
