@@ -70,12 +70,12 @@ impl fmt::Debug for ZkBackend {
 
 /// The server's shortest session (its `minSessionTimeout`): what it grants when asked for
 /// less. The client gives up connecting after the requested timeout, so a short request
-/// that times out (a slow link) is made again longer; where the server grants exactly what
-/// was asked, its minimum is at most that, and that is the answer (never below the
-/// server's minimum).
+/// that times out (a slow link, a TLS handshake) is made again, twice as long; where the
+/// server grants exactly what was asked, its minimum is at most that, and that is the
+/// answer (never below the server's minimum).
 async fn shortest_session(sessions: &Sessions) -> Result<Duration> {
     let mut last = None;
-    for ask in [50, 500, 4_000].map(Duration::from_millis) {
+    for ask in [50, 100, 200, 400, 800, 1_600, 4_000].map(Duration::from_millis) {
         match sessions.connect(ask).await {
             Ok(probe) => return Ok(probe.session_timeout()),
             Err(e @ Error::Timeout { .. }) => last = Some(e),
@@ -168,6 +168,22 @@ impl ZkBackend {
 
     fn timeout(&self) -> Duration {
         self.inner.sessions.config.request_timeout
+    }
+
+    /// Opens the session for leases of `ttl` now, so that the first acquire with that TTL
+    /// does not pay for it. An acquire with a TTL no lease has used yet opens a session
+    /// (a TCP connection, the TLS handshake where configured, the session handshake):
+    /// under load that can take longer than a short per-call timeout, so an application
+    /// whose TTLs are known calls this at start. Idempotent.
+    ///
+    /// Errors: as [`ZkBackend::connect_with`]; [`lease_core::InvalidInput::TooLarge`] for a
+    /// TTL above the server's `maxSessionTimeout`.
+    ///
+    /// Cancel safety: cancel-safe; a dropped call leaves no session behind (the next
+    /// acquire opens it).
+    pub async fn prepare(&self, ttl: Duration) -> Result<()> {
+        let ttl = self.capabilities().effective_ttl(ttl);
+        self.inner.sessions.session(ttl).await.map(|_| ())
     }
 
     /// How many requests renewals have sent (one `multiRead` per session and 1,000

@@ -133,6 +133,13 @@ impl ZkConfig {
                 "zookeeper min_ttl must be above zero".into(),
             ));
         }
+        if self.tls.as_ref().is_some_and(|t| t.ca.is_none()) {
+            return Err(InvalidInput::Other(
+                "zookeeper TLS needs a CA file (tls_ca): the servers' certificates are \
+                 checked against it"
+                    .into(),
+            ));
+        }
         if self.password.is_some() && self.user.is_none() {
             return Err(InvalidInput::Other(
                 "a zookeeper password needs a user".into(),
