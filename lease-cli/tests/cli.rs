@@ -1579,3 +1579,38 @@ async fn cron_expression_errors_are_usage_errors() {
     assert_eq!(code, 64, "{err}");
     assert!(err.contains("unknown time zone \"Mars/Olympus\""), "{err}");
 }
+
+/// A ZooKeeper server for one test, its nodes under a prefix of the test's own.
+struct Zk {
+    server: lease_test_servers::ZooKeeperServer,
+    prefix: String,
+}
+
+impl Zk {
+    async fn start(local: bool) -> Zk {
+        let server = if local {
+            lease_test_servers::ZooKeeperServer::start_local().await
+        } else {
+            lease_test_servers::ZooKeeperServer::start().await
+        }
+        .unwrap_or_else(|e| panic!("{e}"));
+        Zk {
+            server,
+            prefix: format!("cli-{}", uuid::Uuid::new_v4().simple()),
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("zk://{}/{}", self.server.address(), self.prefix)
+    }
+
+    fn owns_process(&self) -> bool {
+        self.server.source() == lease_test_servers::Source::LocalProcess
+    }
+
+    async fn stop(&mut self) -> Result<(), lease_test_servers::HarnessError> {
+        self.server.kill()
+    }
+}
+
+store_tests!(zookeeper_store, Zk::start(false), Zk::start(true));
