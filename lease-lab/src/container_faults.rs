@@ -50,11 +50,12 @@ pub const ROWS: [(&str, &str); 8] = [
 ];
 
 /// The stores the rows run on.
-pub const KINDS: [StoreKind; 4] = [
+pub const KINDS: [StoreKind; 5] = [
     StoreKind::Redis,
     StoreKind::Postgres,
     StoreKind::Etcd,
     StoreKind::Mysql,
+    StoreKind::ZooKeeper,
 ];
 
 /// A private network and one store of `kind` on it.

@@ -163,7 +163,8 @@ per_store!(
     redis => StoreKind::Redis,
     postgres => StoreKind::Postgres,
     etcd => StoreKind::Etcd,
-    mysql => StoreKind::Mysql
+    mysql => StoreKind::Mysql,
+    zookeeper => StoreKind::ZooKeeper
 );
 
 #[test]

@@ -451,6 +451,9 @@ pub enum StoreKind {
     /// MariaDB 10.11, `root` without a password, database `lease`, default durability
     /// (`innodb_flush_log_at_trx_commit=1`).
     Mysql,
+    /// ZooKeeper 3.8 standalone, the harness's settings (tick 200 ms, sessions up to
+    /// 600 s, TTL nodes reaped every 100 ms).
+    ZooKeeper,
 }
 
 impl StoreKind {
@@ -460,6 +463,7 @@ impl StoreKind {
             StoreKind::Postgres => 5432,
             StoreKind::Etcd => 2379,
             StoreKind::Mysql => 3306,
+            StoreKind::ZooKeeper => 2181,
         }
     }
 
@@ -469,6 +473,7 @@ impl StoreKind {
             StoreKind::Postgres => &POSTGRES_IMAGES,
             StoreKind::Etcd => &ETCD_IMAGES,
             StoreKind::Mysql => &MARIADB_IMAGES,
+            StoreKind::ZooKeeper => &super::engine::ZOOKEEPER_IMAGES,
         }
     }
 
@@ -479,6 +484,7 @@ impl StoreKind {
             StoreKind::Postgres => format!("postgres://postgres@{addr}/postgres?sslmode=disable"),
             StoreKind::Etcd => format!("etcd://{addr}"),
             StoreKind::Mysql => format!("mysql://root@{addr}/lease"),
+            StoreKind::ZooKeeper => format!("zk://{addr}/lease"),
         }
     }
 }
@@ -490,6 +496,7 @@ impl fmt::Display for StoreKind {
             StoreKind::Postgres => "postgres",
             StoreKind::Etcd => "etcd",
             StoreKind::Mysql => "mysql",
+            StoreKind::ZooKeeper => "zookeeper",
         })
     }
 }
@@ -523,6 +530,9 @@ impl DockerStore {
             ]),
             StoreKind::Postgres => strings(&["-c", "max_connections=300"]),
             StoreKind::Mysql => super::mariadb::container_flags(false),
+            // The project's image writes its own configuration; the official one reads
+            // the environment (see `create`).
+            StoreKind::ZooKeeper => Vec::new(),
         };
         Self::run(kind, network, ip, cmd).await
     }
@@ -579,6 +589,10 @@ impl DockerStore {
                     vec![("POSTGRES_HOST_AUTH_METHOD".into(), "trust".into())]
                 }
                 StoreKind::Mysql => super::mariadb::CONTAINER_ENV
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+                StoreKind::ZooKeeper => super::zookeeper::CONTAINER_ENV
                     .iter()
                     .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                     .collect(),
@@ -756,6 +770,7 @@ fn answers(kind: StoreKind, port: u16) -> bool {
         StoreKind::Postgres => super::postgres::run_sql(port, "postgres", "SELECT 1").is_ok(),
         StoreKind::Redis => redis_ping(port),
         StoreKind::Mysql => super::mariadb::answers(port),
+        StoreKind::ZooKeeper => super::zookeeper::serving(port),
     }
 }
 

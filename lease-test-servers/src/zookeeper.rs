@@ -48,6 +48,20 @@ struct Local {
     dir: tempfile::TempDir,
 }
 
+/// The environment of a container, for the official image (the project's writes its own
+/// zoo.cfg with the same settings).
+pub(crate) const CONTAINER_ENV: [(&str, &str); 6] = [
+    ("ZOO_TICK_TIME", "200"),
+    ("ZOO_4LW_COMMANDS_WHITELIST", "ruok,srvr,stat"),
+    ("ZOO_ADMINSERVER_ENABLED", "false"),
+    (
+        "ZOO_CFG_EXTRA",
+        "maxSessionTimeout=600000 extendedTypesEnabled=true",
+    ),
+    ("JVMFLAGS", "-Xmx256m -Dznode.container.checkIntervalMs=100"),
+    ("ZOO_DATA_DIR", "/zookeeper-data"),
+];
+
 /// The `java` binary: `$JAVA_HOME/bin/java`, or `java` on the path.
 fn java() -> Option<PathBuf> {
     if let Some(home) = super::env_nonempty("JAVA_HOME") {
@@ -61,7 +75,7 @@ fn java() -> Option<PathBuf> {
 
 /// Whether the server serves requests: `srvr` says its mode (`ruok` answers `imok` before
 /// the server is ready to serve).
-fn serving(port: u16) -> bool {
+pub(crate) fn serving(port: u16) -> bool {
     four_letter(port, "srvr").is_some_and(|a| a.contains("Mode:"))
 }
 
@@ -89,21 +103,10 @@ impl ZooKeeperServer {
             port: 2181,
             // Logged once the client port is bound and the server runs.
             ready: vec![("Using checkIntervalMs=", false)],
-            // For the official image (the project's writes its own zoo.cfg).
-            env: vec![
-                ("ZOO_TICK_TIME", "200".to_owned()),
-                ("ZOO_4LW_COMMANDS_WHITELIST", "ruok,srvr,stat".to_owned()),
-                ("ZOO_ADMINSERVER_ENABLED", "false".to_owned()),
-                (
-                    "ZOO_CFG_EXTRA",
-                    "maxSessionTimeout=600000 extendedTypesEnabled=true".to_owned(),
-                ),
-                (
-                    "JVMFLAGS",
-                    "-Xmx256m -Dznode.container.checkIntervalMs=100".to_owned(),
-                ),
-                ("ZOO_DATA_DIR", "/zookeeper-data".to_owned()),
-            ],
+            env: CONTAINER_ENV
+                .iter()
+                .map(|(k, v)| (*k, (*v).to_owned()))
+                .collect(),
             cmd: Vec::new(),
             tmpfs: Some("/zookeeper-data"),
         };

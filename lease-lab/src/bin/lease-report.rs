@@ -116,6 +116,7 @@ async fn container_columns(m: &Matrix) -> Vec<Column> {
                 StoreKind::Postgres => "PostgreSQL",
                 StoreKind::Etcd => "etcd",
                 StoreKind::Mysql => "MySQL",
+                StoreKind::ZooKeeper => "ZooKeeper",
             },
             ..Column::default()
         };
