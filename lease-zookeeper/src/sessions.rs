@@ -11,7 +11,7 @@
 //! server expires the session within its timeout, which is at least the TTL.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::{Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
 use lease_core::{Error, InvalidInput, OwnerToken, Result};
@@ -197,7 +197,7 @@ fn with_tls(_: zk::Connector, _: &lease_core::TlsFiles) -> Result<zk::Connector>
 pub(crate) struct Sessions {
     pub(crate) connect: String,
     pub(crate) config: crate::ZkConfig,
-    map: tokio::sync::Mutex<HashMap<u64, zk::Client>>,
+    map: Arc<tokio::sync::Mutex<HashMap<u64, zk::Client>>>,
     pub(crate) records: Mutex<Records>,
 }
 
@@ -206,7 +206,7 @@ impl Sessions {
         Sessions {
             connect,
             config,
-            map: tokio::sync::Mutex::new(HashMap::new()),
+            map: Arc::new(tokio::sync::Mutex::new(HashMap::new())),
             records: Mutex::new(Records::default()),
         }
     }
@@ -305,9 +305,9 @@ impl Sessions {
     /// Errors: [`InvalidInput::TooLarge`] when the server grants a shorter session than
     /// `ttl` (its `maxSessionTimeout`, 20 ticks by default): a lease on it could vanish
     /// before its holder's deadline.
-    pub(crate) async fn session(&self, ttl: Duration) -> Result<(u64, zk::Client)> {
+    pub(crate) async fn session(self: &Arc<Self>, ttl: Duration) -> Result<(u64, zk::Client)> {
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
-        let mut map = self.map.lock().await;
+        let mut map = self.map.clone().lock_owned().await;
         if let Some(c) = map.get(&ttl_ms) {
             match c.state() {
                 zk::SessionState::Expired
@@ -320,15 +320,29 @@ impl Sessions {
                 _ => return check_granted(ttl, ttl_ms, c.clone()),
             }
         }
-        let client = self.connect(Duration::from_millis(ttl_ms)).await?;
-        tracing::debug!(
-            ttl_ms,
-            session = %client.session_id(),
-            granted_ms = client.session_timeout().as_millis() as u64,
-            "zookeeper session for the ttl"
-        );
-        map.insert(ttl_ms, client.clone());
-        check_granted(ttl, ttl_ms, client)
+        // Opened by a task of its own that keeps the map locked until the session is in
+        // it: a caller that gives up (its call timeout) leaves the opening to finish, and
+        // the next acquire with this TTL finds the session ready.
+        let this = self.clone();
+        let opened = io_runtime()?
+            .spawn(async move {
+                let client = this.connect(Duration::from_millis(ttl_ms)).await?;
+                tracing::debug!(
+                    ttl_ms,
+                    session = %client.session_id(),
+                    granted_ms = client.session_timeout().as_millis() as u64,
+                    "zookeeper session for the ttl"
+                );
+                map.insert(ttl_ms, client.clone());
+                Ok::<_, Error>(client)
+            })
+            .await
+            .map_err(|e| Error::Backend {
+                backend: crate::error::BACKEND,
+                retryable: true,
+                source: format!("the task opening a zookeeper session failed: {e}").into(),
+            })??;
+        check_granted(ttl, ttl_ms, opened)
     }
 
     /// A session of about `timeout` for what is not bound to a lease (reads, watches,

@@ -171,3 +171,42 @@ async fn digest_credentials_keep_other_users_out() {
     }
     assert!(a.inspect(&name("private")).await.unwrap().is_some());
 }
+
+/// The first acquire with a TTL opens that TTL's session; when the caller gives up on it
+/// (its call timeout), the opening still finishes and the session is kept. Every chunk
+/// between client and server is delayed 100 ms (a proxy), so opening a session takes
+/// several hundred ms, and every call below is cut after 20 ms: had each cut opening been
+/// thrown away, no call could ever find a session ready.
+#[tokio::test]
+async fn a_session_whose_opening_the_caller_gave_up_on_is_kept() {
+    use lease_test_servers::proxy::{FaultProxy, ProxyFault};
+    let servers = ZooKeeperServer::shared().await.unwrap();
+    let proxy = FaultProxy::start(servers.parse().unwrap()).await.unwrap();
+    let b = ZkBackend::connect_with(&proxy.addr().to_string(), config())
+        .await
+        .unwrap();
+    proxy.set(ProxyFault::Delay(Duration::from_millis(100)));
+    let ttl = Duration::from_millis(1700);
+    let cut = Duration::from_millis(20);
+    let first = tokio::time::timeout(cut, b.acquire(&name("cut-short"), &owner("a"), ttl)).await;
+    assert!(
+        first.is_err(),
+        "the first acquire with a new TTL answered within {cut:?}"
+    );
+    let start = Instant::now();
+    loop {
+        if let Ok(done) = tokio::time::timeout(cut, b.prepare(ttl)).await {
+            done.unwrap();
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no call found the session ready: the cut openings were not kept"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "the session was ready {:?} after the first acquire was cut",
+        start.elapsed()
+    );
+}
