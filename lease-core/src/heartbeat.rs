@@ -176,9 +176,36 @@ impl HeartbeatHandle {
     }
 
     /// Stops renewing `id` without waiting (the guard has set its `released` flag and no
-    /// renewal of it is in flight).
+    /// renewal of it is in flight). A lease whose registration the heartbeat has not
+    /// taken yet (acquired and released between two of its passes) is taken out of the
+    /// queue instead: it costs the heartbeat nothing, and the queue does not grow with
+    /// the acquisitions of a renewal period.
     pub(crate) fn unregister_quiet(&self, id: u64) {
-        self.shared.push(Command::Unregister { id, ack: None });
+        let mut pending = self
+            .shared
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        // Searched from the end: a short lease's registration is usually the last entry.
+        let queued = pending
+            .iter()
+            .rposition(|c| matches!(c, Command::Register(reg) if reg.id == id));
+        match queued {
+            Some(i) => {
+                pending.remove(i);
+            }
+            None => pending.push(Command::Unregister { id, ack: None }),
+        }
+    }
+
+    /// How many commands wait for the heartbeat's next pass (for tests).
+    #[cfg(test)]
+    fn queued(&self) -> usize {
+        self.shared
+            .pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .len()
     }
 
     /// Sends a command that needs the heartbeat now; `false` if it is gone.
@@ -739,6 +766,51 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A lease acquired and released before the heartbeat's next pass leaves nothing in
+    /// its queue (before: a registration and an unregistration per lease, each holding
+    /// the guard's state until the next pass).
+    #[tokio::test(start_paused = true)]
+    async fn short_leases_leave_nothing_queued() {
+        let backend: Arc<dyn LeaseBackend> = Arc::new(crate::memory::MemoryBackend::new());
+        let label = HolderLabel::new("t").expect("label");
+        let hb = spawn(backend, "memory", label.clone(), 100, Instant::now()).expect("spawn");
+        let opts = LeaseOptions::new(Duration::from_secs(30)).expect("options");
+        // One long lease: the heartbeat's next pass is a renewal period away.
+        let reg = |id: u64| {
+            let name = LeaseName::new(format!("n{id}")).expect("name");
+            let token = OwnerToken::random();
+            Registration {
+                id,
+                name: name.clone(),
+                token,
+                opts: opts.clone(),
+                sent_at: Instant::now(),
+                first_deadline: Instant::now() + Duration::from_secs(27),
+                shared: Arc::new(GuardShared::new(
+                    "memory",
+                    name,
+                    token,
+                    crate::types::FencingToken(id),
+                    label.clone(),
+                    Instant::now(),
+                )),
+            }
+        };
+        assert!(hb.register(reg(0)));
+        tokio::task::yield_now().await;
+        for id in 1..=1000 {
+            assert!(hb.register(reg(id)));
+            hb.unregister_quiet(id);
+        }
+        assert_eq!(hb.queued(), 0);
+        // A lease the heartbeat has taken is unregistered through the queue.
+        assert!(hb.register(reg(2000)));
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        hb.unregister_quiet(2000);
+        assert!(hb.queued() <= 2);
     }
 
     #[test]
