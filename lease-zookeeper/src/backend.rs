@@ -68,26 +68,6 @@ impl fmt::Debug for ZkBackend {
     }
 }
 
-/// The server's shortest session (its `minSessionTimeout`): what it grants when asked for
-/// less. The client gives up connecting after the requested timeout, so a short request
-/// that times out (a slow link, a TLS handshake) is made again, twice as long; where the
-/// server grants exactly what was asked, its minimum is at most that, and that is the
-/// answer (never below the server's minimum).
-async fn shortest_session(sessions: &Sessions) -> Result<Duration> {
-    let mut last = None;
-    for ask in [50, 100, 200, 400, 800, 1_600, 4_000].map(Duration::from_millis) {
-        match sessions.connect(ask).await {
-            Ok(probe) => return Ok(probe.session_timeout()),
-            Err(e @ Error::Timeout { .. }) => last = Some(e),
-            Err(e) => return Err(e),
-        }
-    }
-    Err(last.unwrap_or(Error::Timeout {
-        operation: "connect",
-        after: sessions.config.connect_timeout,
-    }))
-}
-
 /// What an acquire found when the holder node existed.
 struct Found {
     name: Option<(NameData, zk::Stat)>,
@@ -132,7 +112,7 @@ impl ZkBackend {
             zk::Acls::anyone_all()
         };
         let sessions = Arc::new(Sessions::new(servers.to_owned(), config));
-        let server_min = shortest_session(&sessions).await?;
+        let server_min = sessions.shortest_session().await?;
         let min_ttl = sessions
             .config
             .min_ttl

@@ -193,11 +193,19 @@ fn with_tls(_: zk::Connector, _: &lease_core::TlsFiles) -> Result<zk::Connector>
     ))
 }
 
+/// The slot of the session that serves no lease TTL (reads, watches, forced releases).
+const MAIN_SLOT: u64 = u64::MAX;
+
 /// The sessions, by TTL in ms.
 pub(crate) struct Sessions {
     pub(crate) connect: String,
     pub(crate) config: crate::ZkConfig,
-    map: Arc<tokio::sync::Mutex<HashMap<u64, zk::Client>>>,
+    /// The open sessions, by slot (TTL in ms, or [`MAIN_SLOT`]). Locked only briefly,
+    /// never across a request: renewals of one TTL never wait for another's opening.
+    map: Mutex<HashMap<u64, zk::Client>>,
+    /// One gate per slot, held while that slot's session is being opened, so that
+    /// concurrent first acquires with one TTL open one session.
+    gates: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
     pub(crate) records: Mutex<Records>,
 }
 
@@ -206,7 +214,8 @@ impl Sessions {
         Sessions {
             connect,
             config,
-            map: Arc::new(tokio::sync::Mutex::new(HashMap::new())),
+            map: Mutex::new(HashMap::new()),
+            gates: Mutex::new(HashMap::new()),
             records: Mutex::new(Records::default()),
         }
     }
@@ -216,7 +225,38 @@ impl Sessions {
     }
 
     /// A new session with timeout `timeout`, authenticated where the config has a user.
+    /// The client library gives up an attempt after the session timeout it asks for (600
+    /// ms for a 600 ms TTL), which a TLS handshake on a loaded machine has exceeded: such
+    /// an attempt is made again until the connect timeout has passed.
     pub(crate) async fn connect(&self, timeout: Duration) -> Result<zk::Client> {
+        let limit = self.config.connect_timeout;
+        let start = Instant::now();
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            let left = limit.saturating_sub(start.elapsed());
+            match self.attempt(timeout, left).await {
+                Ok(Ok(client)) => return Ok(client),
+                Ok(Err(zk::Error::Timeout)) if start.elapsed() + timeout < limit => {
+                    tracing::debug!(
+                        attempts,
+                        session_timeout_ms = timeout.as_millis() as u64,
+                        "no zookeeper session within the session timeout; trying again"
+                    );
+                }
+                Ok(Err(e)) => return Err(self.explain_tls(convert("connect", limit, e)).await),
+                Err(e) => return Err(self.explain_tls(e).await),
+            }
+        }
+    }
+
+    /// One attempt at a session with timeout `timeout` (what the client library reports,
+    /// its own `Timeout` included), bounded by `limit`.
+    async fn attempt(
+        &self,
+        timeout: Duration,
+        limit: Duration,
+    ) -> Result<std::result::Result<zk::Client, zk::Error>> {
         let c = &self.config;
         let mut connector = zk::Client::connector()
             .with_session_timeout(timeout)
@@ -230,10 +270,9 @@ impl Sessions {
             connector = with_tls(connector, files)?;
         }
         let servers = self.connect.clone();
-        let limit = c.connect_timeout;
         // On the backend's I/O runtime: the session's task lives there, not on the
         // caller's runtime (which may end while the backend is still used).
-        let connected = io_runtime()?
+        io_runtime()?
             .spawn(async move {
                 tokio::time::timeout(limit, async move {
                     #[cfg(feature = "_tls")]
@@ -253,13 +292,45 @@ impl Sessions {
             })?
             .map_err(|_| Error::Timeout {
                 operation: "connect",
-                after: limit,
-            });
-        match connected {
-            Ok(Ok(client)) => Ok(client),
-            Ok(Err(e)) => Err(self.explain_tls(convert("connect", limit, e)).await),
-            Err(e) => Err(self.explain_tls(e).await),
+                after: self.config.connect_timeout,
+            })
+    }
+
+    /// The server's shortest session (its `minSessionTimeout`): what it grants when asked
+    /// for less. An attempt that asks for a short timeout gives up after it, so one that
+    /// times out (a slow link, a TLS handshake) is made again, twice as long; where the
+    /// server grants exactly what was asked, its minimum is at most that, and that is the
+    /// answer (never below the server's minimum). A TLS handshake the server refuses is
+    /// told at the first attempt that times out.
+    pub(crate) async fn shortest_session(&self) -> Result<Duration> {
+        let mut explained = false;
+        for ask in [50, 100, 200, 400, 800, 1_600, 4_000].map(Duration::from_millis) {
+            match self.attempt(ask, self.config.connect_timeout).await? {
+                Ok(probe) => return Ok(probe.session_timeout()),
+                Err(zk::Error::Timeout) => {
+                    if self.config.tls.is_some() && !explained {
+                        explained = true;
+                        let e = self
+                            .explain_tls(Error::Timeout {
+                                operation: "connect",
+                                after: ask,
+                            })
+                            .await;
+                        if matches!(e, Error::Tls { .. }) {
+                            return Err(e);
+                        }
+                    }
+                }
+                Err(e) => {
+                    let limit = self.config.connect_timeout;
+                    return Err(self.explain_tls(convert("connect", limit, e)).await);
+                }
+            }
         }
+        Err(Error::Timeout {
+            operation: "connect",
+            after: Duration::from_millis(4_000),
+        })
     }
 
     /// `error`, or the TLS failure behind it: the client library retries a refused
@@ -300,40 +371,59 @@ impl Sessions {
         error
     }
 
-    /// The session for leases of `ttl`, made if there is none or the last one ended.
-    ///
-    /// Errors: [`InvalidInput::TooLarge`] when the server grants a shorter session than
-    /// `ttl` (its `maxSessionTimeout`, 20 ticks by default): a lease on it could vanish
-    /// before its holder's deadline.
-    pub(crate) async fn session(self: &Arc<Self>, ttl: Duration) -> Result<(u64, zk::Client)> {
-        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
-        let mut map = self.map.clone().lock_owned().await;
-        if let Some(c) = map.get(&ttl_ms) {
-            match c.state() {
-                zk::SessionState::Expired
-                | zk::SessionState::Closed
-                | zk::SessionState::AuthFailed => {
-                    let id = c.session_id().0;
-                    map.remove(&ttl_ms);
-                    self.records().forget_session(id);
-                }
-                _ => return check_granted(ttl, ttl_ms, c.clone()),
-            }
+    fn map(&self) -> MutexGuard<'_, HashMap<u64, zk::Client>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The open session of `slot`; one that ended is taken out (and, for a lease TTL,
+    /// its leases forgotten: the server deleted their nodes).
+    fn current(&self, slot: u64) -> Option<zk::Client> {
+        let mut map = self.map();
+        let c = map.get(&slot)?;
+        if matches!(
+            c.state(),
+            zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed
+        ) {
+            let id = c.session_id().0;
+            map.remove(&slot);
+            drop(map);
+            self.records().forget_session(id);
+            return None;
         }
-        // Opened by a task of its own that keeps the map locked until the session is in
-        // it: a caller that gives up (its call timeout) leaves the opening to finish, and
-        // the next acquire with this TTL finds the session ready.
+        Some(c.clone())
+    }
+
+    /// The session of `slot`, opened with `timeout` if there is none. The opening runs in
+    /// a task of its own holding the slot's gate until the session is in the map: a
+    /// caller that gives up (its call timeout) leaves it to finish, and the next call
+    /// finds the session ready.
+    async fn open(self: &Arc<Self>, slot: u64, timeout: Duration) -> Result<zk::Client> {
+        if let Some(c) = self.current(slot) {
+            return Ok(c);
+        }
+        let gate = self
+            .gates
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(slot)
+            .or_default()
+            .clone();
+        let guard = gate.lock_owned().await;
+        if let Some(c) = self.current(slot) {
+            return Ok(c); // opened while this call waited at the gate
+        }
         let this = self.clone();
-        let opened = io_runtime()?
+        io_runtime()?
             .spawn(async move {
-                let client = this.connect(Duration::from_millis(ttl_ms)).await?;
+                let _opening = guard;
+                let client = this.connect(timeout).await?;
                 tracing::debug!(
-                    ttl_ms,
+                    slot,
                     session = %client.session_id(),
                     granted_ms = client.session_timeout().as_millis() as u64,
-                    "zookeeper session for the ttl"
+                    "zookeeper session opened"
                 );
-                map.insert(ttl_ms, client.clone());
+                this.map().insert(slot, client.clone());
                 Ok::<_, Error>(client)
             })
             .await
@@ -341,42 +431,45 @@ impl Sessions {
                 backend: crate::error::BACKEND,
                 retryable: true,
                 source: format!("the task opening a zookeeper session failed: {e}").into(),
-            })??;
-        check_granted(ttl, ttl_ms, opened)
+            })?
+    }
+
+    /// The session for leases of `ttl`, made if there is none or the last one ended.
+    ///
+    /// Errors: [`InvalidInput::TooLarge`] when the server grants a shorter session than
+    /// `ttl` (its `maxSessionTimeout`, 20 ticks by default): a lease on it could vanish
+    /// before its holder's deadline.
+    pub(crate) async fn session(self: &Arc<Self>, ttl: Duration) -> Result<(u64, zk::Client)> {
+        let ttl_ms = u64::try_from(ttl.as_millis())
+            .unwrap_or(u64::MAX)
+            .clamp(1, MAIN_SLOT - 1);
+        let client = self.open(ttl_ms, Duration::from_millis(ttl_ms)).await?;
+        check_granted(ttl, ttl_ms, client)
     }
 
     /// A session of about `timeout` for what is not bound to a lease (reads, watches,
     /// forced releases, the clock), made again if the last one ended; not checked
     /// against what the server grants.
-    pub(crate) async fn any(&self, timeout: Duration) -> Result<zk::Client> {
-        let key = u64::MAX; // no lease TTL uses this slot
-        let mut map = self.map.lock().await;
-        if let Some(c) = map.get(&key)
-            && !matches!(
-                c.state(),
-                zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed
-            )
-        {
-            return Ok(c.clone());
-        }
-        let client = self.connect(timeout).await?;
-        map.insert(key, client.clone());
-        Ok(client)
+    pub(crate) async fn any(self: &Arc<Self>, timeout: Duration) -> Result<zk::Client> {
+        self.open(MAIN_SLOT, timeout).await
     }
 
     /// The current session for `ttl_ms` if it is still `id`.
     pub(crate) async fn existing(&self, ttl_ms: u64, id: i64) -> Option<zk::Client> {
-        let map = self.map.lock().await;
-        map.get(&ttl_ms).filter(|c| c.session_id().0 == id).cloned()
+        self.map()
+            .get(&ttl_ms)
+            .filter(|c| c.session_id().0 == id)
+            .cloned()
     }
 
     /// Drops the session `id` (it expired).
     pub(crate) async fn expired(&self, ttl_ms: u64, id: i64) {
-        let mut map = self.map.lock().await;
-        if map.get(&ttl_ms).is_some_and(|c| c.session_id().0 == id) {
-            map.remove(&ttl_ms);
+        {
+            let mut map = self.map();
+            if map.get(&ttl_ms).is_some_and(|c| c.session_id().0 == id) {
+                map.remove(&ttl_ms);
+            }
         }
-        drop(map);
         self.records().forget_session(id);
         tracing::warn!(ttl_ms, session = %zk::SessionId(id), "zookeeper session expired: its leases are lost");
     }
@@ -451,5 +544,46 @@ async fn delete_unrenewed(
         }
         Err(zk::MultiWriteError::OperationFailed { .. }) => Ok(()),
         Err(zk::MultiWriteError::RequestFailed { source }) => Err(convert("release", t, source)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+    use super::*;
+
+    /// A session being opened (to a server that takes the connection and never answers)
+    /// holds up nothing else: the lookups of renewals and expiries of other sessions answer
+    /// at once (they waited for the whole opening before, up to the connect timeout).
+    #[tokio::test]
+    async fn a_slow_opening_holds_up_no_other_session() {
+        // The kernel completes connections to a listener that never accepts them.
+        let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let config = crate::ZkConfig::default().with_connect_timeout(Duration::from_secs(5));
+        let sessions = Arc::new(Sessions::new(
+            silent.local_addr().unwrap().to_string(),
+            config,
+        ));
+        let opening = tokio::spawn({
+            let s = sessions.clone();
+            async move { s.session(Duration::from_secs(4)).await.map(|_| ()) }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !opening.is_finished(),
+            "the opening ended: {:?}",
+            opening.await
+        );
+        let start = Instant::now();
+        assert!(sessions.existing(5_000, 1).await.is_none());
+        sessions.expired(5_000, 1).await;
+        assert!(sessions.current(5_000).is_none());
+        let took = start.elapsed();
+        assert!(
+            took < Duration::from_millis(50),
+            "waited {took:?} for another slot's opening"
+        );
+        opening.abort();
     }
 }
