@@ -302,6 +302,16 @@ impl ZkBackend {
         let path = self.inner.layout.name_node(name);
         let key = Self::record_key(&path, &owner.token);
         let data = encode_name(HELD, &owner.token, owner.label.as_str());
+        // The record of this acquisition: taken (`version` known) or maybe taken.
+        let held = |version: Option<i32>, fencing: u64, sent: Instant| Record {
+            ttl_ms,
+            session,
+            version,
+            fencing,
+            label: owner.label.as_str().to_owned(),
+            acquired_at: Instant::now(),
+            deadline: sent + ttl,
+        };
         let mut replace = None;
         for _attempt in 0..4 {
             let sent = Instant::now();
@@ -324,18 +334,10 @@ impl ZkBackend {
                 Ok(Ok(stat)) => {
                     let fencing = u64::try_from(stat.mzxid)
                         .map_err(|_| unexpected("acquire", format!("zxid {}", stat.mzxid)))?;
-                    self.inner.sessions.records().put(
-                        key.clone(),
-                        Record {
-                            ttl_ms,
-                            session,
-                            version: Some(stat.version),
-                            fencing,
-                            label: owner.label.as_str().to_owned(),
-                            acquired_at: Instant::now(),
-                            deadline: sent + ttl,
-                        },
-                    );
+                    self.inner
+                        .sessions
+                        .records()
+                        .put(key.clone(), held(Some(stat.version), fencing, sent));
                     return Ok(AcquireOutcome::Acquired {
                         fencing: FencingToken(fencing),
                         ttl,
@@ -388,18 +390,10 @@ impl ZkBackend {
                             ));
                         }
                         let fencing = u64::try_from(hstat.czxid).unwrap_or(0);
-                        self.inner.sessions.records().put(
-                            key.clone(),
-                            Record {
-                                ttl_ms,
-                                session,
-                                version: Some(nstat.version),
-                                fencing,
-                                label: owner.label.as_str().to_owned(),
-                                acquired_at: Instant::now(),
-                                deadline: sent + ttl,
-                            },
-                        );
+                        self.inner
+                            .sessions
+                            .records()
+                            .put(key.clone(), held(Some(nstat.version), fencing, sent));
                         return Ok(AcquireOutcome::Acquired {
                             fencing: FencingToken(fencing),
                             ttl,
