@@ -50,10 +50,18 @@ base() {
   printf 'root:x:0:\npostgres:x:999:\n' >"$root/etc/group"
 }
 
+# wanted IMAGE [REVISION]: whether IMAGE is to be built: it does not exist, --force was
+# given, or it was built by an earlier revision of this script than REVISION (the image's
+# label lease.test.revision; an image whose entrypoint changed is built again).
 wanted() {
   if [ "$force" = 0 ] && docker image inspect "$1" >/dev/null 2>&1; then
-    echo "build-test-images: $1 exists"
-    return 1
+    local have
+    have=$(docker image inspect --format '{{index .Config.Labels "lease.test.revision"}}' "$1" 2>/dev/null || true)
+    if [ -z "${2:-}" ] || [ "$have" = "$2" ]; then
+      echo "build-test-images: $1 exists"
+      return 1
+    fi
+    echo "build-test-images: $1 exists from an earlier revision (${have:-none}, now $2): building again"
   fi
   return 0
 }
@@ -166,7 +174,9 @@ EOF2
   fi
 fi
 
-if wanted lease-test/zookeeper:3.8; then
+# Revision 2: the entrypoint starts an ensemble member (ZOO_MY_ID, ZOO_SERVERS).
+zookeeper_revision=2
+if wanted lease-test/zookeeper:3.8 "$zookeeper_revision"; then
   if [ ! -f /usr/share/java/zookeeper.jar ] || ! command -v java >/dev/null 2>&1; then
     echo "build-test-images: no ZooKeeper or no java (apt-get install zookeeper); lease-test/zookeeper:3.8 not built"
   else
@@ -202,7 +212,10 @@ if wanted lease-test/zookeeper:3.8; then
     # zookeeper.jar names no SLF4J binding, so without slf4j-log4j12 and log4j 1.2 on the
     # class path the server logs nothing. Arguments go to the JVM (-Dname=value). Once the
     # server serves, the ContainerManager it starts last says "Using checkIntervalMs=100"
-    # on stdout.
+    # on stdout. With the official image's variables ZOO_MY_ID (this member's id) and
+    # ZOO_SERVERS ("server.1=ADDR:2888:3888;2181 server.2=..."), a member of an ensemble
+    # (initLimit and syncLimit from ZOO_INIT_LIMIT and ZOO_SYNC_LIMIT, default 50 and 10
+    # ticks, as the harness's local ensemble).
     cat >"$root/entrypoint.sh" <<EOF2
 #!/bin/sh
 set -e
@@ -210,16 +223,24 @@ set -e
 printf '%s\\n' tickTime=200 maxSessionTimeout=600000 dataDir=/zookeeper-data clientPort=2181 \\
   admin.enableServer=false extendedTypesEnabled=true 4lw.commands.whitelist=ruok,srvr,stat \\
   >/etc/zookeeper/conf/zoo.cfg
+main=org.apache.zookeeper.server.ZooKeeperServerMain
+if [ -n "\${ZOO_MY_ID:-}" ]; then
+  printf '%s\\n' "\$ZOO_MY_ID" >/zookeeper-data/myid
+  printf '%s\\n' "initLimit=\${ZOO_INIT_LIMIT:-50}" "syncLimit=\${ZOO_SYNC_LIMIT:-10}" \\
+    \$ZOO_SERVERS >>/etc/zookeeper/conf/zoo.cfg
+  main=org.apache.zookeeper.server.quorum.QuorumPeerMain
+fi
 exec $jhome/bin/java \\
   -cp /etc/zookeeper/conf:/usr/share/java/zookeeper.jar:/usr/share/java/slf4j-log4j12.jar:/usr/share/java/log4j-1.2.jar \\
   -Xmx256m -Dznode.container.checkIntervalMs=100 -Dzookeeper.log.dir=/var/log/zookeeper \\
   -Dzookeeper.root.logger=INFO,CONSOLE "\$@" \\
-  org.apache.zookeeper.server.ZooKeeperServerMain /etc/zookeeper/conf/zoo.cfg
+  "\$main" /etc/zookeeper/conf/zoo.cfg
 EOF2
     chmod 755 "$root/entrypoint.sh"
     tar -C "$root" -c . | docker import \
       -c 'ENTRYPOINT ["/entrypoint.sh"]' -c "ENV JAVA_HOME=$jhome" \
-      -c "ENV PATH=$jhome/bin:/usr/bin:/bin" -c 'EXPOSE 2181' - lease-test/zookeeper:3.8 >/dev/null
+      -c "ENV PATH=$jhome/bin:/usr/bin:/bin" -c 'EXPOSE 2181' \
+      -c "LABEL lease.test.revision=$zookeeper_revision" - lease-test/zookeeper:3.8 >/dev/null
     echo "build-test-images: built lease-test/zookeeper:3.8 (ZooKeeper $(dpkg-query -W -f='${Version}' zookeeper 2>/dev/null || echo '?'), $("$jhome/bin/java" -version 2>&1 | head -1))"
   fi
 fi

@@ -1,7 +1,8 @@
 //! The fault matrix at the container level: each store in a container on a private
 //! Docker network, paused (`docker pause`, a cgroup freeze), stopped and started, killed,
 //! disconnected from its network; holders in containers killed, paused and
-//! disconnected; and a 3-member etcd cluster in containers with its leader stopped.
+//! disconnected; and a 3-member etcd cluster and ZooKeeper ensemble in containers with
+//! their leader killed.
 //!
 //! Each case starts its own network and store, asserts what the library guarantees
 //! (through [`crate::matrix`]) and returns one line saying what it measured. The same
@@ -44,8 +45,8 @@ pub const ROWS: [(&str, &str); 8] = [
         "Store container disconnected from its network for 2x TTL (holders in containers), then reconnected",
     ),
     (
-        "c-etcd-member-stopped",
-        "3-member etcd cluster in containers, leader's container killed (`docker kill`)",
+        "c-leader-killed",
+        "3-member cluster (etcd) or ensemble (ZooKeeper) in containers, leader's container killed (`docker kill`)",
     ),
 ];
 
@@ -83,8 +84,8 @@ fn secs(d: Duration) -> String {
 /// Runs the case `key` on `kind` and returns its cell; panics where the case's
 /// assertions fail or the containers do not start.
 pub async fn run(key: &str, kind: StoreKind, m: &Matrix) -> String {
-    if key == "c-etcd-member-stopped" {
-        return etcd_member_stopped(m).await;
+    if key == "c-leader-killed" {
+        return leader_killed(kind, m).await;
     }
     let (net, store) = store(kind).await.unwrap_or_else(|e| panic!("{e}"));
     let c = store.container();
@@ -182,31 +183,43 @@ pub async fn run(key: &str, kind: StoreKind, m: &Matrix) -> String {
     }
 }
 
-/// A 3-member etcd cluster in containers: the leader's container is killed (no
-/// leadership hand-over: the others must elect a new leader) while a lease is taken and
-/// released; a new leader is elected among the other two, the lease is taken again and
-/// fencing keeps growing; then a holder is killed on the two remaining members and
-/// another takes over.
-pub async fn etcd_member_stopped(m: &Matrix) -> String {
+/// Whether `kind` runs the `c-leader-killed` row: the stores with a leader among
+/// members (etcd's cluster, ZooKeeper's ensemble).
+pub fn has_leader(kind: StoreKind) -> bool {
+    matches!(kind, StoreKind::Etcd | StoreKind::ZooKeeper)
+}
+
+/// A 3-member etcd cluster or ZooKeeper ensemble in containers: the leader's container
+/// is killed (no leadership hand-over: the others must elect a new leader) while a lease
+/// is taken and released; a new leader is elected among the other two, the lease is
+/// taken again and fencing keeps growing; then a holder is killed on the two remaining
+/// members and another takes over.
+pub async fn leader_killed(kind: StoreKind, m: &Matrix) -> String {
+    assert!(has_leader(kind), "{kind} has no leader among members");
     let net = Arc::new(
         DockerNetwork::create()
             .await
             .unwrap_or_else(|e| panic!("{e}")),
     );
-    let members = DockerStore::etcd_cluster(&net, 3)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let url = format!(
-        "etcd://{}",
-        members
-            .iter()
-            .map(|s| format!("127.0.0.1:{}", s.host_port()))
-            .collect::<Vec<_>>()
-            .join(",")
-    );
-    let leader = docker::etcd_leader(&members, Duration::from_secs(20))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let members = match kind {
+        StoreKind::ZooKeeper => DockerStore::zookeeper_ensemble(&net, 3).await,
+        _ => DockerStore::etcd_cluster(&net, 3).await,
+    }
+    .unwrap_or_else(|e| panic!("{e}"));
+    let hosts = members
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.host_port()))
+        .collect::<Vec<_>>()
+        .join(",");
+    let url = match kind {
+        StoreKind::ZooKeeper => format!("zk://{hosts}/lease"),
+        _ => format!("etcd://{hosts}"),
+    };
+    let leader_of = async |members: &[DockerStore]| match kind {
+        StoreKind::ZooKeeper => docker::zookeeper_leader(members, Duration::from_secs(20)).await,
+        _ => docker::etcd_leader(members, Duration::from_secs(20)).await,
+    };
+    let leader = leader_of(&members).await.unwrap_or_else(|e| panic!("{e}"));
     let victim = members
         .get(leader)
         .unwrap_or_else(|| panic!("no member {leader}"));
@@ -219,9 +232,7 @@ pub async fn etcd_member_stopped(m: &Matrix) -> String {
         "fencing did not grow across the leader's kill: {r:?}"
     );
     // The killed member answers nothing, so the leader found now is one of the others.
-    let new_leader = docker::etcd_leader(&members, Duration::from_secs(20))
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
+    let new_leader = leader_of(&members).await.unwrap_or_else(|e| panic!("{e}"));
     assert_ne!(new_leader, leader, "the killed member is still the leader");
     let (t, report) = matrix::holder_killed(m, &url).await;
     format!(

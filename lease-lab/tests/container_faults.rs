@@ -168,6 +168,11 @@ per_store!(
 );
 
 #[test]
-fn etcd_cluster_in_containers_leader_stopped() {
-    run_case("c-etcd-member-stopped", StoreKind::Etcd);
+fn etcd_cluster_in_containers_leader_killed() {
+    run_case("c-leader-killed", StoreKind::Etcd);
+}
+
+#[test]
+fn zookeeper_ensemble_in_containers_leader_killed() {
+    run_case("c-leader-killed", StoreKind::ZooKeeper);
 }

@@ -563,6 +563,45 @@ impl DockerStore {
         Ok(started)
     }
 
+    /// Starts a `size`-member ZooKeeper ensemble on `network` (the standalone server's
+    /// settings, tick 200 ms; initLimit 50 and syncLimit 10 ticks, as the local ensemble)
+    /// and waits until every member serves, one of them as leader. The image takes the
+    /// official image's `ZOO_MY_ID` and `ZOO_SERVERS` (the project's image from revision 2
+    /// of `scripts/build-test-images.sh`).
+    pub async fn zookeeper_ensemble(
+        network: &DockerNetwork,
+        size: usize,
+    ) -> Result<Vec<DockerStore>, HarnessError> {
+        let mut ips = Vec::with_capacity(size);
+        for _ in 0..size {
+            ips.push(network.allocate()?);
+        }
+        let servers: Vec<String> = ips
+            .iter()
+            .enumerate()
+            .map(|(i, ip)| format!("server.{}={ip}:2888:3888;2181", i + 1))
+            .collect();
+        let servers = servers.join(" ");
+        let mut started = Vec::with_capacity(size);
+        for (i, ip) in ips.iter().enumerate() {
+            let env = vec![
+                ("ZOO_MY_ID".to_owned(), (i + 1).to_string()),
+                ("ZOO_SERVERS".to_owned(), servers.clone()),
+                ("ZOO_INIT_LIMIT".to_owned(), "50".to_owned()),
+                ("ZOO_SYNC_LIMIT".to_owned(), "10".to_owned()),
+            ];
+            // Not waiting here: a member serves only once a quorum runs.
+            started.push(
+                Self::create_with(StoreKind::ZooKeeper, network, *ip, Vec::new(), env).await?,
+            );
+        }
+        for member in &started {
+            member.wait_ready().await?;
+        }
+        zookeeper_leader(&started, READY_BOUND).await?;
+        Ok(started)
+    }
+
     async fn run(
         kind: StoreKind,
         network: &DockerNetwork,
@@ -580,24 +619,37 @@ impl DockerStore {
         ip: Ipv4Addr,
         cmd: Vec<String>,
     ) -> Result<DockerStore, HarnessError> {
+        Self::create_with(kind, network, ip, cmd, Vec::new()).await
+    }
+
+    /// [`DockerStore::create`] with environment variables beyond the kind's own.
+    async fn create_with(
+        kind: StoreKind,
+        network: &DockerNetwork,
+        ip: Ipv4Addr,
+        cmd: Vec<String>,
+        extra_env: Vec<(String, String)>,
+    ) -> Result<DockerStore, HarnessError> {
         let image = image_for(kind.images()).await;
+        let mut env: Vec<(String, String)> = match kind {
+            StoreKind::Postgres => {
+                vec![("POSTGRES_HOST_AUTH_METHOD".into(), "trust".into())]
+            }
+            StoreKind::Mysql => super::mariadb::CONTAINER_ENV
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            StoreKind::ZooKeeper => super::zookeeper::CONTAINER_ENV
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            _ => Vec::new(),
+        };
+        env.extend(extra_env);
         let container = DockerContainer::run(RunSpec {
             image: image.clone(),
             cmd,
-            env: match kind {
-                StoreKind::Postgres => {
-                    vec![("POSTGRES_HOST_AUTH_METHOD".into(), "trust".into())]
-                }
-                StoreKind::Mysql => super::mariadb::CONTAINER_ENV
-                    .iter()
-                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                    .collect(),
-                StoreKind::ZooKeeper => super::zookeeper::CONTAINER_ENV
-                    .iter()
-                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-                    .collect(),
-                _ => Vec::new(),
-            },
+            env,
             publish: Some(kind.port()),
             networks: vec![Attach {
                 network: network.name().to_owned(),
@@ -719,6 +771,41 @@ pub async fn etcd_leader(members: &[DockerStore], within: Duration) -> Result<us
         if Instant::now() > until {
             return Err(HarnessError::Start(format!(
                 "no etcd leader within {within:?}"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The index of the member of a ZooKeeper ensemble in containers that reports itself
+/// leader (`srvr` through its published port), once exactly one does.
+pub async fn zookeeper_leader(
+    members: &[DockerStore],
+    within: Duration,
+) -> Result<usize, HarnessError> {
+    let until = Instant::now() + within;
+    loop {
+        let ports: Vec<u16> = members.iter().map(DockerStore::host_port).collect();
+        let modes = tokio::task::spawn_blocking(move || {
+            ports
+                .into_iter()
+                .map(super::zookeeper::mode)
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        let leaders: Vec<usize> = modes
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| m.as_deref() == Some("leader"))
+            .map(|(i, _)| i)
+            .collect();
+        if let [one] = leaders.as_slice() {
+            return Ok(*one);
+        }
+        if Instant::now() > until {
+            return Err(HarnessError::Start(format!(
+                "no single zookeeper leader within {within:?}: modes {modes:?}"
             )));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

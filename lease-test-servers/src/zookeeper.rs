@@ -448,7 +448,7 @@ fn server_args(dir: &std::path::Path, cfg: &std::path::Path) -> Vec<OsString> {
 }
 
 /// The mode a server reports (`leader`, `follower`, `standalone`), if it serves.
-fn mode(port: u16) -> Option<String> {
+pub(crate) fn mode(port: u16) -> Option<String> {
     let answer = four_letter(port, "srvr")?;
     answer
         .lines()
@@ -583,10 +583,14 @@ impl ZooKeeperEnsemble {
     }
 
     /// The connect string of one 3-member ensemble shared by every test of the test
-    /// binary (started by the first caller; its directory watcher kills it when the test
-    /// process exits). Tests isolate themselves by path prefix and must not stop members.
+    /// binary, from the first source that works: containers on a private network where a
+    /// Docker engine answers ([`DockerStore::zookeeper_ensemble`](super::docker::DockerStore::zookeeper_ensemble)),
+    /// else local processes ([`ZooKeeperEnsemble::start`]); under
+    /// `LEASE_TEST_SOURCE=containers` an ensemble in containers that does not start is an
+    /// error. Started by the first caller; removed or killed when the test process exits.
+    /// Tests isolate themselves by path prefix and must not stop members.
     pub async fn shared() -> Result<String, HarnessError> {
-        static SHARED: tokio::sync::OnceCell<Result<ZooKeeperEnsemble, String>> =
+        static SHARED: tokio::sync::OnceCell<Result<SharedEnsemble, String>> =
             tokio::sync::OnceCell::const_new();
         let ensemble = SHARED
             .get_or_init(|| async {
@@ -595,7 +599,7 @@ impl ZooKeeperEnsemble {
                         .enable_all()
                         .build()
                         .map_err(|e| e.to_string())?
-                        .block_on(ZooKeeperEnsemble::start(3))
+                        .block_on(SharedEnsemble::start())
                         .map_err(|e| e.to_string())
                 })
                 .join()
@@ -675,6 +679,73 @@ impl Drop for ZooKeeperEnsemble {
     fn drop(&mut self) {
         for m in &mut self.members {
             let _ = m.process.kill();
+        }
+    }
+}
+
+/// The ensemble behind [`ZooKeeperEnsemble::shared`]: in containers or local processes.
+#[derive(Debug)]
+enum SharedEnsemble {
+    Local(ZooKeeperEnsemble),
+    Containers {
+        members: Vec<super::docker::DockerStore>,
+        // Dropped after the members (fields drop in order): the network is removed once
+        // its containers are.
+        _network: super::docker::DockerNetwork,
+    },
+}
+
+impl SharedEnsemble {
+    async fn start() -> Result<SharedEnsemble, HarnessError> {
+        let forced = super::container::forced();
+        match super::docker::available() {
+            Ok(()) => match Self::in_containers().await {
+                Ok(e) => return Ok(e),
+                Err(e) if forced => {
+                    return Err(HarnessError::Start(format!(
+                        "LEASE_TEST_SOURCE=containers, and no zookeeper ensemble started in \
+                         containers (build the images with scripts/build-test-images.sh; the \
+                         project's image needs revision 2 for an ensemble): {e}"
+                    )));
+                }
+                Err(e) => super::announce(format_args!(
+                    "lease test server: no zookeeper ensemble in containers ({e}); local processes"
+                )),
+            },
+            Err(why) if forced => {
+                return Err(HarnessError::Start(format!(
+                    "LEASE_TEST_SOURCE=containers and {why}"
+                )));
+            }
+            Err(_) => {}
+        }
+        ZooKeeperEnsemble::start(3).await.map(SharedEnsemble::Local)
+    }
+
+    async fn in_containers() -> Result<SharedEnsemble, HarnessError> {
+        let network = super::docker::DockerNetwork::create().await?;
+        let start = Instant::now();
+        let members = super::docker::DockerStore::zookeeper_ensemble(&network, 3).await?;
+        let e = SharedEnsemble::Containers {
+            members,
+            _network: network,
+        };
+        super::announce(format_args!(
+            "lease test server: zookeeper ensemble of 3 at {} (containers on a private network, up {:?})",
+            e.connect_string(),
+            start.elapsed()
+        ));
+        Ok(e)
+    }
+
+    fn connect_string(&self) -> String {
+        match self {
+            SharedEnsemble::Local(e) => e.connect_string(),
+            SharedEnsemble::Containers { members, .. } => members
+                .iter()
+                .map(|m| format!("127.0.0.1:{}", m.host_port()))
+                .collect::<Vec<_>>()
+                .join(","),
         }
     }
 }

@@ -121,7 +121,7 @@ async fn container_columns(m: &Matrix) -> Vec<Column> {
             ..Column::default()
         };
         for (key, _) in container_faults::ROWS {
-            if key == "c-etcd-member-stopped" && kind != StoreKind::Etcd {
+            if key == "c-leader-killed" && !container_faults::has_leader(kind) {
                 continue;
             }
             let m1 = m.clone();
