@@ -371,13 +371,22 @@ pub async fn lock_at_least_for(
     let caps = backend.capabilities();
     let ttl = caps.effective_ttl(Duration::from_millis(500));
     // Keep-for must end before the next tick. Where TTLs are coarse (etcd: whole seconds,
-    // expired up to 0.5 s late) it is rounded up on the store, so leave that much room.
+    // expired up to 0.5 s late) it is rounded up on the store, so leave that much room;
+    // where the store has a minimum TTL above its granularity (ZooKeeper: two ticks of
+    // its server), a run released shortly before its keep-for ends keeps the lease that
+    // long, which `ScheduledJob` refuses unless it fits below the period: leave that too.
     let coarse = caps.ttl_granularity >= Duration::from_secs(1);
-    let slack = if coarse {
+    let coarse_slack = if coarse {
         caps.ttl_granularity + Duration::from_millis(500)
     } else {
         Duration::ZERO
     };
+    let min_ttl_tail = if caps.min_ttl > caps.ttl_granularity {
+        caps.min_ttl
+    } else {
+        Duration::ZERO
+    };
+    let slack = coarse_slack.max(min_ttl_tail);
     let period = if coarse { ttl * 4 } else { ttl * 2 };
     let skew = period / 5;
     let mut b = LeaseOptions::builder(ttl);

@@ -202,3 +202,38 @@ mod etcd {
         assert!(recovered.is_some(), "the lease must recover after its ttl");
     }
 }
+
+mod zookeeper {
+    use super::*;
+    use lease_test_servers::ZooKeeperServer;
+
+    /// The scenarios on a standalone ZooKeeper (shortest session 400 ms: the 500 ms TTL of
+    /// the scenarios fits; keep-for leaves the minimum TTL below the period).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn zookeeper_scenarios() {
+        let servers = ZooKeeperServer::shared()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let prefix = uuid::Uuid::new_v4().simple().to_string();
+        let backend = leasehold::connect(&format!("zk://{servers}/scenarios-{prefix}"))
+            .await
+            .unwrap();
+        let room = scenarios::room_with_lease(backend.clone(), 30, 3).await;
+        assert_eq!(room.joined, 3);
+        let watchdog = scenarios::fixed_ttl_vs_watchdog(backend.clone(), 1000, true).await;
+        assert_eq!(
+            (watchdog.acquired, watchdog.max_concurrent),
+            (1, 1),
+            "{watchdog:?}"
+        );
+        let wd = scenarios::lock_at_most_for_dilemma(backend.clone(), DilemmaMode::Watchdog).await;
+        assert!(!wd.duplicated, "{wd:?}");
+        let with = scenarios::lock_at_least_for(backend.clone(), true, 4).await;
+        assert!(
+            (3..=4).contains(&with.ran),
+            "keep-for: once per period: {with:?}"
+        );
+        let recovered = scenarios::stuck_holder_lease(backend, Duration::from_secs(5)).await;
+        assert!(recovered.is_some(), "the lease must recover after its ttl");
+    }
+}
