@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -108,7 +109,10 @@ const TERMINATE_HOLDER: &str = concat!(
 /// - **One connection per held lease.** Each held lease keeps its own connection, taken
 ///   out of the pool, so the server's `max_connections` bounds how many leases a fleet
 ///   can hold. After a release (or an attempt that found the lease held) the connection,
-///   which then holds no lock, is kept for the next attempt (up to 16 are kept).
+///   which then holds no lock, is kept for the next attempt: as many are kept as were in
+///   use at once (held, being tried or being released) in the last minute, at least 16,
+///   so that a steady load of N concurrent holders reuses N sessions instead of opening
+///   new ones; a kept connection unused for a minute is closed.
 /// - **No fencing tokens** ([`Fencing::None`]: always 0), no holder label, no remaining
 ///   time, no keep-for (a release always frees at once).
 /// - **Keys are hashes.** The key of a name is the first 64 bits of `md5(name)` as a
@@ -136,10 +140,17 @@ struct Inner {
     /// Dedicated connections that hold no lock, kept for the next attempt: opening a
     /// session costs more than the lock itself.
     idle: Mutex<Vec<(PgConnection, Instant)>>,
+    /// Dedicated connections out of `idle`: holding a lock, being tried or released.
+    out: Arc<AtomicUsize>,
+    /// The most connections out at once, and when that was last reached: how many idle
+    /// ones are worth keeping.
+    peak: Mutex<(usize, Instant)>,
 }
 
-/// Most idle dedicated connections kept.
-const MAX_IDLE: usize = 16;
+/// Idle dedicated connections kept whatever the recent peak.
+const MIN_IDLE_KEPT: usize = 16;
+/// Idle dedicated connections kept at most, whatever the recent peak.
+const MAX_IDLE_KEPT: usize = 512;
 /// Kept connections idle longer than this are closed instead of used (a firewall may
 /// have dropped them silently).
 const MAX_IDLE_AGE: Duration = Duration::from_secs(60);
@@ -152,19 +163,56 @@ impl Inner {
         idle.pop().map(|(conn, _)| conn)
     }
 
+    /// Counts a connection out of the idle set until the returned mark drops, and
+    /// raises the recent peak.
+    fn check_out(&self) -> Checkout {
+        let now_out = self.out.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut peak = self.peak.lock().unwrap_or_else(|p| p.into_inner());
+        if now_out >= peak.0 || peak.1.elapsed() > MAX_IDLE_AGE {
+            *peak = (now_out, Instant::now());
+        }
+        Checkout(self.out.clone())
+    }
+
+    /// How many idle connections are worth keeping: the most that were out at once in
+    /// the last minute (a steady load needs that many), within the bounds.
+    fn idle_wanted(&self) -> usize {
+        let peak = *self.peak.lock().unwrap_or_else(|p| p.into_inner());
+        let recent = if peak.1.elapsed() <= MAX_IDLE_AGE {
+            peak.0
+        } else {
+            0
+        };
+        recent.clamp(MIN_IDLE_KEPT, MAX_IDLE_KEPT)
+    }
+
     /// Keeps a connection that holds no lock for the next attempt (or drops it, which
     /// closes it, when enough are kept).
-    fn put_idle(&self, conn: PgConnection) {
+    fn put_idle(&self, conn: PgConnection, checkout: Checkout) {
+        let wanted = self.idle_wanted();
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        if idle.len() < MAX_IDLE {
+        idle.retain(|(_, since)| since.elapsed() < MAX_IDLE_AGE);
+        if idle.len() < wanted {
             idle.push((conn, Instant::now()));
         }
+        drop(checkout);
+    }
+}
+
+/// A dedicated connection counted out of the idle set; dropping it counts it back (the
+/// connection itself went back to the idle set or was closed).
+struct Checkout(Arc<AtomicUsize>);
+
+impl Drop for Checkout {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
 struct HeldLock {
     conn: PgConnection,
     pid: i32,
+    checkout: Checkout,
 }
 
 impl fmt::Debug for AdvisoryLockBackend {
@@ -239,6 +287,8 @@ impl AdvisoryLockBackend {
                 request_timeout,
                 held: Mutex::new(HashMap::new()),
                 idle: Mutex::new(Vec::new()),
+                out: Arc::new(AtomicUsize::new(0)),
+                peak: Mutex::new((0, Instant::now())),
             }),
         }
     }
@@ -273,13 +323,20 @@ async fn try_lock(
     inner: Arc<Inner>,
     name: LeaseName,
 ) -> std::result::Result<Option<HeldLock>, sqlx::Error> {
+    let checkout = inner.check_out();
     if let Some(mut conn) = inner.take_idle() {
         // A kept connection gets half the call's time: one that a firewall dropped
         // silently must not use it all up.
         match tokio::time::timeout(inner.request_timeout / 2, lock_on(&mut conn, &name)).await {
-            Ok(Ok(Some(pid))) => return Ok(Some(HeldLock { conn, pid })),
+            Ok(Ok(Some(pid))) => {
+                return Ok(Some(HeldLock {
+                    conn,
+                    pid,
+                    checkout,
+                }));
+            }
             Ok(Ok(None)) => {
-                inner.put_idle(conn);
+                inner.put_idle(conn, checkout);
                 return Ok(None);
             }
             // A kept connection that died (server restarted, idle timeout): drop it and
@@ -292,9 +349,13 @@ async fn try_lock(
     }
     let mut conn = inner.pool.acquire().await?.detach();
     match lock_on(&mut conn, &name).await? {
-        Some(pid) => Ok(Some(HeldLock { conn, pid })),
+        Some(pid) => Ok(Some(HeldLock {
+            conn,
+            pid,
+            checkout,
+        })),
         None => {
-            inner.put_idle(conn);
+            inner.put_idle(conn, checkout);
             Ok(None)
         }
     }
@@ -438,11 +499,12 @@ impl LeaseBackend for AdvisoryLockBackend {
         // Unlocked: the session holds nothing, keep it for the next attempt. Otherwise
         // close it: ending the session frees the lock (the server notices the closed
         // connection).
-        let conn = held.conn;
+        let HeldLock { conn, checkout, .. } = held;
         if matches!(unlocked, Ok(true)) {
-            self.inner.put_idle(conn);
+            self.inner.put_idle(conn, checkout);
         } else {
             let _ = tokio::time::timeout(self.inner.request_timeout, conn.close()).await;
+            drop(checkout);
         }
         match unlocked {
             Ok(true) => {

@@ -868,6 +868,57 @@ async fn force_release_advisory_mode() {
     );
 }
 
+/// Bursts of 32 concurrent holders (5 bursts one after the other, each task acquiring
+/// and releasing its own lease 5 times) run on as many sessions as were held at once:
+/// released connections are kept up to the recent peak. With a fixed 16 kept, every
+/// burst after the first opened 16 new sessions (and closed 16 at its end): 96 sessions
+/// for this load, and a 32-task benchmark round spent most of its time connecting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_bursts_reuse_as_many_sessions_as_they_hold() {
+    let db = PostgresServer::shared().await.expect("server");
+    let b = AdvisoryLockBackend::connect(&db.url())
+        .await
+        .expect("connect");
+    let ttl = Duration::from_secs(30);
+    let (tasks, bursts, cycles) = (32usize, 5usize, 5usize);
+    let pids = Arc::new(Mutex::new(std::collections::HashSet::new()));
+    for burst in 0..bursts {
+        // Within a burst every task holds at once first (the peak), then cycles.
+        let barrier = Arc::new(tokio::sync::Barrier::new(tasks));
+        let handles: Vec<_> = (0..tasks)
+            .map(|t| {
+                let (b, pids, barrier) = (b.clone(), pids.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    let n = name(&format!("burst-{t}"));
+                    for cycle in 0..cycles {
+                        let o = owner("burst");
+                        acquired(b.acquire(&n, &o, ttl).await.expect("acquire"));
+                        let pid = b.holder_pid(&n, &o.token).expect("pid");
+                        pids.lock().unwrap().insert(pid);
+                        if cycle == 0 {
+                            barrier.wait().await;
+                        }
+                        assert_eq!(
+                            b.release(&n, &o.token, Duration::ZERO)
+                                .await
+                                .expect("release"),
+                            ReleaseOutcome::Released
+                        );
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.await.expect("task");
+        }
+        let sessions = pids.lock().unwrap().len();
+        assert!(
+            sessions <= tasks,
+            "{tasks} holders at once, after burst {burst}: {sessions} sessions used"
+        );
+    }
+}
+
 /// The advisory mode keeps a released lease's connection for the next attempt (opening
 /// a session costs more than the lock), and replaces a kept connection that died.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
