@@ -7,12 +7,16 @@
 //!     [--notes docs/benchmark-notes.md] [--only redis,postgres,etcd,mysql,zookeeper] [--quick]
 //! ```
 //!
+//! `lease-bench renew-at-scale STORE N [TICKS]` holds N leases (TTL 30 s) on a throwaway
+//! server and times the heartbeat's renewal ticks against TTL/3 (see `at_scale`).
+//!
 //! Without `--out` the report goes to standard output. `--quick` runs fewer rounds and
 //! sizes (a smoke run; its figures are not the ones to quote); `--cycles-only` runs only
 //! the acquire + release tables. Nothing here asserts a
 //! speed: a benchmark measures, tests decide.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a benchmark binary: failures should be loud
 
+mod at_scale;
 mod cluster;
 mod cycles;
 mod handoff;
@@ -44,7 +48,7 @@ struct Args {
 }
 
 const USAGE: &str = "usage: lease-bench [--out FILE] [--svg FILE] [--notes FILE] \
-                     [--only redis,postgres,etcd,mysql,zookeeper] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS";
+                     [--only redis,postgres,etcd,mysql,zookeeper] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS\n       lease-bench renew-at-scale redis|redis-cluster|etcd|postgres|mysql|zookeeper N [TICKS]";
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let mut a = Args {
@@ -639,6 +643,23 @@ async fn main() {
         };
         let ttl = Duration::from_millis(ttl_ms.parse().unwrap_or(1000));
         handoff::hold(url, name, ttl).await;
+        return;
+    }
+    if argv.first().map(String::as_str) == Some("renew-at-scale") {
+        let (store, n, ticks) = match argv.as_slice() {
+            [_, store, n] => (store, n, "3"),
+            [_, store, n, ticks] => (store, n, ticks.as_str()),
+            _ => {
+                eprintln!("{USAGE}");
+                std::process::exit(64);
+            }
+        };
+        let (Ok(n), Ok(ticks)) = (n.replace('_', "").parse::<usize>(), ticks.parse::<usize>())
+        else {
+            eprintln!("{USAGE}");
+            std::process::exit(64);
+        };
+        at_scale::run(store, n, ticks.max(1)).await;
         return;
     }
     let args = match parse(&argv) {
