@@ -11,7 +11,9 @@
 #   lease-test/mariadb:10.11    mariadbd             (Debian package mariadb-server)
 #   lease-test/zookeeper:3.8    ZooKeeper server     (Debian packages zookeeper, openjdk-17-jre-headless)
 #
-# An image that exists already is kept (the tags are the cache); --force builds again.
+# An image that exists already is kept (the tags are the cache), unless an earlier
+# revision of this script built it where the image's revision matters (see `wanted`);
+# --force builds again.
 # Without a Docker engine that answers, this does nothing and exits 0.
 set -euo pipefail
 
@@ -52,12 +54,13 @@ base() {
 
 # wanted IMAGE [REVISION]: whether IMAGE is to be built: it does not exist, --force was
 # given, or it was built by an earlier revision of this script than REVISION (the image's
-# label lease.test.revision; an image whose entrypoint changed is built again).
+# label lease.test.revision, none counting as 0; an image whose entrypoint changed is
+# built again, a newer one is kept).
 wanted() {
   if [ "$force" = 0 ] && docker image inspect "$1" >/dev/null 2>&1; then
     local have
     have=$(docker image inspect --format '{{index .Config.Labels "lease.test.revision"}}' "$1" 2>/dev/null || true)
-    if [ -z "${2:-}" ] || [ "$have" = "$2" ]; then
+    if [ -z "${2:-}" ] || [ "${have:-0}" -ge "$2" ] 2>/dev/null; then
       echo "build-test-images: $1 exists"
       return 1
     fi

@@ -2,7 +2,8 @@
 //! process on a throwaway server of STORE (`redis`, `redis-cluster` of 3 primaries,
 //! `etcd`, `postgres`, `mysql`, `zookeeper`), renewed TICKS times the way the heartbeat
 //! renews them (one `renew` call per `max_renew_batch` leases, the calls of a tick sent
-//! together). Prints each tick's wall time against the renewal period (TTL/3 = 10 s), the
+//! together). Prints each tick's wall time against the renewal period (TTL/3 = 10 s), its
+//! slowest `renew` call against the call timeout that bounds each heartbeat call (5 s), the
 //! client's CPU time per tick, and on Redis the server's script time per tick on each
 //! primary (`INFO commandstats`), which shows whether the work spreads over a cluster.
 //!
@@ -131,19 +132,29 @@ async fn script_usec(port: u16) -> u64 {
         .sum()
 }
 
-/// Renews `items` once as the heartbeat does; returns how many were not renewed.
-async fn tick(backend: &Arc<dyn LeaseBackend>, items: &[RenewItem]) -> usize {
+/// Renews `items` once as the heartbeat does; returns how many were not renewed and the
+/// slowest `renew` call (the heartbeat bounds each call by the call timeout).
+async fn tick(backend: &Arc<dyn LeaseBackend>, items: &[RenewItem]) -> (usize, Duration) {
     let batch = backend.capabilities().max_renew_batch.max(1);
-    let calls: Vec<_> = items.chunks(batch).map(|c| backend.renew(c, TTL)).collect();
+    let calls: Vec<_> = items
+        .chunks(batch)
+        .map(|c| async move {
+            let started = Instant::now();
+            let r = backend.renew(c, TTL).await;
+            (r, started.elapsed())
+        })
+        .collect();
     let mut lost = 0;
-    for r in futures::future::join_all(calls).await {
+    let mut slowest = Duration::ZERO;
+    for (r, took) in futures::future::join_all(calls).await {
+        slowest = slowest.max(took);
         lost += r
             .expect("renew")
             .iter()
             .filter(|o| **o != RenewOutcome::Renewed)
             .count();
     }
-    lost
+    (lost, slowest)
 }
 
 /// Runs the subcommand.
@@ -154,18 +165,21 @@ pub async fn run(store: &str, n: usize, ticks: usize) {
         .unwrap_or_else(|e| panic!("connect: {e}"));
     let period = TTL / 3;
     let held: Arc<Mutex<Vec<RenewItem>>> = Arc::new(Mutex::new(Vec::with_capacity(n)));
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done = Arc::new(tokio::sync::Notify::new());
     // The heartbeat during the acquisitions.
     let keeper = {
         let (backend, held, done) = (backend.clone(), held.clone(), done.clone());
         tokio::spawn(async move {
             let mut next = Instant::now() + period;
-            while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                tokio::time::sleep_until(next.into()).await;
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep_until(next.into()) => {}
+                    () = done.notified() => return,
+                }
                 next = Instant::now() + period;
                 let snapshot: Vec<RenewItem> = held.lock().expect("held").clone();
                 let started = Instant::now();
-                let lost = tick(&backend, &snapshot).await;
+                let (lost, _) = tick(&backend, &snapshot).await;
                 assert_eq!(lost, 0, "{lost} leases lost while acquiring");
                 eprintln!(
                     "  (renewed {} held so far in {:.0} ms)",
@@ -183,7 +197,6 @@ pub async fn run(store: &str, n: usize, ticks: usize) {
             let (backend, held, tag) = (backend.clone(), held.clone(), tag.clone());
             tokio::spawn(async move {
                 let label = HolderLabel::new("bench-scale").expect("label");
-                let mut mine = Vec::with_capacity(256);
                 for i in (t..n).step_by(tasks) {
                     let name = LeaseName::new(format!("s-{tag}-{i}")).expect("name");
                     let owner = Owner::new(label.clone());
@@ -191,24 +204,22 @@ pub async fn run(store: &str, n: usize, ticks: usize) {
                         AcquireOutcome::Acquired { .. } => {}
                         AcquireOutcome::Held(by) => panic!("{name} held by {by}"),
                     }
-                    mine.push(RenewItem {
+                    // Held at once: the keeper renews it from its next pass.
+                    held.lock().expect("held").push(RenewItem {
                         name,
                         token: owner.token,
                     });
-                    if mine.len() == 256 {
-                        held.lock().expect("held").append(&mut mine);
-                    }
                 }
-                held.lock().expect("held").append(&mut mine);
             })
         })
         .collect();
     for h in handles {
         h.await.expect("acquire task");
     }
-    done.store(true, std::sync::atomic::Ordering::Relaxed);
-    keeper.await.expect("keeper");
     let acquired_in = started.elapsed();
+    // notify_one keeps the wake-up if the keeper is renewing right now.
+    done.notify_one();
+    keeper.await.expect("keeper");
     let items: Vec<RenewItem> = std::mem::take(&mut *held.lock().expect("held"));
     assert_eq!(items.len(), n);
     println!(
@@ -218,13 +229,19 @@ pub async fn run(store: &str, n: usize, ticks: usize) {
     );
     let batch = backend.capabilities().max_renew_batch.max(1);
     let mut walls = Vec::with_capacity(ticks);
+    let mut slowest_calls = Vec::with_capacity(ticks);
+    // The heartbeat bounds each renew call by the lease's call timeout (default
+    // min(5 s, TTL/3)): every call of a tick must answer within it.
+    let call_timeout = lease_core::LeaseOptions::new(TTL)
+        .expect("options")
+        .call_timeout();
     for t in 0..ticks {
         let mut script0 = Vec::new();
         for p in &server.redis_ports {
             script0.push(script_usec(*p).await);
         }
         let (cpu0, start) = (cpu_now(), Instant::now());
-        let lost = tick(&backend, &items).await;
+        let (lost, slowest_call) = tick(&backend, &items).await;
         let wall = start.elapsed();
         let cpu = cpu_now().saturating_sub(cpu0);
         assert_eq!(lost, 0, "{lost} leases lost in tick {t}");
@@ -237,10 +254,11 @@ pub async fn run(store: &str, n: usize, ticks: usize) {
         }
         println!(
             "{store}: tick {t}: {n} leases renewed in {:.0} ms ({:.1}% of the {period:?} period), \
-             {} renew calls, client CPU {:.0} ms{}",
+             {} renew calls, slowest call {:.0} ms (call timeout {call_timeout:?}), client CPU {:.0} ms{}",
             wall.as_secs_f64() * 1000.0,
             wall.as_secs_f64() * 100.0 / period.as_secs_f64(),
             n.div_ceil(batch),
+            slowest_call.as_secs_f64() * 1000.0,
             cpu.as_secs_f64() * 1000.0,
             if per_primary.is_empty() {
                 String::new()
@@ -252,6 +270,7 @@ pub async fn run(store: &str, n: usize, ticks: usize) {
             }
         );
         walls.push(wall);
+        slowest_calls.push(slowest_call);
         // The next tick a period after this one started, as the heartbeat does.
         if t + 1 < ticks {
             tokio::time::sleep(period.saturating_sub(wall)).await;
@@ -259,12 +278,20 @@ pub async fn run(store: &str, n: usize, ticks: usize) {
     }
     walls.sort();
     let worst = walls.last().copied().unwrap_or_default();
+    let worst_call = slowest_calls.iter().max().copied().unwrap_or_default();
     println!(
-        "{store}: {n} leases, {ticks} ticks: median {:.0} ms, slowest {:.0} ms per tick; {} the renewal period ({period:?})",
+        "{store}: {n} leases, {ticks} ticks: median {:.0} ms, slowest {:.0} ms per tick ({} the \
+         renewal period {period:?}); slowest renew call {:.0} ms ({} the call timeout {call_timeout:?})",
         walls[walls.len() / 2].as_secs_f64() * 1000.0,
         worst.as_secs_f64() * 1000.0,
         if worst < period {
             "every tick within"
+        } else {
+            "**not** within"
+        },
+        worst_call.as_secs_f64() * 1000.0,
+        if worst_call < call_timeout {
+            "within"
         } else {
             "**not** within"
         }

@@ -374,7 +374,8 @@ pub async fn lock_at_least_for(
     // expired up to 0.5 s late) it is rounded up on the store, so leave that much room;
     // where the store has a minimum TTL above its granularity (ZooKeeper: two ticks of
     // its server), a run released shortly before its keep-for ends keeps the lease that
-    // long, which `ScheduledJob` refuses unless it fits below the period: leave that too.
+    // long, which `ScheduledJob` refuses unless it fits below the period. The larger of
+    // the two rooms is left (each alone is what its case needs).
     let coarse = caps.ttl_granularity >= Duration::from_secs(1);
     let coarse_slack = if coarse {
         caps.ttl_granularity + Duration::from_millis(500)

@@ -112,7 +112,8 @@ const TERMINATE_HOLDER: &str = concat!(
 ///   which then holds no lock, is kept for the next attempt: as many are kept as were in
 ///   use at once (held, being tried or being released) in the last minute, at least 16,
 ///   so that a steady load of N concurrent holders reuses N sessions instead of opening
-///   new ones; a kept connection unused for a minute is closed.
+///   new ones; a kept connection unused for a minute is closed at the backend's next
+///   attempt or release (or when the backend is dropped).
 /// - **No fencing tokens** ([`Fencing::None`]: always 0), no holder label, no remaining
 ///   time, no keep-for (a release always frees at once).
 /// - **Keys are hashes.** The key of a name is the first 64 bits of `md5(name)` as a
@@ -167,11 +168,18 @@ impl Inner {
     /// raises the recent peak.
     fn check_out(&self) -> Checkout {
         let now_out = self.out.fetch_add(1, Ordering::Relaxed) + 1;
+        self.note_out(now_out);
+        Checkout(self.out.clone())
+    }
+
+    /// Records `now_out` connections out at once: the peak rises to it, and a peak
+    /// older than a minute is replaced by it (leases held for longer than a minute
+    /// still count when they come back).
+    fn note_out(&self, now_out: usize) {
         let mut peak = self.peak.lock().unwrap_or_else(|p| p.into_inner());
         if now_out >= peak.0 || peak.1.elapsed() > MAX_IDLE_AGE {
             *peak = (now_out, Instant::now());
         }
-        Checkout(self.out.clone())
     }
 
     /// How many idle connections are worth keeping: the most that were out at once in
@@ -189,6 +197,9 @@ impl Inner {
     /// Keeps a connection that holds no lock for the next attempt (or drops it, which
     /// closes it, when enough are kept).
     fn put_idle(&self, conn: PgConnection, checkout: Checkout) {
+        // Still out until the mark drops: a lease held since before the last minute
+        // counts as in use now.
+        self.note_out(self.out.load(Ordering::Relaxed));
         let wanted = self.idle_wanted();
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         idle.retain(|(_, since)| since.elapsed() < MAX_IDLE_AGE);

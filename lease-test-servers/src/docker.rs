@@ -639,8 +639,12 @@ impl DockerStore {
                 .iter()
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
+            // Not ZOO_DATA_DIR: the official image's entrypoint changes the owner of that
+            // directory and fails where it does not exist (no tmpfs here), and its default
+            // /data exists; the project's image writes its own configuration.
             StoreKind::ZooKeeper => super::zookeeper::CONTAINER_ENV
                 .iter()
+                .filter(|(k, _)| *k != "ZOO_DATA_DIR")
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                 .collect(),
             _ => Vec::new(),
@@ -802,6 +806,13 @@ pub async fn zookeeper_leader(
             .collect();
         if let [one] = leaders.as_slice() {
             return Ok(*one);
+        }
+        if modes.iter().any(|m| m.as_deref() == Some("standalone")) {
+            return Err(HarnessError::Start(format!(
+                "a member of the zookeeper ensemble runs standalone (modes {modes:?}): its \
+                 image ignores ZOO_MY_ID and ZOO_SERVERS (the project's image before revision \
+                 2: run scripts/build-test-images.sh)"
+            )));
         }
         if Instant::now() > until {
             return Err(HarnessError::Start(format!(
