@@ -244,7 +244,9 @@ impl EtcdServer {
     /// (for example `--quota-backend-bytes=...` or `--max-request-bytes=...`).
     pub async fn start_local_with(extra_args: &[&str]) -> Result<EtcdServer, HarnessError> {
         let extra: Vec<OsString> = extra_args.iter().map(OsString::from).collect();
-        Self::start_local_inner(&|_| extra.clone()).await
+        Self::start_local_inner(0, &|_, _| extra.clone())
+            .await
+            .map(|(server, _)| server)
     }
 
     /// A throwaway local node that also serves clients over TLS, with `certs`' server
@@ -257,8 +259,6 @@ impl EtcdServer {
         certs: &super::TestCerts,
         client_cert_auth: bool,
     ) -> Result<(EtcdServer, String), HarnessError> {
-        let tls_port = super::free_port()?;
-        let https = format!("https://127.0.0.1:{tls_port}");
         let mut files: Vec<OsString> = vec![
             "--cert-file".into(),
             certs.server_cert.clone().into_os_string(),
@@ -274,8 +274,11 @@ impl EtcdServer {
                 "--client-cert-auth".into(),
             ]);
         }
-        let server = Self::start_local_inner(&|client_port| {
-            let both = format!("http://127.0.0.1:{client_port},{https}");
+        // The TLS port is drawn with each attempt's ports: a port found free once can be
+        // taken before etcd binds it, and the attempt is then made again on new ones.
+        let (server, extra) = Self::start_local_inner(1, &|client_port, extra| {
+            let tls_port = extra.first().copied().unwrap_or_default();
+            let both = format!("http://127.0.0.1:{client_port},https://127.0.0.1:{tls_port}");
             let mut args: Vec<OsString> = vec![
                 "--listen-client-urls".into(),
                 both.clone().into(),
@@ -286,20 +289,24 @@ impl EtcdServer {
             args
         })
         .await?;
-        Ok((server, https))
+        let tls_port = extra.first().copied().unwrap_or_default();
+        Ok((server, format!("https://127.0.0.1:{tls_port}")))
     }
 
+    /// A local node; `extra_args` gets the client port and `extra_ports` more free ports
+    /// drawn with each attempt's, which are returned with the server.
     async fn start_local_inner(
-        extra_args: &(dyn Fn(u16) -> Vec<OsString> + Sync),
-    ) -> Result<EtcdServer, HarnessError> {
+        extra_ports: usize,
+        extra_args: &(dyn Fn(u16, &[u16]) -> Vec<OsString> + Sync),
+    ) -> Result<(EtcdServer, Vec<u16>), HarnessError> {
         let binary = etcd_binary()?;
         let dir = data_root("lease-etcd-")?;
         let watcher = DirWatcher::spawn(dir.path())?;
         let token = cluster_token();
         let mut attempts = PortAttempts::new(&["address already in use"]);
-        while let Some(ports) = attempts.next(2)? {
-            let (client_port, peer_port) = match ports.as_slice() {
-                &[c, p] => (c, p),
+        while let Some(ports) = attempts.next(2 + extra_ports)? {
+            let (client_port, peer_port, extra) = match ports.as_slice() {
+                &[c, p, ref rest @ ..] => (c, p, rest.to_vec()),
                 _ => return Err(HarnessError::Start("no two free ports".into())),
             };
             let ports = [(client_port, peer_port)];
@@ -317,7 +324,7 @@ impl EtcdServer {
                 SINGLE_TIMING,
             );
             let mut args = args;
-            args.extend(extra_args(client_port));
+            args.extend(extra_args(client_port, &extra));
             let mut process = ChildProcess::spawn(binary.clone(), args, log)?;
             match wait_until(&mut process, client_port, true).await {
                 Ok(()) => {
@@ -334,23 +341,26 @@ impl EtcdServer {
                         peer_port,
                         process,
                     };
-                    return Ok(EtcdServer {
-                        source: Source::LocalProcess,
-                        endpoints: vec![member.endpoint()],
-                        local: Some(Local {
-                            member,
-                            _watcher: watcher,
-                            dir,
-                        }),
-                        _container: None,
-                    });
+                    return Ok((
+                        EtcdServer {
+                            source: Source::LocalProcess,
+                            endpoints: vec![member.endpoint()],
+                            local: Some(Local {
+                                member,
+                                _watcher: watcher,
+                                dir,
+                            }),
+                            _container: None,
+                        },
+                        extra,
+                    ));
                 }
                 Err(why) => {
                     let tail = process.log_tail(20);
                     process.kill()?;
                     attempts.failed(
                         format!(
-                            "{} on ports {client_port}/{peer_port}: {why}",
+                            "{} on ports {client_port}/{peer_port} {extra:?}: {why}",
                             binary.display()
                         ),
                         &tail,
