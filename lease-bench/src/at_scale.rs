@@ -33,6 +33,17 @@ struct Server {
     _keep: Box<dyn std::any::Any + Send>,
 }
 
+impl Server {
+    /// A server that is not Redis (no script time to read).
+    fn other(url: String, keep: impl std::any::Any + Send) -> Server {
+        Server {
+            url,
+            redis_ports: Vec::new(),
+            _keep: Box::new(keep),
+        }
+    }
+}
+
 async fn server(store: &str) -> Server {
     match store {
         "redis" => {
@@ -58,41 +69,25 @@ async fn server(store: &str) -> Server {
         }
         "etcd" => {
             let s = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
-            Server {
-                url: s.url(),
-                redis_ports: Vec::new(),
-                _keep: Box::new(s),
-            }
+            Server::other(s.url(), s)
         }
         "postgres" => {
             let s = PostgresServer::start()
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
-            Server {
-                url: s.url(),
-                redis_ports: Vec::new(),
-                _keep: Box::new(s),
-            }
+            Server::other(s.url(), s)
         }
         "mysql" => {
             let s = MariaDbServer::start()
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
-            Server {
-                url: s.url(),
-                redis_ports: Vec::new(),
-                _keep: Box::new(s),
-            }
+            Server::other(s.url(), s)
         }
         "zookeeper" => {
             let s = ZooKeeperServer::start_local()
                 .await
                 .unwrap_or_else(|e| panic!("{e}"));
-            Server {
-                url: format!("zk://{}/lease-bench", s.address()),
-                redis_ports: Vec::new(),
-                _keep: Box::new(s),
-            }
+            Server::other(format!("zk://{}/lease-bench", s.address()), s)
         }
         other => panic!("unknown store {other:?}"),
     }
@@ -105,31 +100,9 @@ fn port_of(url: &str) -> u16 {
         .unwrap_or_else(|| panic!("no port in {url}"))
 }
 
-/// Microseconds the Redis server at `port` has spent in script calls (`EVALSHA`, `EVAL`,
-/// `FCALL`) since it started.
+/// Microseconds the Redis server at `port` has spent in script calls since it started.
 async fn script_usec(port: u16) -> u64 {
-    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("client");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("redis connection");
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .expect("INFO commandstats");
-    info.lines()
-        .filter(|l| {
-            l.starts_with("cmdstat_evalsha:")
-                || l.starts_with("cmdstat_eval:")
-                || l.starts_with("cmdstat_fcall:")
-        })
-        .filter_map(|l| {
-            l.split(',')
-                .find_map(|f| f.strip_prefix("usec="))
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-        .sum()
+    lease_test_servers::redis::script_usec(&crate::scale::redis_commandstats(port).await)
 }
 
 /// Renews `items` once as the heartbeat does; returns how many were not renewed and the

@@ -113,17 +113,7 @@ fn script_counter(primaries: &[u16]) -> scale::Counter {
         Box::pin(async move {
             let mut total = 0;
             for port in primaries {
-                let client = redis::Client::open(format!("redis://127.0.0.1:{port}/"))
-                    .expect("redis client");
-                let mut conn = client
-                    .get_multiplexed_async_connection()
-                    .await
-                    .expect("redis connection");
-                let info: String = redis::cmd("INFO")
-                    .arg("commandstats")
-                    .query_async(&mut conn)
-                    .await
-                    .expect("INFO commandstats");
+                let info = scale::redis_commandstats(port).await;
                 total += lease_test_servers::redis::script_calls(&info);
             }
             total

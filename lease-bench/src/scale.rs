@@ -159,3 +159,18 @@ pub async fn renewal(
     }
     rows
 }
+
+/// The reply to `INFO commandstats` of the Redis server at `127.0.0.1:port` (script calls
+/// and their time are counted from it).
+pub async fn redis_commandstats(port: u16) -> String {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).expect("redis client");
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis connection");
+    redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .expect("INFO commandstats")
+}

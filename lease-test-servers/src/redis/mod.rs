@@ -68,6 +68,21 @@ pub fn script_calls(commandstats: &str) -> u64 {
         .sum()
 }
 
+/// Microseconds spent in script runs (`EVAL` + `EVALSHA`) in the reply to
+/// `INFO commandstats`: the server's time for a backend's scripts (wall time of each run).
+pub fn script_usec(commandstats: &str) -> u64 {
+    commandstats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split(',')
+                .find_map(|f| f.strip_prefix("usec="))?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
 impl RedisServer {
     /// A server from the first source that works: `LEASE_TEST_REDIS_URL`; a `redis:7.2`
     /// container when a Docker engine answers; a throwaway `redis-server` (found on
