@@ -7,7 +7,7 @@ use leasehold::{
     Error, HolderLabel, LeaseBackend, LeaseClient, LeaseGuard, LeaseName, LeaseOptions, Semaphore,
 };
 use nix::sys::signal::Signal;
-use nix::unistd::{Pid, getpgid};
+use nix::unistd::Pid;
 use tokio::process::Command;
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -167,21 +167,24 @@ pub async fn exec(store: &Store, args: ExecArgs) -> Result<u8, Fail> {
         }
     };
     let me = supervise::own_pid();
+    // The command group's id is the supervisor's pid. That the supervisor leads it is
+    // checked where it cannot race: `spawn` fails if the child's `setpgid` does, and the
+    // supervisor refuses to start the command unless it leads its own group. (A check
+    // here, with `getpgid`, raced the supervisor: a command as short as `true` may have
+    // ended, and the supervisor moved itself back to our group, before it ran.)
     let group = child
         .id()
         .and_then(|id| i32::try_from(id).ok())
         .map(Pid::from_raw);
-    // Without a group of its own nothing could stop the command if the lease were lost
-    // (off Linux): refuse to run it.
-    let Some(group) = group.filter(|g| getpgid(Some(*g)) == Ok(*g)) else {
+    let Some(group) = group else {
         let _ = child.kill().await;
         supervise::terminate(me, None, Duration::ZERO).await;
         let _ = guard.release().await;
         return Err(Fail {
             code: EXIT_SPAWN,
             message: format!(
-                "cannot run {program} in a process group of its own, so it could not be \
-                 stopped if the lease were lost; not running it"
+                "cannot find the process group of {program}'s supervisor, so it could not \
+                 be stopped if the lease were lost; not running it"
             ),
         });
     };
