@@ -79,8 +79,9 @@ pub(crate) fn serving(port: u16) -> bool {
     four_letter(port, "srvr").is_some_and(|a| a.contains("Mode:"))
 }
 
-/// Sends a four-letter word and returns the answer.
-fn four_letter(port: u16, word: &str) -> Option<String> {
+/// Sends a four-letter word (`srvr`, `stat`, `ruok`) to the server on local `port` and
+/// returns the answer, or `None` if it does not answer. Blocking, with short timeouts.
+pub fn four_letter(port: u16, word: &str) -> Option<String> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()?;
     s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
@@ -338,6 +339,11 @@ impl ZooKeeperServer {
     /// The client port.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The pid of a spawned server (the JVM) while it runs (or is paused).
+    pub fn pid(&self) -> Option<u32> {
+        self.local.as_ref().and_then(|l| l.process.pid())
     }
 
     /// The answer to `srvr` (version, mode, zxid), or `None` if the server does not
@@ -626,6 +632,16 @@ impl ZooKeeperEnsemble {
         self.members
             .iter()
             .position(|m| mode(m.port).as_deref() == Some("leader"))
+    }
+
+    /// The pid of member `i`'s JVM while it runs.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.members.get(i).and_then(|m| m.process.pid())
+    }
+
+    /// `127.0.0.1:P`, the address of member `i` alone.
+    pub fn member_address(&self, i: usize) -> Option<String> {
+        self.members.get(i).map(|m| format!("127.0.0.1:{}", m.port))
     }
 
     /// Kills member `i` at once (SIGKILL).

@@ -20,7 +20,7 @@ use crate::nodes::{
     self, FREE, HELD, Kind, Layout, NameData, RELEASED, decode_keep, decode_name, encode_keep,
     encode_name, holder_node,
 };
-use crate::sessions::{Record, Sessions, io_runtime, sweep};
+use crate::sessions::{Record, Sessions, after_barrier, barrier, io_runtime, sweep};
 
 /// The timeout asked for the session that reads, watches and forces releases (the server
 /// may grant less or more).
@@ -48,7 +48,8 @@ struct Inner {
     /// is longer.
     min_ttl: Duration,
     acls: zk::Acls<'static>,
-    /// `multiRead` requests sent by renewals (round trips, for benchmarks).
+    /// `multiRead` requests sent by renewals (round trips, for benchmarks; the barrier
+    /// sent with each session's first is not counted).
     renew_requests: AtomicU64,
     sweeper: tokio::task::JoinHandle<()>,
 }
@@ -166,8 +167,9 @@ impl ZkBackend {
         self.inner.sessions.session(ttl).await.map(|_| ())
     }
 
-    /// How many requests renewals have sent (one `multiRead` per session and 1,000
-    /// leases); for benchmarks.
+    /// How many `multiRead` requests renewals have sent (one per session and 1,000
+    /// leases; each session's first also has a barrier write before it, not counted here:
+    /// it is sent with the read, in the same round trip); for benchmarks.
     pub fn renew_requests(&self) -> u64 {
         self.inner.renew_requests.load(Ordering::Relaxed)
     }
@@ -191,7 +193,18 @@ impl ZkBackend {
 
     /// The name node's data and the holder node's, read in one `multiRead` (one
     /// consistent view: no write falls between the two reads).
-    async fn read_pair(&self, client: &zk::Client, path: &str, op: &'static str) -> Result<Found> {
+    ///
+    /// With [`Fresh::Ordered`] the read is preceded by a [`barrier`]: it then sees every
+    /// write confirmed before it was sent, on whichever member. [`Fresh::AfterOwnWrite`] is for a
+    /// read on the session whose write (applied or refused) was just answered: the
+    /// member it is on has applied everything up to that write.
+    async fn read_pair(
+        &self,
+        client: &zk::Client,
+        path: &str,
+        op: &'static str,
+        fresh: Fresh,
+    ) -> Result<Found> {
         let t = self.timeout();
         let holder = holder_node(path);
         let mut reader = client.new_multi_reader();
@@ -199,7 +212,9 @@ impl ZkBackend {
             .add_get_data(path)
             .and_then(|()| reader.add_get_data(&holder))
             .map_err(|e| convert(op, t, e))?;
-        let results = match bounded(op, t, reader.commit()).await? {
+        // The barrier is sent here, before the read (requests go out in call order).
+        let ordered = (fresh == Fresh::Ordered).then(|| barrier(client, nodes::parent(path)));
+        let results = match bounded(op, t, after_barrier(ordered, reader.commit())).await? {
             Ok(r) => r,
             Err(e) => return Err(convert(op, t, e)),
         };
@@ -289,6 +304,19 @@ impl ZkBackend {
     }
 }
 
+/// One `multiRead` of a renewal: the session's client, the session (TTL in ms, id), the
+/// indexes of its leases in the batch, and whether it is the session's first.
+type Chunk = (zk::Client, (u64, i64), Vec<usize>, bool);
+
+/// How fresh a read must be.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fresh {
+    /// A [`barrier`] first: every write confirmed before the read was sent is seen.
+    Ordered,
+    /// Right after this session's own write was answered: nothing more is needed.
+    AfterOwnWrite,
+}
+
 impl ZkBackend {
     async fn acquire_in_span(
         &self,
@@ -361,8 +389,10 @@ impl ZkBackend {
                         zk::Error::SessionExpired,
                     ));
                 }
-                e @ (zk::Error::ConnectionLoss | zk::Error::Timeout) => {
-                    return Err(convert("acquire", self.timeout(), e)); // record stays
+                // The outcome is unknown (the connection broke or was given up with the
+                // request in flight): the record stays for the sweep.
+                e @ (zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::Custom(_)) => {
+                    return Err(convert("acquire", self.timeout(), e));
                 }
                 e => {
                     self.inner.sessions.records().remove(&key);
@@ -371,7 +401,9 @@ impl ZkBackend {
             }
             // The name is taken (or changed under a takeover): see by whom.
             self.inner.sessions.records().remove(&key);
-            let found = self.read_pair(&client, &path, "acquire").await?;
+            let found = self
+                .read_pair(&client, &path, "acquire", Fresh::AfterOwnWrite)
+                .await?;
             let Some((hdata, hstat)) = found.holder else {
                 continue; // released in between: try again
             };
@@ -495,7 +527,7 @@ impl ZkBackend {
         // One `multiRead` per session and chunk of leases: the holder node and the name
         // node of each, read atomically on the lease's own session (which the request
         // keeps alive). All chunks are sent before any answer is awaited.
-        let mut chunks: Vec<(zk::Client, (u64, i64), Vec<usize>)> = Vec::new();
+        let mut chunks: Vec<Chunk> = Vec::new();
         {
             let mut by_session: std::collections::HashMap<(u64, i64), Vec<usize>> =
                 std::collections::HashMap::new();
@@ -511,13 +543,14 @@ impl ZkBackend {
                 let Some(client) = clients.get(&ck).cloned().flatten() else {
                     continue;
                 };
-                for part in idx.chunks(RENEW_CHUNK) {
-                    chunks.push((client.clone(), ck, part.to_vec()));
+                for (n, part) in idx.chunks(RENEW_CHUNK).enumerate() {
+                    chunks.push((client.clone(), ck, part.to_vec(), n == 0));
                 }
             }
         }
+        let leases_dir = self.inner.layout.leases();
         let sent = Instant::now();
-        let reads = chunks.iter().map(|(client, _, idx)| {
+        let reads = chunks.iter().map(|(client, _, idx, first)| {
             let mut reader = client.new_multi_reader();
             let mut added = Ok(());
             for &i in idx {
@@ -528,10 +561,14 @@ impl ZkBackend {
                 }
             }
             self.inner.renew_requests.fetch_add(1, Ordering::Relaxed);
+            // A barrier before the session's first read (its later reads wait behind it
+            // too): a lease another session released or forced free is seen as gone even
+            // where this session's member had not applied that yet.
+            let ordered = (*first && added.is_ok()).then(|| barrier(client, &leases_dir));
             let commit = added.map(|()| reader.commit());
             async move {
                 match commit {
-                    Ok(c) => c.await,
+                    Ok(c) => after_barrier(ordered, c).await,
                     Err(e) => Err(e),
                 }
             }
@@ -544,7 +581,7 @@ impl ZkBackend {
             })?;
         let mut alive = vec![false; leases.len()];
         let mut expired = Vec::new();
-        for ((_, ck, idx), answer) in chunks.iter().zip(answers) {
+        for ((_, ck, idx, _), answer) in chunks.iter().zip(answers) {
             let results = match answer {
                 Ok(r) => r,
                 Err(zk::Error::SessionExpired) => {
@@ -638,7 +675,7 @@ impl ZkBackend {
                 None => {
                     // Not acquired through this backend (or its reply was lost): read the name.
                     let found = self
-                        .read_pair(&self.main().await?, &path, "release")
+                        .read_pair(&self.main().await?, &path, "release", Fresh::Ordered)
                         .await?;
                     let (Some((nd, nstat)), Some((_, hstat))) = (found.name, found.holder) else {
                         self.inner.sessions.records().remove(&key);
@@ -777,7 +814,7 @@ impl LeaseBackend for ZkBackend {
     async fn inspect(&self, name: &LeaseName) -> Result<Option<LeaseInfo>> {
         let path = self.inner.layout.name_node(name);
         let found = self
-            .read_pair(&self.main().await?, &path, "inspect")
+            .read_pair(&self.main().await?, &path, "inspect", Fresh::Ordered)
             .await?;
         let (Some((nd, _)), Some((hdata, hstat))) = (found.name, found.holder) else {
             return Ok(None);
@@ -825,7 +862,7 @@ impl LeaseBackend for ZkBackend {
         let holder = holder_node(&path);
         for _ in 0..8 {
             let found = self
-                .read_pair(&self.main().await?, &path, "force release")
+                .read_pair(&self.main().await?, &path, "force release", Fresh::Ordered)
                 .await?;
             let (Some((_, nstat)), Some(_)) = (found.name, found.holder) else {
                 return Ok(false);

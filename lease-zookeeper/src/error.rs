@@ -8,7 +8,8 @@ use zookeeper_client as zk;
 pub(crate) const BACKEND: &str = "zookeeper";
 
 /// Maps a client error from `operation`:
-/// - no server reachable, a connection lost, a session moved, throttling -> retryable
+/// - no server reachable, a connection lost or given up by the client library (its
+///   `Custom` errors), a session moved, throttling -> retryable
 ///   ([`Error::Unavailable`] or a retryable [`Error::Backend`]);
 /// - the client's own timeout -> [`Error::Timeout`];
 /// - refused credentials -> [`Error::Auth`]; a missing permission (`NoAuth`), an ACL,
@@ -21,6 +22,12 @@ pub(crate) fn convert(operation: &'static str, timeout: Duration, e: zk::Error) 
     use zk::Error as E;
     match e {
         E::ConnectionLoss | E::NoHosts | E::ClientClosed => Error::unavailable(BACKEND, e),
+        // The client library fails the requests in flight with whatever broke their
+        // connection: an I/O error, or "no response from connection in N ms" after 2/5 of
+        // the session timeout without a reply. As with `ConnectionLoss`, the session
+        // reconnects and the call may be made again (its outcome is unknown).
+        // (Opening a session maps them apart: [`open_error`].)
+        E::Custom(_) => Error::unavailable(BACKEND, e),
         E::Timeout => Error::Timeout {
             operation,
             after: timeout,
@@ -42,6 +49,21 @@ pub(crate) fn convert(operation: &'static str, timeout: Duration, e: zk::Error) 
             retryable: false,
             source: Box::new(other),
         },
+    }
+}
+
+/// A session that could not be opened, as [`convert`] says, except the client library's
+/// own errors (`Custom`): when opening a session they come from its configuration (a TLS
+/// identity it refused), which trying again does not cure; on a request in flight they
+/// mean a connection given up, which it may.
+pub(crate) fn open_error(limit: Duration, e: zk::Error) -> Error {
+    match e {
+        zk::Error::Custom(_) => Error::Backend {
+            backend: BACKEND,
+            retryable: false,
+            source: Box::new(e),
+        },
+        e => convert("connect", limit, e),
     }
 }
 

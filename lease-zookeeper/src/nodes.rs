@@ -69,6 +69,11 @@ impl Layout {
     }
 }
 
+/// The directory of a name node: the leases node (an encoded name holds no `/`).
+pub(crate) fn parent(name_node: &str) -> &str {
+    name_node.rsplit_once('/').map_or("/", |(dir, _)| dir)
+}
+
 /// The holder node under a name node.
 pub(crate) fn holder_node(name_node: &str) -> String {
     format!("{name_node}/holder")

@@ -210,3 +210,51 @@ async fn a_session_whose_opening_the_caller_gave_up_on_is_kept() {
         start.elapsed()
     );
 }
+
+/// A call whose connection the client library gives up on (no answer within 2/5 of the
+/// session timeout: the server is frozen) fails retryably, as after a lost connection;
+/// it was a non-retryable backend error ("no response from connection in 400ms"). Once
+/// the server runs again the name is free (or freed by the sweep at the TTL, where the
+/// server applied the acquire: its record stays, the outcome being unknown) and taken by
+/// another owner.
+#[tokio::test]
+async fn a_call_on_a_connection_given_up_fails_retryably_and_leaves_nothing_held() {
+    let mut server = ZooKeeperServer::start_local().await.unwrap();
+    let b = ZkBackend::connect_with(&server.address(), config())
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(1);
+    b.prepare(ttl).await.unwrap();
+    let n = name("frozen");
+    server.pause().unwrap();
+    let sent = Instant::now();
+    let e = b.acquire(&n, &owner("a"), ttl).await.unwrap_err();
+    let failed = sent.elapsed();
+    server.resume().unwrap();
+    eprintln!("acquire on a frozen server: {e} after {failed:?}");
+    // The client library's "no response from connection" (not this backend's own
+    // request timeout of 2 s, nor a session expiry).
+    assert_eq!(e.kind(), "unavailable", "{e:?}");
+    assert!(e.is_retryable(), "{e:?}");
+    // Whatever the server applied once it ran again: free within the TTL and the sweep's
+    // period after the call was sent (allowing 3 s for the session to reconnect).
+    loop {
+        let answer = b.inspect(&n).await;
+        if let Ok(None) = answer {
+            break;
+        }
+        assert!(
+            sent.elapsed() < ttl + Duration::from_secs(3),
+            "still held or unreadable: {answer:?}"
+        );
+        if let Err(e) = &answer {
+            assert!(e.is_retryable(), "{e:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let again = b.acquire(&n, &owner("b"), ttl).await;
+    assert!(
+        matches!(again, Ok(AcquireOutcome::Acquired { .. })),
+        "{again:?}"
+    );
+}
