@@ -23,11 +23,14 @@
 
 #[cfg(feature = "metrics")]
 mod imp {
+    use std::collections::HashMap;
+    use std::hash::{BuildHasherDefault, Hash, Hasher};
     use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{OnceLock, RwLock};
     use std::time::Duration;
 
-    use metrics::{Label, histogram};
-    use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge};
+    use metrics::{Key, Label, Level, Metadata};
+    use metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
 
     use crate::types::LeaseName;
 
@@ -51,6 +54,128 @@ mod imp {
             labels.push(Label::new("lease", name.to_string_lossy()));
         }
         labels
+    }
+
+    /// The metadata every report carries (what the `metrics` macros would give it).
+    static METADATA: Metadata<'static> =
+        Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+    /// A `&'static str` by identity (address and length): the cache's keys are the
+    /// literals and the backends' names, each one place in the binary.
+    #[derive(Clone, Copy)]
+    struct Id(&'static str);
+
+    impl PartialEq for Id {
+        fn eq(&self, other: &Self) -> bool {
+            std::ptr::eq(self.0, other.0)
+        }
+    }
+
+    impl Eq for Id {}
+
+    impl Hash for Id {
+        fn hash<H: Hasher>(&self, state: &mut H) {
+            state.write_usize(self.0.as_ptr() as usize);
+            state.write_usize(self.0.len());
+        }
+    }
+
+    /// Multiply-and-rotate over a few words: the cache's keys are addresses, not input.
+    #[derive(Default)]
+    struct WordHasher(u64);
+
+    impl Hasher for WordHasher {
+        fn finish(&self) -> u64 {
+            self.0
+        }
+
+        fn write(&mut self, bytes: &[u8]) {
+            for b in bytes {
+                self.write_u64(u64::from(*b));
+            }
+        }
+
+        fn write_u64(&mut self, word: u64) {
+            self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+        }
+
+        fn write_usize(&mut self, word: usize) {
+            self.write_u64(word as u64);
+        }
+    }
+
+    type Parts = (Id, Id, Option<(Id, Id)>);
+    type Keys = HashMap<Parts, Key, BuildHasherDefault<WordHasher>>;
+
+    /// Keys made at most this many times (each leaks its few labels): far above what a
+    /// process makes (series names x backends x outcomes); past it, keys are made per
+    /// report as without the cache.
+    const MAX_KEYS: usize = 4096;
+
+    /// Set once the cache holds [`MAX_KEYS`]: a key not in it is then made per report,
+    /// without taking the write lock.
+    static FULL: AtomicBool = AtomicBool::new(false);
+
+    fn keys() -> &'static RwLock<Keys> {
+        static KEYS: OnceLock<RwLock<Keys>> = OnceLock::new();
+        KEYS.get_or_init(RwLock::default)
+    }
+
+    /// The key of a series: made once per series, backend and label and kept, so that a
+    /// report makes no allocation and hashes no labels (the key's hash is computed when
+    /// it is made). With the `lease` label on, made per report.
+    fn key(
+        name: &'static str,
+        backend: &'static str,
+        lease: &LeaseName,
+        extra: Option<(&'static str, &'static str)>,
+    ) -> Key {
+        if NAME_LABEL.load(Ordering::Relaxed) {
+            return Key::from_parts(name, labels(backend, lease, extra));
+        }
+        let parts = (Id(name), Id(backend), extra.map(|(k, v)| (Id(k), Id(v))));
+        // A poisoned lock only means a panic elsewhere while it was held; the map is
+        // still whole (an insert either happened or did not).
+        let cache = keys();
+        if let Some(k) = cache
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&parts)
+        {
+            return k.clone();
+        }
+        if FULL.load(Ordering::Relaxed) {
+            return Key::from_parts(name, labels(backend, lease, extra));
+        }
+        let mut map = cache
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(k) = map.get(&parts) {
+            return k.clone();
+        }
+        if map.len() >= MAX_KEYS {
+            FULL.store(true, Ordering::Relaxed);
+            return Key::from_parts(name, labels(backend, lease, extra));
+        }
+        let mut set = vec![Label::from_static_parts("backend", backend)];
+        if let Some((k, v)) = extra {
+            set.push(Label::from_static_parts(k, v));
+        }
+        let key = Key::from_static_parts(name, Box::leak(set.into_boxed_slice()));
+        map.insert(parts, key.clone());
+        key
+    }
+
+    fn count(key: &Key, by: u64) {
+        metrics::with_recorder(|r| r.register_counter(key, &METADATA)).increment(by);
+    }
+
+    fn record(key: &Key, value: f64) {
+        metrics::with_recorder(|r| r.register_histogram(key, &METADATA)).record(value);
+    }
+
+    fn move_gauge(key: &Key, delta: f64) {
+        metrics::with_recorder(|r| r.register_gauge(key, &METADATA)).increment(delta);
     }
 
     pub(crate) fn describe() {
@@ -109,61 +234,164 @@ mod imp {
         outcome: &'static str,
         took: Duration,
     ) {
-        counter!(
-            "lease_acquire_attempts_total",
-            labels(backend, name, Some(("outcome", outcome)))
-        )
-        .increment(1);
-        histogram!(
-            "lease_acquire_duration_seconds",
-            labels(backend, name, None)
-        )
-        .record(took.as_secs_f64());
+        count(
+            &key(
+                "lease_acquire_attempts_total",
+                backend,
+                name,
+                Some(("outcome", outcome)),
+            ),
+            1,
+        );
+        record(
+            &key("lease_acquire_duration_seconds", backend, name, None),
+            took.as_secs_f64(),
+        );
     }
 
     pub(crate) fn renew_call(backend: &'static str, leases: usize, took: Duration) {
         let labels = [Label::from_static_parts("backend", backend)];
-        histogram!("lease_renew_duration_seconds", labels.iter()).record(took.as_secs_f64());
+        metrics::histogram!("lease_renew_duration_seconds", labels.iter())
+            .record(took.as_secs_f64());
         // A batch size is a count far below 2^52; the conversion is exact.
         #[allow(clippy::cast_precision_loss)]
-        histogram!("lease_renew_batch_size", labels.iter()).record(leases as f64);
+        metrics::histogram!("lease_renew_batch_size", labels.iter()).record(leases as f64);
     }
 
     pub(crate) fn renewal(backend: &'static str, name: &LeaseName, outcome: &'static str) {
-        counter!(
-            "lease_renewals_total",
-            labels(backend, name, Some(("outcome", outcome)))
-        )
-        .increment(1);
+        count(
+            &key(
+                "lease_renewals_total",
+                backend,
+                name,
+                Some(("outcome", outcome)),
+            ),
+            1,
+        );
     }
 
     pub(crate) fn renewal_margin(backend: &'static str, name: &LeaseName, margin: Duration) {
-        histogram!("lease_renewal_margin_seconds", labels(backend, name, None))
-            .record(margin.as_secs_f64());
+        record(
+            &key("lease_renewal_margin_seconds", backend, name, None),
+            margin.as_secs_f64(),
+        );
     }
 
     pub(crate) fn loss(backend: &'static str, name: &LeaseName, reason: &'static str) {
-        counter!(
-            "lease_losses_total",
-            labels(backend, name, Some(("reason", reason)))
-        )
-        .increment(1);
+        count(
+            &key(
+                "lease_losses_total",
+                backend,
+                name,
+                Some(("reason", reason)),
+            ),
+            1,
+        );
     }
 
     pub(crate) fn release(backend: &'static str, name: &LeaseName, outcome: &'static str) {
-        counter!(
-            "lease_releases_total",
-            labels(backend, name, Some(("outcome", outcome)))
-        )
-        .increment(1);
+        count(
+            &key(
+                "lease_releases_total",
+                backend,
+                name,
+                Some(("outcome", outcome)),
+            ),
+            1,
+        );
     }
 
     pub(crate) fn held(backend: &'static str, name: &LeaseName, delta: f64) {
-        gauge!("lease_held", labels(backend, name, None)).increment(delta);
+        move_gauge(&key("lease_held", backend, name, None), delta);
     }
 
     pub(crate) fn waiters(backend: &'static str, name: &LeaseName, delta: f64) {
-        gauge!("lease_waiters", labels(backend, name, None)).increment(delta);
+        move_gauge(&key("lease_waiters", backend, name, None), delta);
+    }
+
+    #[cfg(test)]
+    mod tests {
+        #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        use metrics_util::{CompositeKey, MetricKind};
+
+        use super::*;
+
+        fn labels_of(key: &CompositeKey) -> Vec<(String, String)> {
+            key.key()
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect()
+        }
+
+        /// The cached keys carry the same labels as keys made per report, reports
+        /// through one cached key add up in one series, and a key cached while no
+        /// recorder was installed reports to the one installed later.
+        #[test]
+        fn cached_keys_carry_the_backend_and_outcome_labels() {
+            let recorder = DebuggingRecorder::new();
+            let snapshotter = recorder.snapshotter();
+            let name = LeaseName::new("cached-keys").unwrap();
+            // No recorder yet: the key is made and cached, the report goes nowhere.
+            acquire("cache-test", &name, "acquired", Duration::from_millis(2));
+            let cached = |outcome: &'static str| {
+                keys().read().unwrap().iter().any(|((n, b, extra), _)| {
+                    n.0 == "lease_acquire_attempts_total"
+                        && b.0 == "cache-test"
+                        && extra.is_some_and(|(_, v)| v.0 == outcome)
+                })
+            };
+            assert!(cached("acquired"), "the key was not cached");
+            metrics::with_local_recorder(&recorder, || {
+                for _ in 0..3 {
+                    acquire("cache-test", &name, "acquired", Duration::from_millis(2));
+                }
+                acquire("cache-test", &name, "held", Duration::from_millis(1));
+                held("cache-test", &name, 1.0);
+                held("cache-test", &name, 1.0);
+                held("cache-test", &name, -1.0);
+                release("cache-test", &name, "released");
+                loss("cache-test", &name, "not_owner");
+            });
+            let mut seen = Vec::new();
+            for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+                let name = key.key().name().to_owned();
+                let labels = labels_of(&key);
+                let kind = key.kind();
+                let value = match (kind, value) {
+                    (MetricKind::Counter, DebugValue::Counter(n)) => format!("{n}"),
+                    (MetricKind::Gauge, DebugValue::Gauge(g)) => format!("{}", g.into_inner()),
+                    (MetricKind::Histogram, DebugValue::Histogram(h)) => {
+                        format!("{} samples", h.len())
+                    }
+                    other => panic!("{name}: {other:?}"),
+                };
+                seen.push(format!("{name} {labels:?} {value}"));
+            }
+            seen.sort();
+            let backend = ("backend".to_owned(), "cache-test".to_owned());
+            let with = |k: &str, v: &str| vec![backend.clone(), (k.to_owned(), v.to_owned())];
+            let mut want = vec![
+                format!(
+                    "lease_acquire_attempts_total {:?} 3",
+                    with("outcome", "acquired")
+                ),
+                format!(
+                    "lease_acquire_attempts_total {:?} 1",
+                    with("outcome", "held")
+                ),
+                format!(
+                    "lease_acquire_duration_seconds {:?} 4 samples",
+                    vec![backend.clone()]
+                ),
+                format!("lease_held {:?} 1", vec![backend.clone()]),
+                format!("lease_losses_total {:?} 1", with("reason", "not_owner")),
+                format!("lease_releases_total {:?} 1", with("outcome", "released")),
+            ];
+            want.sort();
+            assert_eq!(seen, want);
+        }
     }
 }
 
