@@ -20,7 +20,7 @@ use crate::types::{
     AcquireOutcome, Capabilities, FencingToken, HeldBy, HolderLabel, LeaseInfo, LeaseName,
     LeaseOptions, Owner, OwnerToken, ReleaseOutcome,
 };
-use crate::util::{Site, backoff_delay, call};
+use crate::util::{Site, backoff_delay, call, in_span};
 
 /// Answer to [`LeaseClient::try_acquire`].
 #[derive(Debug)]
@@ -299,7 +299,7 @@ impl LeaseClient {
         let hb = inner.heartbeat()?;
         let owner = Owner::new(inner.label.clone());
         let span = tracing::debug_span!("lease.acquire", lease = %name, holder = %inner.label);
-        async {
+        in_span(span, async {
             let mut cleanup = AcquireCleanup {
                 inner: inner.clone(),
                 name: name.clone(),
@@ -344,8 +344,7 @@ impl LeaseClient {
                     Ok(TryAcquire::Acquired(guard))
                 }
             }
-        }
-        .instrument(span)
+        })
         .await
     }
 

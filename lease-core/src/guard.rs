@@ -15,6 +15,7 @@ use crate::shared::{GuardShared, LossReason};
 use crate::types::{
     FencingToken, HolderLabel, LeaseName, LeaseOptions, OwnerToken, ReleaseOutcome,
 };
+use crate::util::in_span;
 
 /// A held lease.
 ///
@@ -147,7 +148,7 @@ impl LeaseGuard {
             holder = %self.shared.holder(),
             fencing = self.shared.fencing().get(),
         );
-        async {
+        in_span(span, async {
             self.shared.set_released();
             self.shared.mark_lost(LossReason::Released);
             self.stop_renewal().await;
@@ -176,8 +177,7 @@ impl LeaseGuard {
                 }
             }
             outcome
-        }
-        .instrument(span)
+        })
         .await
     }
 

@@ -23,7 +23,6 @@ use futures::StreamExt;
 use futures::stream::FuturesUnordered;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
-use tracing::Instrument;
 
 use crate::backend::LeaseBackend;
 use crate::error::Error;
@@ -237,7 +236,10 @@ pub(crate) fn spawn(
         rx,
         queue: shared.clone(),
     };
-    handle.spawn(run(backend, backend_name, owner, max_batch.max(1), state).instrument(span));
+    handle.spawn(crate::util::in_span(
+        span,
+        run(backend, backend_name, owner, max_batch.max(1), state),
+    ));
     Ok(HeartbeatHandle { tx, shared })
 }
 

@@ -47,6 +47,25 @@ impl<'a> Site<'a> {
     }
 }
 
+/// `fut` inside `span` where a subscriber collects the span, and inside no span
+/// otherwise: a disabled span entered and left on every poll still costs something on
+/// every store call (with `tracing`'s `log` feature, which a dependency such as sqlx may
+/// turn on, a check of the `log` level per enter and per exit; `Span::none()` has nothing
+/// to check). Events inside `fut` are emitted either way.
+///
+/// Cancel-safe as `fut` is: dropping it drops `fut`.
+pub(crate) fn in_span<F: Future>(
+    span: tracing::Span,
+    fut: F,
+) -> tracing::instrument::Instrumented<F> {
+    let span = if span.is_disabled() {
+        tracing::Span::none()
+    } else {
+        span
+    };
+    fut.instrument(span)
+}
+
 /// One call to a backend, as the client makes every call: bounded by `timeout`, and with
 /// a panic inside the backend's future turned into [`Error::Panicked`] instead of
 /// unwinding through the caller (the heartbeat task above all). Each call is a debug
@@ -84,7 +103,7 @@ pub(crate) async fn call<T: Outcome>(
             span.record("leases", n);
         }
     }
-    let reply = bounded(site, timeout, fut).instrument(span.clone()).await;
+    let reply = in_span(span.clone(), bounded(site, timeout, fut)).await;
     if !span.is_disabled() {
         span.record("outcome", reply.outcome());
         span.record("duration_ms", started.elapsed().as_secs_f64() * 1000.0);

@@ -56,21 +56,48 @@ pub(crate) struct Keys {
 /// The longest suffix after the hash tag (`:released`).
 const LONGEST_SUFFIX: usize = 9;
 
+/// For each byte, whether it stands for itself in a key (anything else is `%XX`).
+const PLAIN: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b: u8 = 0;
+    loop {
+        table[b as usize] =
+            b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':' | b'/');
+        if b == u8::MAX {
+            break;
+        }
+        b += 1;
+    }
+    table
+};
+
 /// Whether `b` stands for itself in a key (anything else is `%XX`).
 fn plain(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':' | b'/')
+    PLAIN[usize::from(b)]
 }
 
-/// Appends `enc(bytes)` to `out`.
+/// Appends `enc(bytes)` to `out`: each run of plain bytes (ASCII) in one copy, every
+/// other byte as `%XX`. Keys are built twice per acquire + release cycle, so this runs
+/// on every call.
 fn push_encoded(out: &mut String, bytes: &[u8]) {
     const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
-    for &b in bytes {
-        if plain(b) {
-            out.push(char::from(b));
-        } else {
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let run = rest.iter().position(|&b| !plain(b)).unwrap_or(rest.len());
+        let (plain_run, tail) = rest.split_at(run);
+        // Plain bytes are ASCII, so the run is UTF-8.
+        let text = std::str::from_utf8(plain_run);
+        debug_assert!(text.is_ok(), "a run of plain bytes is ASCII");
+        if let Ok(text) = text {
+            out.push_str(text);
+        }
+        if let Some((&b, after)) = tail.split_first() {
             out.push('%');
             out.push(char::from(DIGITS[usize::from(b >> 4)]));
             out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+            rest = after;
+        } else {
+            rest = tail;
         }
     }
 }
@@ -185,6 +212,35 @@ mod tests {
             v.push(vec![b, b]);
         }
         v
+    }
+
+    /// The encoding byte by byte, as the module's documentation states it.
+    fn reference(bytes: &[u8]) -> String {
+        bytes
+            .iter()
+            .map(|&b| {
+                if b.is_ascii_alphanumeric() || b"-_.:/".contains(&b) {
+                    char::from(b).to_string()
+                } else {
+                    format!("%{b:02X}")
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn runs_of_plain_bytes_encode_as_byte_by_byte() {
+        let mut cases: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        cases.extend((0..=255u8).map(|b| vec![b'a', b, b'z', b, b]));
+        cases.push(b"nightly-report".to_vec());
+        cases.push("bericht-über-nacht/日本".as_bytes().to_vec());
+        cases.push(b"%%{}}{ a b\x00\xff".to_vec());
+        cases.push(Vec::new());
+        for bytes in cases {
+            let mut out = String::new();
+            push_encoded(&mut out, &bytes);
+            assert_eq!(out, reference(&bytes), "{bytes:?}");
+        }
     }
 
     #[test]
