@@ -102,9 +102,13 @@ impl MysqlBackend {
         // UTC_TIMESTAMP(6) and do not depend on it; it keeps the session's NOW() in the
         // table's zone for anyone reading the pool's connections.
         let options = options.timezone(Some("+00:00".to_owned()));
+        // No ping before each checkout (sqlx's default): it is a round trip per statement.
+        // A connection the server closed fails its call instead, which is sent again on
+        // another where that is safe (`call_again`).
         let pool = MySqlPoolOptions::new()
             .max_connections(config.max_connections)
             .acquire_timeout(config.request_timeout)
+            .test_before_acquire(false)
             .connect_lazy_with(options);
         let server = lease_core::redact_url(&driver_url);
         Self::build(pool, config, server).await
@@ -203,6 +207,7 @@ impl MysqlBackend {
             .max_connections(2)
             .min_connections(1)
             .acquire_timeout(timeout)
+            .test_before_acquire(false)
             .connect_lazy_with(pool.connect_options().as_ref().clone());
         // Opened now: the first renewal must not pay a connect (a TLS handshake, the
         // password's hashing) inside the lease's deadline.
@@ -241,6 +246,44 @@ impl MysqlBackend {
         F: Future<Output = std::result::Result<T, sqlx::Error>>,
     {
         bounded(operation, self.inner.request_timeout, fut).await
+    }
+
+    /// [`Self::call`] for a call that is safe to send again (renew, release, inspect,
+    /// force release): when it fails because its pooled connection was closed (the
+    /// server restarted, an administrator or `wait_timeout` ended the session), it is sent
+    /// again on another connection, within the same deadline, as many times as `pool`
+    /// may hold closed connections plus one. The pools this crate builds do not ping a
+    /// connection before handing it out (a round trip per call), so after a restart each
+    /// of their connections would otherwise fail one call. Acquire is not sent again:
+    /// if the lost reply was a success, a second run would find the lease held by its
+    /// own owner. A release (or force release) whose first run applied but whose reply
+    /// was lost with its connection reports `NotOwner` (`false`) on the second run: the
+    /// lease is free either way (PostgreSQL's backend has the same gap).
+    pub(crate) async fn call_again<T, F, Fut>(
+        &self,
+        operation: &'static str,
+        pool: &MySqlPool,
+        call: F,
+    ) -> Result<T>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = std::result::Result<T, sqlx::Error>>,
+    {
+        let after = self.inner.request_timeout;
+        let deadline = tokio::time::Instant::now() + after;
+        let attempts = pool.options().get_max_connections().saturating_add(1);
+        let mut attempt = 1;
+        loop {
+            match tokio::time::timeout_at(deadline, call()).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) if attempt < attempts && connection_closed(&e) => {
+                    tracing::debug!(operation, error = %e, attempt, "mysql connection closed; sending again");
+                    attempt += 1;
+                }
+                Ok(Err(e)) => return Err(convert(operation, after, e)),
+                Err(_) => return Err(Error::Timeout { operation, after }),
+            }
+        }
     }
 
     pub(crate) async fn held_by(&self, name: &LeaseName) -> Result<HeldBy> {
@@ -341,11 +384,11 @@ impl LeaseBackend for MysqlBackend {
             })
             .collect();
         let text = self.inner.sql.renew(&pairs, ttl_us);
+        let renewals = &self.inner.renewals;
         let rows = self
-            .call(
-                "renew",
-                sqlx::raw_sql(AssertSqlSafe(text)).fetch_all(&self.inner.renewals),
-            )
+            .call_again("renew", renewals, || {
+                sqlx::raw_sql(AssertSqlSafe(text.clone())).fetch_all(renewals)
+            })
             .await?;
         let mut ok = vec![false; pairs.len()];
         for row in rows {
@@ -400,15 +443,15 @@ impl LeaseBackend for MysqlBackend {
         keep_for: Duration,
     ) -> Result<ReleaseOutcome> {
         let keep_us = micros_ceil("keep_for", keep_for)?;
+        let pool = &self.inner.pool;
         let done = self
-            .call(
-                "release",
+            .call_again("release", pool, || {
                 sqlx::query(AssertSqlSafe(self.inner.sql.release.as_str()))
                     .bind(keep_us)
                     .bind(name.as_bytes())
                     .bind(&token.as_bytes()[..])
-                    .execute(&self.inner.pool),
-            )
+                    .execute(pool)
+            })
             .await?;
         let outcome = if done.rows_affected() > 0 {
             ReleaseOutcome::Released
@@ -420,13 +463,13 @@ impl LeaseBackend for MysqlBackend {
     }
 
     async fn inspect(&self, name: &LeaseName) -> Result<Option<LeaseInfo>> {
+        let pool = &self.inner.pool;
         let row: Option<(Option<String>, u64, i64)> = self
-            .call(
-                "inspect",
+            .call_again("inspect", pool, || {
                 sqlx::query_as(AssertSqlSafe(self.inner.sql.inspect.as_str()))
                     .bind(name.as_bytes())
-                    .fetch_optional(&self.inner.pool),
-            )
+                    .fetch_optional(pool)
+            })
             .await?;
         Ok(row.map(|(holder, fencing, us)| LeaseInfo {
             holder,
@@ -436,13 +479,13 @@ impl LeaseBackend for MysqlBackend {
     }
 
     async fn force_release(&self, name: &LeaseName) -> Result<bool> {
+        let pool = &self.inner.pool;
         let done = self
-            .call(
-                "force release",
+            .call_again("force release", pool, || {
                 sqlx::query(AssertSqlSafe(self.inner.sql.force_release.as_str()))
                     .bind(name.as_bytes())
-                    .execute(&self.inner.pool),
-            )
+                    .execute(pool)
+            })
             .await?;
         tracing::info!(lease = %name, freed = done.rows_affected() > 0, "force release");
         Ok(done.rows_affected() > 0)

@@ -7,6 +7,24 @@ use lease_core::{Error, InvalidInput};
 /// Backend name used in errors and logs.
 pub(crate) const BACKEND: &str = "mysql";
 
+/// Whether `e` says the call's connection was closed, so the call never ran on it or its
+/// outcome is unknown: an I/O error (what sqlx reports for a socket the server closed),
+/// or the server ending the session (1053 server shutdown, 1927 connection killed,
+/// SQLSTATE `08S01` communication link failure). Not the other `08` states: "too many
+/// connections" (08004) is not helped by sending again at once.
+pub(crate) fn connection_closed(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) => true,
+        sqlx::Error::Database(db) => {
+            let number = db
+                .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                .map_or(0, sqlx::mysql::MySqlDatabaseError::number);
+            matches!(number, 1053 | 1927) || db.code().as_deref() == Some("08S01")
+        }
+        _ => false,
+    }
+}
+
 /// Maps a `sqlx` error of `operation` (bounded by `timeout`) to the crate family's error.
 pub(crate) fn convert(operation: &'static str, timeout: Duration, error: sqlx::Error) -> Error {
     use sqlx::Error as E;

@@ -82,7 +82,7 @@ pub mod fence;
 mod sql;
 mod tls;
 
-use error::{BACKEND, convert};
+use error::{BACKEND, connection_closed, convert};
 use sql::{Statements, TableName};
 
 /// The `sqlx` this crate is built on, for [`MysqlBackend::from_pool`].

@@ -298,3 +298,95 @@ async fn a_busy_pool_does_not_delay_renewals() {
     drop(taken);
     guard.release().await.unwrap();
 }
+
+/// `Com_admin_commands` (which counts `COM_PING`) of `server`.
+fn admin_commands(server: &MariaDbServer) -> u64 {
+    let rows = server
+        .sql("SHOW GLOBAL STATUS LIKE 'Com_admin_commands'")
+        .unwrap();
+    rows[0].split('\t').nth(1).unwrap().trim().parse().unwrap()
+}
+
+/// The backend's pools send no ping before each statement (sqlx's default does, a round
+/// trip per call). sqlx 0.9 also pings each connection when it goes back to the pool,
+/// which no option turns off (off the caller's path, in a task of its own), so 150
+/// statements (50 acquire + release cycles and 50 renewals) leave about 150 pings on the
+/// server; with the ping before each statement they left 300. The bound (under 225)
+/// leaves room for a ping of the set-up's own statements landing in the window.
+#[tokio::test]
+async fn no_ping_before_each_statement() {
+    let server = MariaDbServer::start().await.unwrap();
+    let backend = MysqlBackend::connect(&server.url()).await.unwrap();
+    let ttl = Duration::from_secs(30);
+    let held = owner("held");
+    let kept = name("kept");
+    acquired(backend.acquire(&kept, &held, ttl).await.unwrap()).await;
+    let item = [lease_core::RenewItem {
+        name: kept.clone(),
+        token: held.token,
+    }];
+    let before = admin_commands(&server);
+    for i in 0..50 {
+        let lease = name(&format!("cycle-{i}"));
+        let o = owner("cycle");
+        acquired(backend.acquire(&lease, &o, ttl).await.unwrap()).await;
+        backend
+            .release(&lease, &o.token, Duration::ZERO)
+            .await
+            .unwrap();
+        backend.renew(&item, ttl).await.unwrap();
+    }
+    let after = admin_commands(&server);
+    assert!(after - before < 225, "pings sent: {}", after - before);
+}
+
+/// Without the ping, a connection the server closed is found by the call that uses it:
+/// after a crash and restart of the server, the same backend's renew, inspect and
+/// release answer on their first call (each is sent again on a fresh connection), and
+/// acquire either succeeds or fails retryably (it is not sent again: a lost success
+/// would come back as held by its own owner).
+#[tokio::test]
+async fn after_a_restart_safe_calls_answer_at_once() {
+    let mut server = MariaDbServer::start_local().await.unwrap();
+    let backend = MysqlBackend::connect(&server.url()).await.unwrap();
+    let ttl = Duration::from_secs(30);
+    let held = owner("held");
+    let kept = name("kept-over-a-crash");
+    acquired(backend.acquire(&kept, &held, ttl).await.unwrap()).await;
+    // Several pooled connections, all of which the crash will close.
+    let mut calls = Vec::new();
+    for _ in 0..4 {
+        calls.push(backend.inspect(&kept));
+    }
+    for r in futures::future::join_all(calls).await {
+        r.unwrap();
+    }
+    let item = [lease_core::RenewItem {
+        name: kept.clone(),
+        token: held.token,
+    }];
+    backend.renew(&item, ttl).await.unwrap();
+
+    server.kill().unwrap();
+    server.start_again().await.unwrap();
+
+    assert_eq!(
+        backend.renew(&item, ttl).await.unwrap(),
+        vec![lease_core::RenewOutcome::Renewed]
+    );
+    assert!(backend.inspect(&kept).await.unwrap().is_some());
+    assert_eq!(
+        backend
+            .release(&kept, &held.token, Duration::ZERO)
+            .await
+            .unwrap(),
+        lease_core::ReleaseOutcome::Released
+    );
+    let other = name("after-the-crash");
+    match backend.acquire(&other, &owner("after"), ttl).await {
+        Ok(outcome) => {
+            acquired(outcome).await;
+        }
+        Err(e) => assert!(e.is_retryable(), "{e}"),
+    }
+}

@@ -159,6 +159,11 @@ impl MariaDbServer {
         admin.sql(sql).map_err(HarnessError::Start)
     }
 
+    /// The pid of a spawned server while it runs (or is paused).
+    pub fn pid(&self) -> Option<u32> {
+        self.local.as_ref().and_then(|l| l.process.pid())
+    }
+
     /// Whether the harness started (and so controls) the server.
     pub fn owns_process(&self) -> bool {
         self.local.is_some()
