@@ -2,7 +2,8 @@
 //! `conformance_suite!` (a macro cannot find functions by itself). This test keeps the
 //! two in step: every `pub async fn NAME(backend: Arc<dyn LeaseBackend>)` of the suite is
 //! in the macro's list exactly once, and the list names nothing else, so that a new
-//! check cannot be left out of every backend's run by a forgotten line.
+//! check cannot be left out of every backend's run by a forgotten line; and every name
+//! in `LOAD_CHECKS` is a check of that list.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::collections::BTreeSet;
@@ -50,4 +51,12 @@ fn every_check_is_in_the_macro_list_once() {
         "listed but not defined as checks: {unknown:?}"
     );
     assert!(defined.len() >= 50, "only {} checks found", defined.len());
+    // The checks that run alone are named by string: a renamed one would silently run
+    // alongside the others again.
+    for check in lease_conformance::LOAD_CHECKS {
+        assert!(
+            listed.contains(*check),
+            "LOAD_CHECKS names {check}, which is not a check of the macro's list"
+        );
+    }
 }
