@@ -362,13 +362,108 @@ pub fn redis_rslock(url: &str) -> Case {
 
 /// The bare floor's table.
 pub async fn postgres_bare_table(pool: &PgPool) {
-    sqlx::query(
+    for ddl in [
         "CREATE TABLE IF NOT EXISTS bare_locks (name BYTEA PRIMARY KEY, owner_token UUID, \
          lock_until TIMESTAMPTZ NOT NULL)",
+        // ShedLock's documented PostgreSQL table.
+        "CREATE TABLE IF NOT EXISTS shedlock (name VARCHAR(64) NOT NULL, \
+         lock_until TIMESTAMP NOT NULL, locked_at TIMESTAMP NOT NULL, \
+         locked_by VARCHAR(255) NOT NULL, PRIMARY KEY (name))",
+    ] {
+        sqlx::query(ddl)
+            .execute(pool)
+            .await
+            .expect("create a benchmark table");
+    }
+}
+
+/// ShedLock's PostgreSQL statements with the database's time (`usingDbTime()`), on its
+/// table: the `UPDATE` of a name it has seen before, its `INSERT ... ON CONFLICT DO
+/// UPDATE` the first time, and its unlock (`lockAtLeastFor` zero). ShedLock is Java and
+/// cannot be run here; these are its statements, sent by the same client as the other
+/// rows. Its `locked_by` is a host name; here it carries a value per cycle, so that the
+/// unlock is as selective as the other rows' (and a cycle that frees nothing fails).
+pub fn postgres_shedlock(pool: PgPool) -> Case {
+    // ShedLock's `now` with `usingDbTime()`.
+    macro_rules! now {
+        () => {
+            "timezone('utc', CURRENT_TIMESTAMP)"
+        };
+    }
+    const UPDATE: &str = concat!(
+        "UPDATE shedlock SET lock_until = ",
+        now!(),
+        " + make_interval(secs => $1), ",
+        "locked_at = ",
+        now!(),
+        ", locked_by = $2 ",
+        "WHERE shedlock.name = $3 AND shedlock.lock_until <= ",
+        now!()
+    );
+    const INSERT: &str = concat!(
+        "INSERT INTO shedlock (name, lock_until, locked_at, locked_by) ",
+        "VALUES ($3, ",
+        now!(),
+        " + make_interval(secs => $1), ",
+        now!(),
+        ", $2) ",
+        "ON CONFLICT (name) DO UPDATE SET lock_until = ",
+        now!(),
+        " + make_interval(secs => $1), ",
+        "locked_at = ",
+        now!(),
+        ", locked_by = $2 ",
+        "WHERE shedlock.name = $3 AND shedlock.lock_until <= ",
+        now!()
+    );
+    const UNLOCK: &str = concat!(
+        "UPDATE shedlock SET lock_until = CASE ",
+        "WHEN locked_at + make_interval(secs => $1) > ",
+        now!(),
+        " ",
+        "THEN locked_at + make_interval(secs => $1) ELSE ",
+        now!(),
+        " END ",
+        "WHERE name = $2 AND locked_by = $3"
+    );
+    Case::new(
+        "ShedLock's PostgreSQL statements (usingDbTime; no fencing token)",
+        move |prefix, n| {
+            let pool = pool.clone();
+            async move {
+                for i in 0..n {
+                    let name = format!("{prefix}:{}", i % 64);
+                    let by = uuid::Uuid::new_v4().simple().to_string();
+                    let taken = sqlx::query(UPDATE)
+                        .bind(30.0_f64)
+                        .bind(&by)
+                        .bind(&name)
+                        .execute(&pool)
+                        .await
+                        .expect("update")
+                        .rows_affected();
+                    if taken == 0 {
+                        let r = sqlx::query(INSERT)
+                            .bind(30.0_f64)
+                            .bind(&by)
+                            .bind(&name)
+                            .execute(&pool)
+                            .await
+                            .expect("insert");
+                        assert_eq!(r.rows_affected(), 1, "{name} taken");
+                    }
+                    let r = sqlx::query(UNLOCK)
+                        .bind(0.0_f64)
+                        .bind(&name)
+                        .bind(&by)
+                        .execute(&pool)
+                        .await
+                        .expect("unlock");
+                    assert_eq!(r.rows_affected(), 1, "{name} not unlocked");
+                }
+            }
+        },
     )
-    .execute(pool)
-    .await
-    .expect("create bare_locks");
 }
 
 /// The upsert (`INSERT ... ON CONFLICT DO UPDATE ... WHERE lock_until <= clock_timestamp()`)

@@ -7,6 +7,9 @@
 //!     [--notes docs/benchmark-notes.md] [--only redis,postgres,etcd,mysql,zookeeper] [--quick]
 //! ```
 //!
+//! `lease-bench count-cycles STORE URL CASE N` runs N cycles of one case and nothing else,
+//! for `scripts/client-instructions.sh` (instructions per cycle under callgrind).
+//!
 //! `lease-bench renew-at-scale STORE N [TICKS]` holds N leases (TTL 30 s) on a throwaway
 //! server and times the heartbeat's renewal ticks against TTL/3 (see `at_scale`).
 //!
@@ -18,6 +21,8 @@
 
 mod at_scale;
 mod cluster;
+mod cost;
+mod count;
 mod cycles;
 mod handoff;
 mod metered;
@@ -48,7 +53,7 @@ struct Args {
 }
 
 const USAGE: &str = "usage: lease-bench [--out FILE] [--svg FILE] [--notes FILE] \
-                     [--only redis,postgres,etcd,mysql,zookeeper] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS\n       lease-bench renew-at-scale redis|redis-cluster|etcd|postgres|mysql|zookeeper N [TICKS]";
+                     [--only redis,postgres,etcd,mysql,zookeeper] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS\n       lease-bench renew-at-scale redis|redis-cluster|etcd|postgres|mysql|zookeeper N [TICKS]\n       lease-bench count-cycles redis|etcd URL bare|backend|client|peer|raw N";
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let mut a = Args {
@@ -90,23 +95,6 @@ fn parse(args: &[String]) -> Result<Args, String> {
         }
     }
     Ok(a)
-}
-
-/// CPU time of all threads of process `pid` (from /proc/PID/task/*/schedstat).
-fn process_cpu(pid: u32) -> Duration {
-    let mut total = 0u64;
-    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
-        for t in tasks.flatten() {
-            if let Ok(s) = std::fs::read_to_string(t.path().join("schedstat")) {
-                total += s
-                    .split_whitespace()
-                    .next()
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .unwrap_or(0);
-            }
-        }
-    }
-    Duration::from_nanos(total)
 }
 
 fn machine() -> String {
@@ -211,6 +199,8 @@ struct Setup {
     backend: Arc<dyn LeaseBackend>,
     counter: Option<scale::Counter>,
     round_trip_source: &'static str,
+    /// How the server's side of a cycle's cost is read.
+    meter: cost::ServerMeter,
 }
 
 async fn common(setup: Setup, s: &Sizes) -> StoreResult {
@@ -222,11 +212,16 @@ async fn common(setup: Setup, s: &Sizes) -> StoreResult {
         backend,
         counter,
         round_trip_source,
+        meter,
     } = setup;
     let url = url.as_str();
     eprintln!("{store}: acquire + release ({} rounds)", s.plan.rounds);
     cycles::warm_up(&cases, 200).await;
     let rows = cycles::run(&cases, s.plan).await;
+    // After the rounds: a server that compiles as it runs (ZooKeeper's JVM) has done so
+    // by then, and the first case measured would otherwise pay for it.
+    eprintln!("{store}: cost per cycle ({} cycles per case)", cost::CYCLES);
+    let costs = cost::per_cycle(&cases, &meter).await;
     eprintln!("{store}: renewal at scale {:?}", s.scale);
     let scale = scale::renewal(backend.clone(), &s.scale, 5, counter).await;
     eprintln!("{store}: handoff");
@@ -253,6 +248,7 @@ async fn common(setup: Setup, s: &Sizes) -> StoreResult {
             (rows.len().saturating_sub(1), 2),
         ],
         rows,
+        costs,
         scale,
         round_trip_source,
         handoff_notify,
@@ -298,42 +294,24 @@ async fn redis_store(mode: Mode) -> StoreResult {
         // The LeaseClient row's cycle with its metrics recorded (last).
         metered::client_case(METRICS_ROW, backend.clone()),
     ];
-    let counter: scale::Counter = Box::new(move || {
-        let mut admin = admin.clone();
-        Box::pin(async move {
-            let info: String = redis::cmd("INFO")
-                .arg("commandstats")
-                .query_async(&mut admin)
-                .await
-                .expect("INFO commandstats");
-            lease_test_servers::redis::script_calls(&info)
+    let commandstats = move |count: fn(&str) -> u64| -> scale::Counter {
+        let admin = admin.clone();
+        Box::new(move || {
+            let mut admin = admin.clone();
+            Box::pin(async move {
+                let info: String = redis::cmd("INFO")
+                    .arg("commandstats")
+                    .query_async(&mut admin)
+                    .await
+                    .expect("INFO commandstats");
+                count(&info)
+            })
         })
-    });
+    };
+    let counter = commandstats(lease_test_servers::redis::script_calls);
+    let requests = commandstats(cost::redis_commands);
     let s = sizes(mode, 400, 40, 101);
-    // CPU per cycle of each case, on the server (the redis-server process's threads,
-    // from /proc) and in this process, over 5,000 cycles of one task.
     let mut notes = Vec::new();
-    if let Some(pid) = server.pid() {
-        let mut parts = Vec::new();
-        for case in &cases {
-            let n = 5_000;
-            let (srv0, cli0) = (process_cpu(pid), scale::cpu_now());
-            (case.run)(format!("cpu-{}", uuid::Uuid::new_v4().simple()), n).await;
-            let (srv, cli) = (process_cpu(pid) - srv0, scale::cpu_now() - cli0);
-            parts.push(format!(
-                "{}: server {:.1} µs, client {:.1} µs",
-                case.label,
-                srv.as_secs_f64() * 1e6 / n as f64,
-                cli.as_secs_f64() * 1e6 / n as f64
-            ));
-        }
-        notes.push(format!(
-            "CPU per acquire + release cycle with one task (5,000 cycles per case, apart from \
-             the rounds; server = the redis-server process from /proc, client = this \
-             process): {}",
-            parts.join("; ")
-        ));
-    }
     let setup = Setup {
         store: "Redis",
         server: format!("Redis {version} ({}, no persistence)", server.source()),
@@ -342,6 +320,13 @@ async fn redis_store(mode: Mode) -> StoreResult {
         backend,
         counter: Some(counter),
         round_trip_source: "script calls, INFO commandstats",
+        meter: cost::ServerMeter {
+            pid: server.pid(),
+            requests: Some((
+                requests,
+                "commands run, scripts' own included, INFO commandstats",
+            )),
+        },
     };
     let mut r = common(setup, &s).await;
     notes.push(metered::memory_cost().await);
@@ -406,6 +391,7 @@ async fn postgres_store(mode: Mode) -> StoreResult {
             "library LeaseClient try_acquire + release",
             client_backend.clone(),
         ),
+        cycles::postgres_shedlock(pool.clone()),
         cycles::postgres_sqlx_advisory(pool.clone()),
         cycles::backend_case("library advisory mode: backend acquire + release", advisory),
         raw,
@@ -426,9 +412,16 @@ async fn postgres_store(mode: Mode) -> StoreResult {
         backend,
         counter: None,
         round_trip_source: "",
+        // Not counted: PostgreSQL's statistics views lag by up to its idle flush
+        // interval (10 s).
+        meter: cost::ServerMeter {
+            pid: server.pid(),
+            requests: None,
+        },
     };
     let mut r = common(setup, &s).await;
-    r.extra_pairs.push((4, 3));
+    // The advisory mode against sqlx's `PgAdvisoryLock`.
+    r.extra_pairs.push((5, 4));
     r
 }
 
@@ -473,6 +466,11 @@ async fn etcd_store(mode: Mode) -> StoreResult {
         let etcd = etcd.clone();
         Box::pin(async move { etcd.keepalives_sent() })
     });
+    let metrics_url = endpoints.first().cloned().unwrap_or_default();
+    let requests: scale::Counter = Box::new(move || {
+        let url = metrics_url.clone();
+        Box::pin(async move { cost::etcd_messages(&cost::etcd_metrics(&url).await) })
+    });
     let s = sizes(mode, 80, 10, 101);
     let setup = Setup {
         store: "etcd",
@@ -482,6 +480,10 @@ async fn etcd_store(mode: Mode) -> StoreResult {
         backend,
         counter: Some(counter),
         round_trip_source: "keepalive requests sent",
+        meter: cost::ServerMeter {
+            pid: server.pid(),
+            requests: Some((requests, "gRPC messages received, /metrics")),
+        },
     };
     let r = common(setup, &s).await;
     keep.abort();
@@ -537,6 +539,19 @@ async fn zookeeper_store(mode: Mode) -> StoreResult {
         let zk = zk.clone();
         Box::pin(async move { zk.renew_requests() })
     });
+    let zk_port = server.port();
+    let requests: scale::Counter = Box::new(move || {
+        Box::pin(async move {
+            tokio::task::spawn_blocking(move || {
+                lease_test_servers::zookeeper::four_letter(zk_port, "srvr")
+            })
+            .await
+            .ok()
+            .flatten()
+            .and_then(|s| cost::zookeeper_received(&s))
+            .expect("ZooKeeper srvr's Received count")
+        })
+    });
     let s = sizes(mode, 200, 20, 101);
     let setup = Setup {
         store: "ZooKeeper",
@@ -548,6 +563,10 @@ async fn zookeeper_store(mode: Mode) -> StoreResult {
         backend,
         counter: Some(counter),
         round_trip_source: "multiRead requests sent",
+        meter: cost::ServerMeter {
+            pid: server.pid(),
+            requests: Some((requests, "packets received, srvr")),
+        },
     };
     common(setup, &s).await
 }
@@ -614,6 +633,24 @@ async fn mysql_store(mode: Mode) -> StoreResult {
             n.parse().expect("Com_update is a number")
         })
     });
+    // Statements the server ran for clients (`Questions`), less those that read it.
+    let admin = pool.clone();
+    let readings = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let requests: scale::Counter = Box::new(move || {
+        let admin = admin.clone();
+        let readings = readings.clone();
+        Box::pin(async move {
+            let (_, n): (String, String) =
+                lease_mysql::sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Questions'")
+                    .fetch_one(&admin)
+                    .await
+                    .expect("Questions");
+            let read = readings.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+            n.parse::<u64>()
+                .expect("Questions is a number")
+                .saturating_sub(read)
+        })
+    });
     let s = sizes(mode, 120, 15, 101);
     let setup = Setup {
         store: "MySQL",
@@ -628,13 +665,33 @@ async fn mysql_store(mode: Mode) -> StoreResult {
         backend,
         counter: Some(counter),
         round_trip_source: "UPDATE statements, Com_update",
+        meter: cost::ServerMeter {
+            pid: server.pid(),
+            requests: Some((requests, "statements, Questions")),
+        },
     };
     common(setup, &s).await
 }
 
-#[tokio::main]
-async fn main() {
+fn main() {
     let argv: Vec<String> = std::env::args().skip(1).collect();
+    if argv.first().map(String::as_str) == Some("count-cycles") {
+        // On a runtime of one thread, without the metrics recorder: what callgrind
+        // counts is the case's own work.
+        if let Err(e) = count::main(&argv[1..]) {
+            eprintln!("lease-bench count-cycles: {e}\n{USAGE}");
+            std::process::exit(64);
+        }
+        return;
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+        .block_on(async_main(argv));
+}
+
+async fn async_main(argv: Vec<String>) {
     metered::install();
     if argv.first().map(String::as_str) == Some("hold") {
         let [_, url, name, ttl_ms] = argv.as_slice() else {

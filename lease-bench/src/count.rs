@@ -1,0 +1,102 @@
+//! `lease-bench count-cycles STORE URL CASE N`: N acquire + release cycles of one case,
+//! with one connection, on a current-thread runtime, and nothing else: the program that
+//! `scripts/client-instructions.sh` runs under callgrind twice (N and 2N cycles), so that
+//! the difference is the client's instructions for N cycles, without start-up and
+//! connection set-up. Instructions are counted, not timed, so the figure repeats on a
+//! loaded machine.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lease_core::LeaseBackend;
+
+use crate::cycles::{self, Case};
+
+/// Builds the case and runs `warm_up` cycles, then `n`, on the caller's runtime.
+pub async fn run(store: &str, url: &str, case: &str, n: usize) -> Result<(), String> {
+    let case = build(store, url, case).await?;
+    // The same warm-up in both runs: it cancels out of the difference.
+    (case.run)("count-warm".into(), 200).await;
+    (case.run)(format!("count-{}", uuid::Uuid::new_v4().simple()), n).await;
+    Ok(())
+}
+
+/// The case named `case` on `store`: `bare`, `backend`, `client`, `peer` (rslock; etcd's
+/// lock service), and on Redis `raw` (the library's commands sent with the bare floor's
+/// client code).
+async fn build(store: &str, url: &str, case: &str) -> Result<Case, String> {
+    match store {
+        "redis" => {
+            let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+            let conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(|e| e.to_string())?;
+            let backend = || async {
+                lease_redis::RedisBackend::connect(url)
+                    .await
+                    .map(|b| Arc::new(b) as Arc<dyn LeaseBackend>)
+                    .map_err(|e| e.to_string())
+            };
+            Ok(match case {
+                "bare" => cycles::redis_bare(conn),
+                "backend" => cycles::backend_case("backend", backend().await?),
+                "client" => cycles::client_case("client", backend().await?),
+                "peer" => cycles::redis_rslock(url),
+                "raw" => cycles::redis_library_scripts_raw(conn),
+                other => return Err(format!("unknown case {other:?}")),
+            })
+        }
+        "etcd" => {
+            let endpoint = url.trim_start_matches("etcd://").to_owned();
+            let mut bare = lease_etcd::etcd_client::Client::connect([endpoint], None)
+                .await
+                .map_err(|e| e.to_string())?;
+            let backend = || async {
+                lease_etcd::EtcdBackend::connect(url)
+                    .await
+                    .map(|b| Arc::new(b) as Arc<dyn LeaseBackend>)
+                    .map_err(|e| e.to_string())
+            };
+            // A lease for the bare floor and the lock service, as in the report (long
+            // enough for any run; revoked when the server goes).
+            let lease = || {
+                let mut bare = bare.clone();
+                async move {
+                    bare.lease_grant(3600, None)
+                        .await
+                        .map(|r| r.id())
+                        .map_err(|e| e.to_string())
+                }
+            };
+            let case = match case {
+                "bare" => cycles::etcd_bare(bare.clone(), lease().await?),
+                "backend" => cycles::backend_case("backend", backend().await?),
+                "client" => cycles::client_case("client", backend().await?),
+                "peer" => cycles::etcd_lock_service(bare.clone(), lease().await?),
+                other => return Err(format!("unknown case {other:?} on etcd")),
+            };
+            // Touch the connection so that its set-up is outside the counted cycles.
+            bare.status().await.map_err(|e| e.to_string())?;
+            Ok(case)
+        }
+        other => Err(format!("count-cycles runs on redis or etcd, not {other:?}")),
+    }
+}
+
+/// Parses `STORE URL CASE N` and runs it on a current-thread runtime.
+pub fn main(args: &[String]) -> Result<(), String> {
+    let [store, url, case, n] = args else {
+        return Err("count-cycles needs STORE URL CASE N".into());
+    };
+    let n: usize = n.parse().map_err(|e| format!("N: {e}"))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(3600), run(store, url, case, n))
+            .await
+            .map_err(|_| "timed out".to_owned())?
+    })
+}

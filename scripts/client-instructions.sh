@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The client's instructions per acquire + release cycle, counted by callgrind (repeatable
+# on a loaded machine, unlike a rate), for each case of `lease-bench count-cycles` on a
+# throwaway local redis-server and etcd: each case runs twice, with N and 2N cycles, and
+# the difference divided by N is one cycle's instructions without start-up and connection
+# set-up.
+#
+#   bash scripts/client-instructions.sh [N] [STORE ...]     (N default 1000; redis etcd)
+#
+# Needs valgrind, redis-server, etcd and python3 (Debian: valgrind redis-server
+# etcd-server python3).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+n=${1:-1000}
+shift || true
+stores=("$@")
+[ ${#stores[@]} -gt 0 ] || stores=(redis etcd)
+
+for tool in valgrind redis-server etcd python3; do
+  command -v "$tool" >/dev/null || { echo "client-instructions: $tool is not installed" >&2; exit 1; }
+done
+CARGO_INCREMENTAL=0 cargo build --release -q -p lease-bench
+bin=target/release/lease-bench
+work=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in ${pids[@]+"${pids[@]}"}; do kill "$p" 2>/dev/null || true; done
+  for p in ${pids[@]+"${pids[@]}"}; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$work"
+}
+trap cleanup EXIT INT TERM
+
+# Free loopback ports, all different, from one socket set held open together.
+free_ports() {
+  python3 - "$1" <<'PY'
+import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+PY
+}
+wait_port() {
+  for _ in $(seq 1 100); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "client-instructions: nothing listens on $1" >&2; exit 1
+}
+
+# Instructions of one run, from callgrind's "Collected" line; the run's output is shown
+# if it failed or printed no count.
+count() {
+  local log="$work/run.log" got
+  if ! valgrind --tool=callgrind --callgrind-out-file="$work/cg.out" "$bin" count-cycles "$@" >"$log" 2>&1; then
+    echo "client-instructions: count-cycles $* failed:" >&2; cat "$log" >&2; exit 1
+  fi
+  got=$(sed -n 's/^==[0-9]*== Collected : \([0-9]*\).*/\1/p' "$log")
+  if [ -z "$got" ]; then
+    echo "client-instructions: no count from count-cycles $*:" >&2; cat "$log" >&2; exit 1
+  fi
+  echo "$got"
+}
+
+for store in "${stores[@]}"; do
+  case "$store" in
+    redis)
+      read -r port < <(free_ports 1)
+      redis-server --port "$port" --save '' --appendonly no --daemonize no >"$work/redis.log" 2>&1 &
+      pids+=($!)
+      wait_port "$port"
+      url="redis://127.0.0.1:$port/"
+      cases=(bare raw backend client peer)
+      ;;
+    etcd)
+      read -r port peer < <(free_ports 2)
+      etcd --data-dir "$work/etcd" --listen-client-urls "http://127.0.0.1:$port" \
+        --advertise-client-urls "http://127.0.0.1:$port" \
+        --listen-peer-urls "http://127.0.0.1:$peer" \
+        --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+        --initial-cluster "default=http://127.0.0.1:$peer" >"$work/etcd.log" 2>&1 &
+      pids+=($!)
+      wait_port "$port"
+      url="etcd://127.0.0.1:$port"
+      cases=(bare backend client peer)
+      ;;
+    *) echo "client-instructions: unknown store $store" >&2; exit 64 ;;
+  esac
+  for c in "${cases[@]}"; do
+    one=$(count "$store" "$url" "$c" "$n")
+    two=$(count "$store" "$url" "$c" $((2 * n)))
+    echo "$store $c: $(( (two - one) / n )) instructions per cycle ($one for $n cycles, $two for $((2 * n)))"
+  done
+done
