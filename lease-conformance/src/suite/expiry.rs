@@ -80,6 +80,13 @@ pub async fn lost_signal_before_store_expiry(backend: Arc<dyn LeaseBackend>) {
         TryAcquire::Held(by) => panic!("held by {by}"),
         _ => unreachable!("an outcome added to the enum after this code was written"),
     };
+    // The probe below must answer within the safety margin of the signal (a tenth of the
+    // TTL): whatever it needs the first time (a ZooKeeper session of its TTL, a pooled
+    // connection) is made now, on another name, not in that window.
+    assert!(
+        !is_held(&*backend, &name(&ns, "lost-early-warm")).await,
+        "a fresh name is held"
+    );
     let reason = tokio::time::timeout(ttl * 2, guard.lost())
         .await
         .expect("no lost signal within 2x ttl");
@@ -91,9 +98,15 @@ pub async fn lost_signal_before_store_expiry(backend: Arc<dyn LeaseBackend>) {
         "lost signalled after {lost_after:?}, not before the ttl"
     );
     // At the moment of the signal the store still has it: nobody else could take it yet.
+    let signalled = Instant::now();
+    let held = is_held(&*backend, &n).await;
     assert!(
-        is_held(&*backend, &n).await,
-        "the store gave the lease away before the guard signalled loss"
+        held,
+        "the store gave the lease away before the guard signalled loss (signal {lost_after:?} \
+         after the acquire; the probe answered {:?} after the signal, the safety margin is \
+         {:?})",
+        signalled.elapsed(),
+        opts(ttl).safety_margin()
     );
     assert!(faulty.calls(Op::Renew) >= 2, "renewal was not retried");
     guard.disarm();
