@@ -25,7 +25,11 @@ use crate::types::{
 ///
 /// **Timeouts.** The client wraps every call in its per-call timeout; a backend should
 /// still bound its own connection attempts so that no call hangs forever when used
-/// directly.
+/// directly. While the client polls a call, [`raw::deadline::caller_deadline`] gives
+/// the instant its timer fires: a backend timer that would fire later may be left out
+/// (one timer per call instead of two).
+///
+/// [`raw::deadline::caller_deadline`]: crate::raw::deadline::caller_deadline
 ///
 /// **Names.** Every [`LeaseName`] (any bytes except NUL, 1 to 1024 bytes) must map to a
 /// key of its own: no two names share a key, and no name can reach another name's key or

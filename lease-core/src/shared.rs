@@ -1,10 +1,11 @@
 //! The state of one held lease shared by its guard, the heartbeat and the guard's own
 //! deadline timer, and why a lease stops being held.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -52,7 +53,14 @@ pub(crate) struct GuardShared {
     token: OwnerToken,
     fencing: FencingToken,
     holder: HolderLabel,
-    lost: CancellationToken,
+    /// Set once, when the lease is lost (or released).
+    lost: AtomicBool,
+    /// Wakes [`Self::wait_lost`] when `lost` is set.
+    lost_notify: Notify,
+    /// The token [`LeaseGuard::lost_token`] hands out, made on its first call: most
+    /// guards never need one, and making and cancelling a `CancellationToken` (a shared
+    /// allocation and its lock) was a measurable part of every acquire + release.
+    lost_token: OnceLock<CancellationToken>,
     reason: OnceLock<LossReason>,
     released: AtomicBool,
     /// Set by the heartbeat while a renewal of this lease is in flight.
@@ -81,7 +89,9 @@ impl GuardShared {
             token,
             fencing,
             holder,
-            lost: CancellationToken::new(),
+            lost: AtomicBool::new(false),
+            lost_notify: Notify::new(),
+            lost_token: OnceLock::new(),
             reason: OnceLock::new(),
             released: AtomicBool::new(false),
             in_flight: AtomicBool::new(false),
@@ -107,8 +117,17 @@ impl GuardShared {
         self.fencing
     }
 
+    /// The lost token, made on the first call; cancelled at once if the lease is lost
+    /// already, and by [`Self::mark_lost`] otherwise.
     pub(crate) fn lost_token(&self) -> &CancellationToken {
-        &self.lost
+        let token = self.lost_token.get_or_init(CancellationToken::new);
+        // Pairs with the fence in `mark_lost`: either it sees this token, or this sees
+        // `lost` set, so the token is cancelled either way.
+        fence(Ordering::SeqCst);
+        if self.lost.load(Ordering::SeqCst) {
+            token.cancel();
+        }
+        token
     }
 
     pub(crate) fn set_deadline(&self, deadline: Instant) {
@@ -136,7 +155,7 @@ impl GuardShared {
     }
 
     pub(crate) fn is_lost(&self) -> bool {
-        self.lost.is_cancelled()
+        self.lost.load(Ordering::SeqCst)
     }
 
     pub(crate) fn set_in_flight(&self, on: bool) {
@@ -151,7 +170,13 @@ impl GuardShared {
     /// `true` if this call marked it.
     pub(crate) fn mark_lost(&self, reason: LossReason) -> bool {
         let first = self.reason.set(reason).is_ok();
-        self.lost.cancel();
+        self.lost.store(true, Ordering::SeqCst);
+        // Pairs with the fence in `lost_token`.
+        fence(Ordering::SeqCst);
+        if let Some(token) = self.lost_token.get() {
+            token.cancel();
+        }
+        self.lost_notify.notify_waiters();
         if first {
             crate::metrics::held(self.backend, &self.name, -1.0);
             // The `reason` label of `lease_losses_total`; a release is not a loss.
@@ -187,11 +212,18 @@ impl GuardShared {
     /// does not depend on the heartbeat running.
     pub(crate) async fn wait_lost(&self) -> LossReason {
         loop {
+            // Registered before `lost` is read, so a loss marked in between still wakes it.
+            let notified = self.lost_notify.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_lost() {
+                break;
+            }
             let deadline = self.deadline();
             tokio::select! {
                 biased;
-                _ = self.lost.cancelled() => break,
-                _ = tokio::time::sleep_until(deadline) => {
+                () = &mut notified => {}
+                () = tokio::time::sleep_until(deadline) => {
                     // A renewal may have moved the deadline while we slept.
                     if !self.held_at(Instant::now()) {
                         break;

@@ -116,7 +116,14 @@ async fn bounded<T>(
     timeout: Duration,
     fut: impl Future<Output = Result<T>>,
 ) -> Result<T> {
-    match tokio::time::timeout(timeout, AssertUnwindSafe(fut).catch_unwind()).await {
+    // A timeout too large for the clock bounds nothing (as `tokio::time::timeout` treats it).
+    let deadline = Instant::now()
+        .checked_add(timeout)
+        .unwrap_or_else(|| Instant::now() + Duration::from_secs(86400 * 365 * 30));
+    // The backend may read the deadline and leave out a timer of its own that would fire
+    // later (`raw::deadline`).
+    let fut = crate::raw::deadline::with_deadline(deadline, AssertUnwindSafe(fut).catch_unwind());
+    match tokio::time::timeout_at(deadline, fut).await {
         Ok(Ok(reply)) => reply,
         Ok(Err(panic)) => Err(Error::Panicked {
             backend: site.backend,
@@ -167,5 +174,36 @@ mod tests {
         }
         // By attempt 10 the cap is reached: at least half of max.
         assert!(backoff_delay(min, max, 10) >= max / 2);
+    }
+
+    /// A backend's future polled by `call` sees the call's deadline (so that it may leave
+    /// out a timer of its own that would fire later); outside `call`, and in a task it
+    /// spawns, it sees none.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_shows_its_deadline_to_the_backend() {
+        use crate::raw::deadline::{caller_bounds, caller_deadline};
+        let name = LeaseName::new("deadline").unwrap();
+        let site = Site::new("test", "acquire", &name);
+        let timeout = Duration::from_secs(3);
+        let before = Instant::now();
+        let mut seen = None;
+        call(site, timeout, async {
+            let spawned = tokio::spawn(async { caller_deadline() }).await.unwrap();
+            seen = Some((
+                caller_deadline(),
+                caller_bounds(before + timeout),
+                caller_bounds(before + timeout / 2),
+                spawned,
+            ));
+            Ok(())
+        })
+        .await
+        .unwrap();
+        let (deadline, bounds_later, bounds_earlier, spawned) = seen.unwrap();
+        assert_eq!(deadline, Some(before + timeout));
+        assert!(bounds_later, "a timer firing at the deadline is not needed");
+        assert!(!bounds_earlier, "a timer firing before it is");
+        assert_eq!(spawned, None);
+        assert_eq!(caller_deadline(), None);
     }
 }

@@ -130,7 +130,12 @@ pub(crate) async fn bounded<T>(
     timeout: Duration,
     fut: impl Future<Output = Result<T, etcd_client::Error>>,
 ) -> Result<Result<T, etcd_client::Error>, Error> {
-    tokio::time::timeout(timeout, fut)
+    let deadline = tokio::time::Instant::now() + timeout;
+    if lease_core::raw::deadline::caller_bounds(deadline) {
+        // The caller (`LeaseClient`) drops the call first: its timer is the bound.
+        return Ok(fut.await);
+    }
+    tokio::time::timeout_at(deadline, fut)
         .await
         .map_err(|_| Error::Timeout {
             operation,
@@ -177,14 +182,21 @@ where
     Fut: Future<Output = Result<T, etcd_client::Error>>,
 {
     let deadline = tokio::time::Instant::now() + timeout;
+    // Where the caller (`LeaseClient`) drops the call before `deadline`, its timer is the
+    // bound and ours is left out.
+    let ours = !lease_core::raw::deadline::caller_bounds(deadline);
     let mut tried = 1;
     loop {
-        let result = tokio::time::timeout_at(deadline, attempt())
-            .await
-            .map_err(|_| Error::Timeout {
-                operation,
-                after: timeout,
-            })?;
+        let result = if ours {
+            tokio::time::timeout_at(deadline, attempt())
+                .await
+                .map_err(|_| Error::Timeout {
+                    operation,
+                    after: timeout,
+                })?
+        } else {
+            attempt().await
+        };
         match result {
             Err(e) if tried < tries && not_sent(&e) => {
                 tried += 1;

@@ -384,7 +384,17 @@ impl RedisBackend {
         };
         let start = tokio::time::Instant::now();
         let conn = self.current();
-        let first = match tokio::time::timeout_at(start + budget, call(conn.cm.clone())).await {
+        let first = if lease_core::raw::deadline::caller_bounds(start + budget) {
+            // The caller (`LeaseClient`) drops this call before our timer would fire:
+            // no timer of ours. If it does drop it, the connection is not known to be up.
+            let mut unknown = DownIfDropped(Some(&self.inner.up));
+            let reply = call(conn.cm.clone()).await;
+            unknown.0 = None;
+            Ok(reply)
+        } else {
+            tokio::time::timeout_at(start + budget, call(conn.cm.clone())).await
+        };
+        let first = match first {
             Ok(Ok(v)) => {
                 if !up {
                     self.inner.up.store(true, Ordering::Relaxed);
@@ -439,6 +449,19 @@ impl RedisBackend {
             Ok(Err(e)) => Err(convert(operation, cfg.request_timeout, e)),
             // Still no connection: the original error says more than the timeout.
             Err(_) => Err(convert(operation, cfg.request_timeout, first)),
+        }
+    }
+}
+
+/// Clears the "connection is up" flag it holds when dropped holding it: a call whose
+/// caller dropped it mid-flight (its timer fired) leaves the connection's state unknown,
+/// as our own timeout does.
+struct DownIfDropped<'a>(Option<&'a AtomicBool>);
+
+impl Drop for DownIfDropped<'_> {
+    fn drop(&mut self) {
+        if let Some(up) = self.0 {
+            up.store(false, Ordering::Relaxed);
         }
     }
 }

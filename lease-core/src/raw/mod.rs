@@ -1,6 +1,7 @@
 //! What only backend authors need: store URLs (strict percent-decoding, the password of a
 //! URL, redaction, the userinfo check), TLS (loaded PEM files, what a failed handshake
-//! means) and a look into an error's causes. Applications need none of it: the crate
+//! means), a look into an error's causes, and the caller's deadline for a call (so that
+//! a call is not bounded by two timers). Applications need none of it: the crate
 //! root exports what they use ([`TlsFiles`](crate::TlsFiles) among it).
 //!
 //! Every backend in this workspace uses these, so that a URL, a TLS file or a refused
@@ -8,6 +9,7 @@
 //! [`Capabilities`](crate::Capabilities) are built with
 //! [`Capabilities::new`](crate::Capabilities::new) and its `with_*` setters.
 
+pub mod deadline;
 pub mod errors;
 pub mod tls;
 pub mod url;
