@@ -122,6 +122,49 @@ impl ChildProcess {
         })
     }
 
+    /// SIGSTOP, then waits (up to 5 s) until every thread of the process has stopped. A
+    /// stop takes effect asynchronously: the thread the kernel picks to take the signal
+    /// stops the others only once it runs, and until then they go on. A JVM's network
+    /// thread answered a ZooKeeper `srvr` sent right after the signal (1 of 10 runs
+    /// beside a busy loop) without this wait.
+    pub(crate) fn stop(&self) -> Result<(), HarnessError> {
+        self.signal(Signal::SIGSTOP)?;
+        let Some(pid) = self.pid() else {
+            return Ok(());
+        };
+        let tasks = PathBuf::from(format!("/proc/{pid}/task"));
+        if !tasks.exists() {
+            // No /proc: nothing to wait on.
+            return Ok(());
+        }
+        let started = Instant::now();
+        loop {
+            let running = std::fs::read_dir(&tasks)
+                .map_err(|e| HarnessError::io(format!("reading {}", tasks.display()), e))?
+                .filter_map(|t| t.ok())
+                .filter(|t| {
+                    // The state follows the last ')' of `tid (comm) S ...`.
+                    std::fs::read_to_string(t.path().join("stat"))
+                        .ok()
+                        .and_then(|st| {
+                            st.rsplit_once(')')
+                                .and_then(|(_, rest)| rest.trim_start().chars().next())
+                        })
+                        .is_some_and(|state| !matches!(state, 'T' | 't' | 'Z' | 'X'))
+                })
+                .count();
+            if running == 0 {
+                return Ok(());
+            }
+            if started.elapsed() > Duration::from_secs(5) {
+                return Err(HarnessError::Start(format!(
+                    "{running} thread(s) of pid {pid} not stopped 5 s after SIGSTOP"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// SIGTERM (plus SIGCONT, in case it is paused), then waits up to `grace` for it to
     /// exit, then SIGKILL. Always reaps.
     pub(crate) async fn terminate(&mut self, grace: Duration) -> Result<(), HarnessError> {

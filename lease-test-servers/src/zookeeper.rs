@@ -380,10 +380,11 @@ impl ZooKeeperServer {
         })
     }
 
-    /// Freezes it (SIGSTOP): connections stay open, nothing is answered. A local
+    /// Freezes it (SIGSTOP, and waits until every thread has stopped): connections stay
+    /// open, nothing is answered. A local
     /// process's only.
     pub fn pause(&mut self) -> Result<(), HarnessError> {
-        self.local()?.process.signal(Signal::SIGSTOP)
+        self.local()?.process.stop()
     }
 
     /// Continues a paused server (SIGCONT).

@@ -21,7 +21,8 @@ async fn a_standalone_server_starts_restarts_and_pauses() {
     server.start_again().await.unwrap();
     assert!(server.srvr().unwrap().contains("Mode: standalone"));
     server.pause().unwrap();
-    assert!(server.srvr().is_none(), "a paused server answered");
+    let answer = server.srvr();
+    assert!(answer.is_none(), "a paused server answered: {answer:?}");
     server.resume().unwrap();
     let by = tokio::time::Instant::now() + Duration::from_secs(5);
     while server.srvr().is_none() {

@@ -332,9 +332,10 @@ impl RedisServer {
         self.local_mut("kill")?.process.kill()
     }
 
-    /// Freezes a spawned server (SIGSTOP): connections stay open, nothing is answered.
+    /// Freezes a spawned server (SIGSTOP, and waits until every thread has stopped):
+    /// connections stay open, nothing is answered.
     pub fn pause(&self) -> Result<(), HarnessError> {
-        self.local("pause")?.process.signal(Signal::SIGSTOP)
+        self.local("pause")?.process.stop()
     }
 
     /// Continues a paused server (SIGCONT).
