@@ -485,6 +485,13 @@ impl ZooKeeperEnsemble {
     ///
     /// Errors: [`HarnessError::Unavailable`] without Java or Debian's `zookeeper` package.
     pub async fn start(n: usize) -> Result<ZooKeeperEnsemble, HarnessError> {
+        Self::start_with(n, "").await
+    }
+
+    /// [`ZooKeeperEnsemble::start`] with `extra` lines of `zoo.cfg` after the common
+    /// settings, which they override (for example `syncLimit=300\n` for an ensemble whose
+    /// leader a test starves of CPU on purpose).
+    pub async fn start_with(n: usize, extra: &str) -> Result<ZooKeeperEnsemble, HarnessError> {
         let java = java().ok_or_else(|| {
             HarnessError::Unavailable(format!("no java for ZooKeeper: {INSTALL_HINT}"))
         })?;
@@ -518,7 +525,7 @@ impl ZooKeeperEnsemble {
                 std::fs::write(data.join("myid"), format!("{}\n", i + 1))
                     .map_err(|e| HarnessError::io("writing myid", e))?;
                 let cfg = own.join("zoo.cfg");
-                let text = format!("{}{servers}", common_config(&data, ports[3 * i]));
+                let text = format!("{}{extra}{servers}", common_config(&data, ports[3 * i]));
                 std::fs::write(&cfg, text).map_err(|e| HarnessError::io("writing zoo.cfg", e))?;
                 let log = own.join("zookeeper.log");
                 match ChildProcess::spawn(java.clone(), server_args(&own, &cfg), log) {
