@@ -384,16 +384,17 @@ impl RedisBackend {
         };
         let start = tokio::time::Instant::now();
         let conn = self.current();
+        // A call dropped in flight (by the caller's timer, or a `select!`) leaves the
+        // connection not known to be up, as our own timeout does.
+        let mut unknown = DownIfDropped(Some(&self.inner.up));
         let first = if lease_core::raw::deadline::caller_bounds(start + budget) {
             // The caller (`LeaseClient`) drops this call before our timer would fire:
-            // no timer of ours. If it does drop it, the connection is not known to be up.
-            let mut unknown = DownIfDropped(Some(&self.inner.up));
-            let reply = call(conn.cm.clone()).await;
-            unknown.0 = None;
-            Ok(reply)
+            // no timer of ours.
+            Ok(call(conn.cm.clone()).await)
         } else {
             tokio::time::timeout_at(start + budget, call(conn.cm.clone())).await
         };
+        unknown.0 = None;
         let first = match first {
             Ok(Ok(v)) => {
                 if !up {

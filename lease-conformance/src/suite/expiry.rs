@@ -73,6 +73,14 @@ pub async fn lost_signal_before_store_expiry(backend: Arc<dyn LeaseBackend>) {
     let ttl = base_ttl(&*backend);
     let faulty = Arc::new(FaultyBackend::new(backend.clone()));
     faulty.set(Op::Renew, Fault::Fail);
+    // The probe below must answer within the safety margin of the signal (a tenth of the
+    // TTL): whatever it needs the first time (a ZooKeeper session of its TTL, a pooled
+    // connection) is made first, on another name, not in that window (nor
+    // between the acquire and its deadline).
+    assert!(
+        !is_held(&*backend, &name(&ns, "lost-early-warm")).await,
+        "a fresh name is held"
+    );
     let c = client(&(faulty.clone() as Arc<dyn LeaseBackend>), "doomed");
     let started = Instant::now();
     let guard = match c.try_acquire(&n, &opts(ttl)).await.expect("acquire") {
@@ -80,13 +88,6 @@ pub async fn lost_signal_before_store_expiry(backend: Arc<dyn LeaseBackend>) {
         TryAcquire::Held(by) => panic!("held by {by}"),
         _ => unreachable!("an outcome added to the enum after this code was written"),
     };
-    // The probe below must answer within the safety margin of the signal (a tenth of the
-    // TTL): whatever it needs the first time (a ZooKeeper session of its TTL, a pooled
-    // connection) is made now, on another name, not in that window.
-    assert!(
-        !is_held(&*backend, &name(&ns, "lost-early-warm")).await,
-        "a fresh name is held"
-    );
     let reason = tokio::time::timeout(ttl * 2, guard.lost())
         .await
         .expect("no lost signal within 2x ttl");
