@@ -82,6 +82,8 @@ struct ClientInner {
     heartbeat: Mutex<Option<Arc<HeartbeatHandle>>>,
     next_id: AtomicU64,
     epoch: Instant,
+    /// The keys of the metrics every acquire and release reports, made once.
+    series: metrics::Series,
 }
 
 impl ClientInner {
@@ -91,6 +93,7 @@ impl ClientInner {
             backend: self.backend.clone(),
             backend_name: self.caps.backend,
             label: self.label.clone(),
+            series: self.series.clone(),
         }
     }
 
@@ -248,6 +251,7 @@ impl LeaseClient {
         LeaseClient {
             inner: Arc::new(ClientInner {
                 backend,
+                series: metrics::Series::new(caps.backend),
                 caps,
                 label,
                 heartbeat: Mutex::new(None),
@@ -314,7 +318,9 @@ impl LeaseClient {
                 inner.backend.acquire(name, &owner, opts.ttl()),
             )
             .await;
-            metrics::acquire(inner.caps.backend, name, reply.outcome(), sent_at.elapsed());
+            inner
+                .series
+                .acquire(name, reply.outcome(), sent_at.elapsed());
             match reply {
                 Err(e) => {
                     if !e.may_have_reached_the_store() {
@@ -360,7 +366,7 @@ impl LeaseClient {
         for _ in 0..2 {
             let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
             let shared = Arc::new(GuardShared::new(
-                inner.caps.backend,
+                inner.series.clone(),
                 granted.name.clone(),
                 granted.owner.token,
                 granted.fencing,

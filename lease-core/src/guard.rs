@@ -269,6 +269,8 @@ pub(crate) struct Store {
     pub(crate) backend_name: &'static str,
     /// The holder label of the client, for the spans of its calls.
     pub(crate) label: HolderLabel,
+    /// The client's metrics series.
+    pub(crate) series: crate::metrics::Series,
 }
 
 impl Store {
@@ -286,11 +288,8 @@ impl Store {
             self.backend.release(name, token, keep_for),
         )
         .await;
-        crate::metrics::release(
-            self.backend_name,
-            name,
-            crate::metrics::Outcome::outcome(&outcome),
-        );
+        self.series
+            .release(name, crate::metrics::Outcome::outcome(&outcome));
         outcome
     }
 

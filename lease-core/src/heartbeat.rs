@@ -791,7 +791,7 @@ mod tests {
                 sent_at: Instant::now(),
                 first_deadline: Instant::now() + Duration::from_secs(27),
                 shared: Arc::new(GuardShared::new(
-                    "memory",
+                    crate::metrics::Series::new("memory"),
                     name,
                     token,
                     crate::types::FencingToken(id),

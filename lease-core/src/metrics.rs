@@ -166,6 +166,96 @@ mod imp {
         key
     }
 
+    /// The keys of the series a client reports on every acquire and release, made once
+    /// when the client is made: a report then looks nothing up (the process-wide map
+    /// behind [`key`] takes a lock and a hash per report). Outcomes outside these (error
+    /// kinds, losses) and every report with the `lease` label on go through [`key`].
+    struct ClientKeys {
+        backend: &'static str,
+        acquired: Key,
+        held_elsewhere: Key,
+        acquire_duration: Key,
+        released: Key,
+        not_owner: Key,
+        held: Key,
+    }
+
+    /// A client's series (cheap to clone: one shared allocation).
+    #[derive(Clone)]
+    pub(crate) struct Series(std::sync::Arc<ClientKeys>);
+
+    impl std::fmt::Debug for Series {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_tuple("Series").field(&self.0.backend).finish()
+        }
+    }
+
+    impl Series {
+        pub(crate) fn new(backend: &'static str) -> Self {
+            let key = |name: &'static str, extra: Option<(&'static str, &'static str)>| {
+                let mut set = vec![Label::from_static_parts("backend", backend)];
+                if let Some((k, v)) = extra {
+                    set.push(Label::from_static_parts(k, v));
+                }
+                Key::from_parts(name, set)
+            };
+            Series(std::sync::Arc::new(ClientKeys {
+                backend,
+                acquired: key(
+                    "lease_acquire_attempts_total",
+                    Some(("outcome", "acquired")),
+                ),
+                held_elsewhere: key("lease_acquire_attempts_total", Some(("outcome", "held"))),
+                acquire_duration: key("lease_acquire_duration_seconds", None),
+                released: key("lease_releases_total", Some(("outcome", "released"))),
+                not_owner: key("lease_releases_total", Some(("outcome", "not_owner"))),
+                held: key("lease_held", None),
+            }))
+        }
+
+        /// Whether reports carry the `lease` label, which the made keys lack.
+        fn per_lease() -> bool {
+            NAME_LABEL.load(Ordering::Relaxed)
+        }
+
+        pub(crate) fn acquire(&self, name: &LeaseName, outcome: &'static str, took: Duration) {
+            let k = &*self.0;
+            let attempts = match outcome {
+                _ if Self::per_lease() => None,
+                "acquired" => Some(&k.acquired),
+                "held" => Some(&k.held_elsewhere),
+                _ => None,
+            };
+            let Some(attempts) = attempts else {
+                return acquire(k.backend, name, outcome, took);
+            };
+            count(attempts, 1);
+            record(&k.acquire_duration, took.as_secs_f64());
+        }
+
+        pub(crate) fn release(&self, name: &LeaseName, outcome: &'static str) {
+            let k = &*self.0;
+            match outcome {
+                _ if Self::per_lease() => release(k.backend, name, outcome),
+                "released" => count(&k.released, 1),
+                "not_owner" => count(&k.not_owner, 1),
+                _ => release(k.backend, name, outcome),
+            }
+        }
+
+        pub(crate) fn held(&self, name: &LeaseName, delta: f64) {
+            if Self::per_lease() {
+                held(self.0.backend, name, delta);
+            } else {
+                move_gauge(&self.0.held, delta);
+            }
+        }
+
+        pub(crate) fn loss(&self, name: &LeaseName, reason: &'static str) {
+            loss(self.0.backend, name, reason);
+        }
+    }
+
     fn count(key: &Key, by: u64) {
         metrics::with_recorder(|r| r.register_counter(key, &METADATA)).increment(by);
     }
@@ -325,6 +415,68 @@ mod imp {
                 .collect()
         }
 
+        /// A client's made keys report the same series as the per-report keys: the
+        /// same names, labels and counts, for the outcomes they hold and (through the
+        /// process-wide keys) for the others.
+        #[test]
+        fn a_clients_keys_report_the_same_series() {
+            let snapshot = |report: &dyn Fn()| {
+                let recorder = DebuggingRecorder::new();
+                let snapshotter = recorder.snapshotter();
+                metrics::with_local_recorder(&recorder, report);
+                let mut seen: Vec<String> = snapshotter
+                    .snapshot()
+                    .into_vec()
+                    .into_iter()
+                    .map(|(key, _, _, value)| {
+                        let value = match value {
+                            DebugValue::Counter(n) => format!("{n}"),
+                            DebugValue::Gauge(g) => format!("{}", g.into_inner()),
+                            DebugValue::Histogram(h) => format!("{} samples", h.len()),
+                        };
+                        format!("{} {:?} {value}", key.key().name(), labels_of(&key))
+                    })
+                    .collect();
+                seen.sort();
+                seen
+            };
+            let name = LeaseName::new("series").unwrap();
+            let took = Duration::from_millis(3);
+            let series = Series::new("series-test");
+            let outcomes = ["acquired", "held", "acquired", "unavailable"];
+            let releases = ["released", "not_owner", "timeout"];
+            let through_series = || {
+                for o in outcomes {
+                    series.acquire(&name, o, took);
+                }
+                for o in releases {
+                    series.release(&name, o);
+                }
+                series.held(&name, 1.0);
+                series.held(&name, 1.0);
+                series.held(&name, -1.0);
+                series.loss(&name, "deadline_passed");
+            };
+            let per_report = || {
+                for o in outcomes {
+                    acquire("series-test", &name, o, took);
+                }
+                for o in releases {
+                    release("series-test", &name, o);
+                }
+                held("series-test", &name, 1.0);
+                held("series-test", &name, 1.0);
+                held("series-test", &name, -1.0);
+                loss("series-test", &name, "deadline_passed");
+            };
+            let made = snapshot(&through_series);
+            assert_eq!(made, snapshot(&per_report));
+            assert_eq!(made.len(), 9, "{made:#?}");
+            // With the `lease` label on (process-wide, so not switched here: the other
+            // tests of this binary run at the same time), reports take the per-report
+            // keys; lease-lab's `metrics` tests read them back from real stores.
+        }
+
         /// The cached keys carry the same labels as keys made per report, reports
         /// through one cached key add up in one series, and a key cached while no
         /// recorder was installed reports to the one installed later.
@@ -402,18 +554,28 @@ mod imp {
 
     use crate::types::LeaseName;
 
+    /// Without the feature: nothing to keep.
+    #[derive(Clone, Debug)]
+    pub(crate) struct Series;
+
+    impl Series {
+        pub(crate) fn new(_: &'static str) -> Self {
+            Series
+        }
+        pub(crate) fn acquire(&self, _: &LeaseName, _: &'static str, _: Duration) {}
+        pub(crate) fn release(&self, _: &LeaseName, _: &'static str) {}
+        pub(crate) fn held(&self, _: &LeaseName, _: f64) {}
+        pub(crate) fn loss(&self, _: &LeaseName, _: &'static str) {}
+    }
+
     pub(crate) fn describe() {}
-    pub(crate) fn acquire(_: &'static str, _: &LeaseName, _: &'static str, _: Duration) {}
     pub(crate) fn renew_call(_: &'static str, _: usize, _: Duration) {}
     pub(crate) fn renewal(_: &'static str, _: &LeaseName, _: &'static str) {}
     pub(crate) fn renewal_margin(_: &'static str, _: &LeaseName, _: Duration) {}
-    pub(crate) fn loss(_: &'static str, _: &LeaseName, _: &'static str) {}
-    pub(crate) fn release(_: &'static str, _: &LeaseName, _: &'static str) {}
-    pub(crate) fn held(_: &'static str, _: &LeaseName, _: f64) {}
     pub(crate) fn waiters(_: &'static str, _: &LeaseName, _: f64) {}
 }
 
-pub(crate) use imp::{acquire, held, loss, release, renew_call, renewal, renewal_margin, waiters};
+pub(crate) use imp::{Series, renew_call, renewal, renewal_margin, waiters};
 
 /// Describes every series (help text and unit) to the installed recorder. The client
 /// does so when it is created; call it again after installing a recorder later than

@@ -47,8 +47,8 @@ impl std::fmt::Display for LossReason {
 /// State shared between a guard, the heartbeat task and the guard's own deadline timer.
 #[derive(Debug)]
 pub(crate) struct GuardShared {
-    /// The backend's short name, for metrics.
-    backend: &'static str,
+    /// The client's metrics series (with the backend's short name).
+    series: crate::metrics::Series,
     name: LeaseName,
     token: OwnerToken,
     fencing: FencingToken,
@@ -75,16 +75,16 @@ pub(crate) struct GuardShared {
 impl GuardShared {
     /// Counted in the `lease_held` gauge until it is lost or released (or dropped).
     pub(crate) fn new(
-        backend: &'static str,
+        series: crate::metrics::Series,
         name: LeaseName,
         token: OwnerToken,
         fencing: FencingToken,
         holder: HolderLabel,
         epoch: Instant,
     ) -> Self {
-        crate::metrics::held(backend, &name, 1.0);
+        series.held(&name, 1.0);
         GuardShared {
-            backend,
+            series,
             name,
             token,
             fencing,
@@ -178,7 +178,7 @@ impl GuardShared {
         }
         self.lost_notify.notify_waiters();
         if first {
-            crate::metrics::held(self.backend, &self.name, -1.0);
+            self.series.held(&self.name, -1.0);
             // The `reason` label of `lease_losses_total`; a release is not a loss.
             let label = match reason {
                 LossReason::DeadlinePassed => Some("deadline_passed"),
@@ -187,7 +187,7 @@ impl GuardShared {
                 LossReason::Released => None,
             };
             if let Some(label) = label {
-                crate::metrics::loss(self.backend, &self.name, label);
+                self.series.loss(&self.name, label);
             }
         }
         first
@@ -253,7 +253,7 @@ impl Drop for GuardShared {
     fn drop(&mut self) {
         // Never marked lost or released (a registration that did not take): uncount it.
         if self.reason.get().is_none() {
-            crate::metrics::held(self.backend, &self.name, -1.0);
+            self.series.held(&self.name, -1.0);
         }
     }
 }
