@@ -34,6 +34,14 @@ use crate::util::{Site, backoff_delay, call};
 /// At most this many lease names are written into one log event about a batch.
 const NAMES_IN_LOG: usize = 5;
 
+/// After a registration, the heartbeat wakes at least this often (for as long as leases
+/// keep being registered), even with nothing due: a new lease whose first renewal is
+/// later than its next wake-up is then only queued, not woken for, so that a stream of
+/// leases acquired and released within a renewal period costs the heartbeat one pass per
+/// tick instead of one wake-up per lease. A tick with no registration since the one
+/// before lets the heartbeat sleep until its next renewal (or until woken).
+const IDLE_TICK: Duration = Duration::from_secs(1);
+
 /// What the heartbeat needs to keep one lease alive.
 pub(crate) struct Registration {
     pub id: u64,
@@ -115,6 +123,9 @@ struct Queue {
     answered_at: AtomicU64,
     /// How many leases the heartbeat keeps (as of its last pass).
     leases: AtomicU64,
+    /// Registrations so far: the heartbeat ticks ([`IDLE_TICK`]) while this grows, even
+    /// when each lease was released (and taken out of the queue) before it looked.
+    registered: AtomicU64,
 }
 
 impl std::fmt::Debug for Queue {
@@ -164,6 +175,7 @@ impl HeartbeatHandle {
     /// Hands a new lease to the heartbeat; `false` if the heartbeat is gone.
     pub(crate) fn register(&self, reg: Registration) -> bool {
         let attention = self.shared.nanos(reg.first_due());
+        self.shared.registered.fetch_add(1, Ordering::Relaxed);
         self.shared.push(Command::Register(Box::new(reg)));
         // Pushed before reading `wake_at`; the heartbeat publishes `wake_at` before it
         // drains the queue. So either it sees this entry, or we see its wake-up time and
@@ -207,6 +219,12 @@ impl HeartbeatHandle {
             .len()
     }
 
+    /// The heartbeat's published next wake-up, in nanoseconds after the epoch (for tests).
+    #[cfg(test)]
+    fn wake_at(&self) -> u64 {
+        self.shared.wake_at.load(Ordering::SeqCst)
+    }
+
     /// Sends a command that needs the heartbeat now; `false` if it is gone.
     pub(crate) fn send(&self, cmd: Command) -> bool {
         self.tx.send(cmd).is_ok()
@@ -229,6 +247,7 @@ pub(crate) fn spawn(
         epoch,
         answered_at: AtomicU64::new(0),
         leases: AtomicU64::new(0),
+        registered: AtomicU64::new(0),
     });
     let span = tracing::info_span!("lease.heartbeat", backend = backend_name);
     let state = State {
@@ -315,6 +334,9 @@ async fn run(
     // one by one must not cost O(N^2).
     let mut dirty = true;
     let mut wake: Option<Instant> = None;
+    // The idle tick (`IDLE_TICK`): when it fires next, and the registrations seen by then.
+    let mut tick: Option<Instant> = None;
+    let mut seen = 0;
     loop {
         for cmd in queue.take() {
             if let Some(t) = apply(entries, cmd) {
@@ -323,6 +345,9 @@ async fn run(
         }
         if dirty {
             let now = Instant::now();
+            if tick.is_some_and(|t| t <= now) {
+                tick = None;
+            }
             expire(entries, now);
             start_due(
                 &backend,
@@ -337,10 +362,19 @@ async fn run(
             queue.leases.store(entries.len() as u64, Ordering::Relaxed);
             dirty = false;
         }
+        let registered = queue.registered.load(Ordering::Relaxed);
+        if registered != seen {
+            seen = registered;
+            tick = Some(Instant::now() + IDLE_TICK);
+        }
+        let until = match (wake, tick) {
+            (Some(w), Some(t)) => Some(w.min(t)),
+            (w, t) => w.or(t),
+        };
         // Publish the wake-up time, then look at the queue once more (see `register`).
         queue
             .wake_at
-            .store(wake.map_or(u64::MAX, |w| queue.nanos(w)), Ordering::SeqCst);
+            .store(until.map_or(u64::MAX, |w| queue.nanos(w)), Ordering::SeqCst);
         let late = queue.take();
         if !late.is_empty() {
             for cmd in late {
@@ -370,7 +404,7 @@ async fn run(
                 finish(backend_name, entries, done);
                 dirty = true;
             }
-            _ = sleep_until_opt(wake) => dirty = true,
+            _ = sleep_until_opt(until) => dirty = true,
         }
     }
     // The client and all its guards are gone; let in-flight renewals finish so that
@@ -813,6 +847,73 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1)).await;
         hb.unregister_quiet(2000);
         assert!(hb.queued() <= 2);
+    }
+
+    /// Leases acquired and released within their renewal period do not wake the
+    /// heartbeat one by one: once it has seen a registration, it wakes again within one
+    /// idle tick, so a lease due later than that is only queued; a lease due sooner still
+    /// wakes it; and after a tick with no registration it sleeps until woken again.
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_of_short_leases_wakes_the_heartbeat_once_per_tick() {
+        let backend: Arc<dyn LeaseBackend> = Arc::new(crate::memory::MemoryBackend::new());
+        let label = HolderLabel::new("t").expect("label");
+        let epoch = Instant::now();
+        let hb = spawn(backend, "memory", label.clone(), 100, epoch).expect("spawn");
+        let reg = |id: u64, ttl: Duration| {
+            let name = LeaseName::new(format!("n{id}")).expect("name");
+            let token = OwnerToken::random();
+            let opts = LeaseOptions::new(ttl).expect("options");
+            Registration {
+                id,
+                name: name.clone(),
+                token,
+                sent_at: Instant::now(),
+                first_deadline: Instant::now() + ttl - opts.safety_margin(),
+                opts,
+                shared: Arc::new(GuardShared::new(
+                    crate::metrics::Series::new("memory"),
+                    name,
+                    token,
+                    crate::types::FencingToken(id),
+                    label.clone(),
+                    epoch,
+                )),
+            }
+        };
+        let nanos = |t: Instant| u64::try_from((t - epoch).as_nanos()).expect("nanos");
+        tokio::task::yield_now().await;
+        assert_eq!(hb.wake_at(), u64::MAX, "an idle heartbeat has no wake-up");
+        // The first lease wakes it (a renewal period away, but nothing earlier is planned).
+        assert!(hb.register(reg(1, Duration::from_secs(30))));
+        hb.unregister_quiet(1);
+        tokio::task::yield_now().await;
+        let first = hb.wake_at();
+        assert!(
+            first <= nanos(Instant::now() + IDLE_TICK),
+            "after a registration the heartbeat wakes within a tick: {first}"
+        );
+        // More 30 s leases: queued only, each taken out again at its release.
+        for id in 2..100 {
+            assert!(hb.register(reg(id, Duration::from_secs(30))));
+            hb.unregister_quiet(id);
+        }
+        assert_eq!(hb.queued(), 0);
+        // A lease due before the tick (TTL 300 ms: first renewal after 100 ms) wakes it,
+        // and it plans that renewal.
+        assert!(hb.register(reg(100, Duration::from_millis(300))));
+        tokio::task::yield_now().await;
+        assert!(
+            hb.wake_at() <= nanos(Instant::now() + Duration::from_millis(100)),
+            "a lease due before the tick is planned at once"
+        );
+        hb.unregister_quiet(100);
+        // With no registration for a tick, the heartbeat sleeps again.
+        tokio::time::sleep(IDLE_TICK * 3).await;
+        assert_eq!(
+            hb.wake_at(),
+            u64::MAX,
+            "the tick stops once leases stop coming"
+        );
     }
 
     #[test]
