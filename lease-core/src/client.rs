@@ -302,7 +302,7 @@ impl LeaseClient {
         // runtime is an error before anything is taken.
         let hb = inner.heartbeat()?;
         let owner = Owner::new(inner.label.clone());
-        let span = tracing::debug_span!("lease.acquire", lease = %name, holder = %inner.label);
+        let span = crate::util::span!(DEBUG, "lease.acquire", lease = %name, holder = %inner.label);
         in_span(span, async {
             let mut cleanup = AcquireCleanup {
                 inner: inner.clone(),

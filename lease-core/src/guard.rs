@@ -142,7 +142,8 @@ impl LeaseGuard {
     /// Cancel safety: cancel-safe. If the future is dropped before the store answered,
     /// the guard's drop releases in the background as if the guard had been dropped.
     pub async fn release(mut self) -> Result<ReleaseOutcome> {
-        let span = tracing::info_span!(
+        let span = crate::util::span!(
+            INFO,
             "lease.release",
             lease = %self.shared.name(),
             holder = %self.shared.holder(),

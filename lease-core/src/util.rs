@@ -47,6 +47,39 @@ impl<'a> Site<'a> {
     }
 }
 
+/// Whether a span at `level` could be seen: a `tracing` subscriber enables that level
+/// somewhere, or a `log` logger does (while no subscriber is set, `tracing` with its `log`
+/// feature, which dependencies such as sqlx turn on, writes spans to `log`). Where
+/// neither is so, a span made by `tracing`'s macros is disabled but still records its
+/// fields and checks the `log` level again when dropped: on every store call, a
+/// measurable part of the client's own work. [`span!`](crate::util::span) makes none then.
+pub(crate) fn spans_seen(level: tracing::Level) -> bool {
+    if tracing::level_filters::LevelFilter::current() >= level {
+        return true;
+    }
+    let level = match level {
+        tracing::Level::ERROR => log::Level::Error,
+        tracing::Level::WARN => log::Level::Warn,
+        tracing::Level::INFO => log::Level::Info,
+        tracing::Level::DEBUG => log::Level::Debug,
+        tracing::Level::TRACE => log::Level::Trace,
+    };
+    log::max_level() >= level
+}
+
+/// `tracing::span!(Level::$level, ...)` where [`spans_seen`] says it could be seen, and
+/// `Span::none()` otherwise: for the spans of every store call.
+macro_rules! span {
+    ($level:ident, $($rest:tt)*) => {
+        if $crate::util::spans_seen(tracing::Level::$level) {
+            tracing::span!(tracing::Level::$level, $($rest)*)
+        } else {
+            tracing::Span::none()
+        }
+    };
+}
+pub(crate) use span;
+
 /// `fut` inside `span` where a subscriber collects the span, and inside no span
 /// otherwise: a disabled span entered and left on every poll still costs something on
 /// every store call (with `tracing`'s `log` feature, which a dependency such as sqlx may
@@ -81,7 +114,8 @@ pub(crate) async fn call<T: Outcome>(
     timeout: Duration,
     fut: impl Future<Output = Result<T>>,
 ) -> Result<T> {
-    let span = tracing::debug_span!(
+    let span = span!(
+        DEBUG,
         "lease.store",
         backend = site.backend,
         op = site.operation,
@@ -174,6 +208,44 @@ mod tests {
         }
         // By attempt 10 the cap is reached: at least half of max.
         assert!(backoff_delay(min, max, 10) >= max / 2);
+    }
+
+    /// A store call's span is made only where something could see it: with no
+    /// subscriber and no logger, none; with a subscriber at DEBUG, the span with its
+    /// fields (lease-lab's `spans` tests read them all back on real stores).
+    #[test]
+    fn store_call_spans_are_made_only_where_seen() {
+        use std::sync::{Arc, Mutex};
+        let made = || span!(DEBUG, "lease.test", lease = "n");
+        // No other test of this binary sets a subscriber or a logger.
+        assert!(!spans_seen(tracing::Level::DEBUG));
+        let none = made();
+        assert!(none.is_none(), "a span was made with nobody to see it");
+        let names = Arc::new(Mutex::new(Vec::new()));
+        let seen = names.clone();
+        let subscriber = tracing_subscriber::layer::SubscriberExt::with(
+            tracing_subscriber::registry(),
+            NewSpans(seen),
+        );
+        tracing::subscriber::with_default(subscriber, || {
+            assert!(spans_seen(tracing::Level::DEBUG));
+            let span = made();
+            assert!(!span.is_disabled());
+        });
+        assert_eq!(*names.lock().unwrap(), ["lease.test"]);
+    }
+
+    struct NewSpans(std::sync::Arc<std::sync::Mutex<Vec<&'static str>>>);
+
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for NewSpans {
+        fn on_new_span(
+            &self,
+            attrs: &tracing::span::Attributes<'_>,
+            _: &tracing::span::Id,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            self.0.lock().unwrap().push(attrs.metadata().name());
+        }
     }
 
     /// A backend's future polled by `call` sees the call's deadline (so that it may leave
