@@ -76,14 +76,23 @@ fn plain(b: u8) -> bool {
     PLAIN[usize::from(b)]
 }
 
+/// Where the first byte that is not plain is, if any.
+fn first_escaped(bytes: &[u8]) -> Option<usize> {
+    bytes.iter().position(|&b| !plain(b))
+}
+
 /// Appends `enc(bytes)` to `out`: each run of plain bytes (ASCII) in one copy, every
 /// other byte as `%XX`. Keys are built twice per acquire + release cycle, so this runs
-/// on every call.
-fn push_encoded(out: &mut String, bytes: &[u8]) {
+/// on every call. `first` is [`first_escaped`]`(bytes)`, found by the caller.
+fn push_encoded(out: &mut String, bytes: &[u8], first: Option<usize>) {
     const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
     let mut rest = bytes;
+    let mut next_escaped = Some(first);
     while !rest.is_empty() {
-        let run = rest.iter().position(|&b| !plain(b)).unwrap_or(rest.len());
+        let run = next_escaped
+            .take()
+            .unwrap_or_else(|| first_escaped(rest))
+            .unwrap_or(rest.len());
         let (plain_run, tail) = rest.split_at(run);
         // Plain bytes are ASCII, so the run is UTF-8.
         let text = std::str::from_utf8(plain_run);
@@ -105,14 +114,21 @@ fn push_encoded(out: &mut String, bytes: &[u8]) {
 /// The hash-tagged base `P:{enc(N)}` shared by all keys of a name, with room for any
 /// suffix.
 fn base(prefix: &str, name: &[u8]) -> String {
-    let encoded = name
-        .iter()
-        .map(|&b| if plain(b) { 1 } else { 3 })
-        .sum::<usize>();
+    // Most names are plain throughout: one pass finds that, and gives the length.
+    let first_escaped = first_escaped(name);
+    let encoded = match first_escaped {
+        None => name.len(),
+        Some(i) => {
+            i + name[i..]
+                .iter()
+                .map(|&b| if plain(b) { 1 } else { 3 })
+                .sum::<usize>()
+        }
+    };
     let mut s = String::with_capacity(prefix.len() + 3 + encoded + LONGEST_SUFFIX);
     s.push_str(prefix);
     s.push_str(":{");
-    push_encoded(&mut s, name);
+    push_encoded(&mut s, name, first_escaped);
     s.push('}');
     s
 }
@@ -238,7 +254,7 @@ mod tests {
         cases.push(Vec::new());
         for bytes in cases {
             let mut out = String::new();
-            push_encoded(&mut out, &bytes);
+            push_encoded(&mut out, &bytes, first_escaped(&bytes));
             assert_eq!(out, reference(&bytes), "{bytes:?}");
         }
     }
@@ -268,7 +284,7 @@ mod tests {
             assert_eq!(tag, hash_tag(&k.channel), "name {n:?}");
             assert_eq!(tag, {
                 let mut e = String::new();
-                push_encoded(&mut e, &n);
+                push_encoded(&mut e, &n, first_escaped(&n));
                 e
             });
             assert!(!tag.contains(['{', '}']));
