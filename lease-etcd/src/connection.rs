@@ -130,14 +130,10 @@ pub(crate) async fn bounded<T>(
     timeout: Duration,
     fut: impl Future<Output = Result<T, etcd_client::Error>>,
 ) -> Result<Result<T, etcd_client::Error>, Error> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    if lease_core::raw::deadline::caller_bounds(deadline) {
-        // The caller (`LeaseClient`) drops the call first: its timer is the bound.
-        return Ok(fut.await);
-    }
-    tokio::time::timeout_at(deadline, fut)
+    // No timer of ours where the caller (`LeaseClient`) drops the call first.
+    lease_core::raw::deadline::within(tokio::time::Instant::now() + timeout, fut)
         .await
-        .map_err(|_| Error::Timeout {
+        .ok_or(Error::Timeout {
             operation,
             after: timeout,
         })
@@ -182,21 +178,15 @@ where
     Fut: Future<Output = Result<T, etcd_client::Error>>,
 {
     let deadline = tokio::time::Instant::now() + timeout;
-    // Where the caller (`LeaseClient`) drops the call before `deadline`, its timer is the
-    // bound and ours is left out.
-    let ours = !lease_core::raw::deadline::caller_bounds(deadline);
     let mut tried = 1;
     loop {
-        let result = if ours {
-            tokio::time::timeout_at(deadline, attempt())
-                .await
-                .map_err(|_| Error::Timeout {
-                    operation,
-                    after: timeout,
-                })?
-        } else {
-            attempt().await
-        };
+        // No timer of ours where the caller (`LeaseClient`) drops the call first.
+        let result = lease_core::raw::deadline::within(deadline, attempt())
+            .await
+            .ok_or(Error::Timeout {
+                operation,
+                after: timeout,
+            })?;
         match result {
             Err(e) if tried < tries && not_sent(&e) => {
                 tried += 1;

@@ -387,16 +387,11 @@ impl RedisBackend {
         // A call dropped in flight (by the caller's timer, or a `select!`) leaves the
         // connection not known to be up, as our own timeout does.
         let mut unknown = DownIfDropped(Some(&self.inner.up));
-        let first = if lease_core::raw::deadline::caller_bounds(start + budget) {
-            // The caller (`LeaseClient`) drops this call before our timer would fire:
-            // no timer of ours.
-            Ok(call(conn.cm.clone()).await)
-        } else {
-            tokio::time::timeout_at(start + budget, call(conn.cm.clone())).await
-        };
+        // No timer of ours where the caller (`LeaseClient`) drops this call first.
+        let first = lease_core::raw::deadline::within(start + budget, call(conn.cm.clone())).await;
         unknown.0 = None;
         let first = match first {
-            Ok(Ok(v)) => {
+            Some(Ok(v)) => {
                 if !up {
                     self.inner.up.store(true, Ordering::Relaxed);
                 }
@@ -405,14 +400,14 @@ impl RedisBackend {
                     retried: false,
                 });
             }
-            Err(_) => {
+            None => {
                 self.inner.up.store(false, Ordering::Relaxed);
                 return Err(Error::Timeout {
                     operation,
                     after: budget,
                 });
             }
-            Ok(Err(e)) => e,
+            Some(Err(e)) => e,
         };
         let deadline = start + cfg.call_timeout();
         let retry_on = if self.needs_new_connection(&first) {

@@ -38,6 +38,31 @@ pub fn caller_bounds(own: Instant) -> bool {
     caller_deadline().is_some_and(|d| d <= own)
 }
 
+/// `fut` bounded by a timer of the backend's own firing at `deadline`, or, where the
+/// caller drops the call no later than that ([`caller_bounds`]), `fut` alone: one timer
+/// per call either way. `None` when the backend's own timer fired.
+///
+/// Cancel safety: as `fut`'s; dropping this drops `fut`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use std::time::Duration;
+/// use lease_core::raw::deadline::within;
+///
+/// let soon = tokio::time::Instant::now() + Duration::from_millis(10);
+/// assert_eq!(within(soon, async { 7 }).await, Some(7));
+/// assert_eq!(within(soon, std::future::pending::<()>()).await, None);
+/// # }
+/// ```
+pub async fn within<F: Future>(deadline: Instant, fut: F) -> Option<F::Output> {
+    if caller_bounds(deadline) {
+        Some(fut.await)
+    } else {
+        tokio::time::timeout_at(deadline, fut).await.ok()
+    }
+}
+
 /// Polls `fut` with [`caller_deadline`] answering `deadline`.
 pub(crate) fn with_deadline<F: Future>(
     deadline: Instant,
