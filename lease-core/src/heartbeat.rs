@@ -37,9 +37,10 @@ const NAMES_IN_LOG: usize = 5;
 /// After a registration, the heartbeat wakes at least this often (for as long as leases
 /// keep being registered), even with nothing due: a new lease whose first renewal is
 /// later than its next wake-up is then only queued, not woken for, so that a stream of
-/// leases acquired and released within a renewal period costs the heartbeat one pass per
-/// tick instead of one wake-up per lease. A tick with no registration since the one
-/// before lets the heartbeat sleep until its next renewal (or until woken).
+/// leases acquired and released within a renewal period costs the heartbeat one wake-up
+/// per tick instead of one per lease. A wake-up that is only the tick takes the queue and
+/// makes no pass over the leases held. A tick with no registration since the one before
+/// lets the heartbeat sleep until its next renewal (or until woken).
 const IDLE_TICK: Duration = Duration::from_secs(1);
 
 /// What the heartbeat needs to keep one lease alive.
@@ -345,9 +346,6 @@ async fn run(
         }
         if dirty {
             let now = Instant::now();
-            if tick.is_some_and(|t| t <= now) {
-                tick = None;
-            }
             expire(entries, now);
             start_due(
                 &backend,
@@ -359,9 +357,9 @@ async fn run(
                 now,
             );
             wake = next_wake(entries);
-            queue.leases.store(entries.len() as u64, Ordering::Relaxed);
             dirty = false;
         }
+        queue.leases.store(entries.len() as u64, Ordering::Relaxed);
         let registered = queue.registered.load(Ordering::Relaxed);
         if registered != seen {
             seen = registered;
@@ -404,7 +402,14 @@ async fn run(
                 finish(backend_name, entries, done);
                 dirty = true;
             }
-            _ = sleep_until_opt(until) => dirty = true,
+            _ = sleep_until_opt(until) => {
+                // A full pass only when an entry needs one; a wake-up that is only the
+                // tick takes the queue (at the top of the loop) and nothing more.
+                dirty = until == wake;
+                if tick == until {
+                    tick = None;
+                }
+            }
         }
     }
     // The client and all its guards are gone; let in-flight renewals finish so that
