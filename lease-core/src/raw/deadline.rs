@@ -55,11 +55,19 @@ pub fn caller_bounds(own: Instant) -> bool {
 /// assert_eq!(within(soon, std::future::pending::<()>()).await, None);
 /// # }
 /// ```
-pub async fn within<F: Future>(deadline: Instant, fut: F) -> Option<F::Output> {
+///
+/// Not an `async fn`: the choice is made when it is called (inside the backend's future,
+/// where [`caller_deadline`] answers), and the future it returns is no larger than
+/// `fut` with a timer (an `async fn` would hold `fut` twice, as its argument and inside
+/// the timer; a backend's call future is large, and every byte of it is copied when the
+/// trait boxes it).
+pub fn within<F: Future>(deadline: Instant, fut: F) -> impl Future<Output = Option<F::Output>> {
+    use futures::FutureExt;
+    use futures::future::Either;
     if caller_bounds(deadline) {
-        Some(fut.await)
+        Either::Left(fut.map(Some))
     } else {
-        tokio::time::timeout_at(deadline, fut).await.ok()
+        Either::Right(tokio::time::timeout_at(deadline, fut).map(Result::ok))
     }
 }
 
