@@ -809,6 +809,35 @@ mod tests {
         }
     }
 
+    /// A registration of lease `n{id}` sent now, with its guard's state on the memory
+    /// backend's series.
+    fn registration(
+        id: u64,
+        opts: LeaseOptions,
+        first_deadline: Instant,
+        label: &HolderLabel,
+        epoch: Instant,
+    ) -> Registration {
+        let name = LeaseName::new(format!("n{id}")).expect("name");
+        let token = OwnerToken::random();
+        Registration {
+            id,
+            name: name.clone(),
+            token,
+            opts,
+            sent_at: Instant::now(),
+            first_deadline,
+            shared: Arc::new(GuardShared::new(
+                crate::metrics::Series::new("memory"),
+                name,
+                token,
+                crate::types::FencingToken(id),
+                label.clone(),
+                epoch,
+            )),
+        }
+    }
+
     /// A lease acquired and released before the heartbeat's next pass leaves nothing in
     /// its queue (before: a registration and an unregistration per lease, each holding
     /// the guard's state until the next pass).
@@ -820,24 +849,8 @@ mod tests {
         let opts = LeaseOptions::new(Duration::from_secs(30)).expect("options");
         // One long lease: the heartbeat's next pass is a renewal period away.
         let reg = |id: u64| {
-            let name = LeaseName::new(format!("n{id}")).expect("name");
-            let token = OwnerToken::random();
-            Registration {
-                id,
-                name: name.clone(),
-                token,
-                opts: opts.clone(),
-                sent_at: Instant::now(),
-                first_deadline: Instant::now() + Duration::from_secs(27),
-                shared: Arc::new(GuardShared::new(
-                    crate::metrics::Series::new("memory"),
-                    name,
-                    token,
-                    crate::types::FencingToken(id),
-                    label.clone(),
-                    Instant::now(),
-                )),
-            }
+            let deadline = Instant::now() + Duration::from_secs(27);
+            registration(id, opts.clone(), deadline, &label, Instant::now())
         };
         assert!(hb.register(reg(0)));
         tokio::task::yield_now().await;
@@ -865,25 +878,9 @@ mod tests {
         let epoch = Instant::now();
         let hb = spawn(backend, "memory", label.clone(), 100, epoch).expect("spawn");
         let reg = |id: u64, ttl: Duration| {
-            let name = LeaseName::new(format!("n{id}")).expect("name");
-            let token = OwnerToken::random();
             let opts = LeaseOptions::new(ttl).expect("options");
-            Registration {
-                id,
-                name: name.clone(),
-                token,
-                sent_at: Instant::now(),
-                first_deadline: Instant::now() + ttl - opts.safety_margin(),
-                opts,
-                shared: Arc::new(GuardShared::new(
-                    crate::metrics::Series::new("memory"),
-                    name,
-                    token,
-                    crate::types::FencingToken(id),
-                    label.clone(),
-                    epoch,
-                )),
-            }
+            let deadline = Instant::now() + ttl - opts.safety_margin();
+            registration(id, opts, deadline, &label, epoch)
         };
         let nanos = |t: Instant| u64::try_from((t - epoch).as_nanos()).expect("nanos");
         tokio::task::yield_now().await;
