@@ -11,6 +11,13 @@ cd "$(dirname "$0")/.."
 # add gigabytes that a one-shot run never reuses. The free space is printed at the start
 # and before the tests so that a full disk is visible as such.
 export CARGO_INCREMENTAL=0
+# Each step prints the minutes it took, so that a run's time can be split by step.
+start=$SECONDS
+step() {
+  local t=$SECONDS
+  "$@"
+  echo "setup-and-test: step took $(( (SECONDS - t) / 60 ))m$(( (SECONDS - t) % 60 ))s (run so far $(( (SECONDS - start) / 60 ))m): $*"
+}
 df -h . | sed 's/^/setup-and-test: disk: /'
 
 # libprotobuf-dev carries the well-known .proto files (google/protobuf/descriptor.proto)
@@ -44,7 +51,7 @@ fi
 # then run against containers (an official image is tried first where a registry
 # answers). LEASE_TEST_SOURCE=containers makes a container that does not start fail
 # the test; LEASE_TEST_CONTAINERS=0 uses local processes only.
-bash scripts/build-test-images.sh
+step bash scripts/build-test-images.sh
 
 # With an engine, tests that take a server from any source get a container and fail if
 # none starts (no silent fallback to a local process); LEASE_TEST_SOURCE=any restores the
@@ -57,17 +64,17 @@ fi
 # What a release needs, before the tests: formatting, lints, docs without warnings, and a
 # rust-version no lower than the locked dependencies need. Each fails the run.
 if cargo fmt --version >/dev/null 2>&1; then
-  cargo fmt --all -- --check
+  step cargo fmt --all -- --check
 else
   echo "setup-and-test: rustfmt is not installed; skipping the format check" >&2
 fi
-python3 scripts/check-msrv.py
+step python3 scripts/check-msrv.py
 if cargo clippy --version >/dev/null 2>&1; then
-  cargo clippy --workspace --all-targets --all-features -- -D warnings
+  step cargo clippy --workspace --all-targets --all-features -- -D warnings
 else
   echo "setup-and-test: clippy is not installed; skipping the lint check" >&2
 fi
-RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps --all-features
+RUSTDOCFLAGS=-Dwarnings step cargo doc --workspace --no-deps --all-features
 # Every published crate packages, and its packaged sources build on their own (the test
 # and comparison crates are publish = false).
 # Cargo verifies each package against the others through a local overlay of the registry,
@@ -79,17 +86,41 @@ cargo_home=${CARGO_HOME:-$HOME/.cargo}
 for crate in lease-core lease-conformance lease-redis lease-postgres lease-etcd lease-mysql lease-zookeeper leasehold lease-cli; do
   rm -rf "$cargo_home"/registry/src/*/"$crate"-[0-9]* "$cargo_home"/registry/cache/*/"$crate"-[0-9]*.crate
 done
-cargo package --workspace --exclude lease-test-servers --exclude lease-lab --exclude lease-bench
+step cargo package --workspace --exclude lease-test-servers --exclude lease-lab --exclude lease-bench
 
 # Every test server prints one "lease test server: ..." line naming its source; the run
 # ends with how many servers and tests came from each (scripts/count-test-servers.sh).
 # --no-fail-fast: a failure in one test binary does not hide the results of the others.
 df -h . | sed 's/^/setup-and-test: disk before the tests: /'
+# The test binaries are built first as a step of their own, so that the run shows the
+# build's time apart from the tests'.
+step cargo test --workspace --exclude lease-bench --no-run
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
+# The conformance binaries (the suite on each store, `conformance_suite!`) run their checks
+# 4 at a time: they mostly wait for TTLs (about a fifth of the two cores in a run), and
+# the suite's turns keep each timing check to one companion and each load check alone
+# (`lease_conformance::turn`). Every other test binary runs two tests at a time.
+conformance=(conformance conformance_secure memory)
+others=()
+while IFS= read -r name; do others+=(--test "$name"); done < <(
+  cargo metadata --no-deps --format-version 1 | python3 -c '
+import json, sys
+skip = set(sys.argv[1:])
+names = {t["name"] for p in json.load(sys.stdin)["packages"] if p["name"] != "lease-bench"
+         for t in p["targets"] if "test" in t["kind"] and t["name"] not in skip}
+print("\n".join(sorted(names)))' "${conformance[@]}")
 set +e
-cargo test --workspace --exclude lease-bench --no-fail-fast 2>&1 | tee "$log"
-status=${PIPESTATUS[0]}
+tests=$SECONDS
+status=0
+cargo test --workspace --exclude lease-bench --no-fail-fast --lib --bins "${others[@]}" 2>&1 | tee "$log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+cargo test --workspace --exclude lease-bench --no-fail-fast --doc 2>&1 | tee -a "$log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+cargo test --workspace --exclude lease-bench --no-fail-fast $(printf -- '--test %s ' "${conformance[@]}") \
+  -- --test-threads=4 2>&1 | tee -a "$log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 set -e
+echo "setup-and-test: the tests took $(( (SECONDS - tests) / 60 ))m$(( (SECONDS - tests) % 60 ))s; the whole run $(( (SECONDS - start) / 60 ))m$(( (SECONDS - start) % 60 ))s"
 bash scripts/count-test-servers.sh "$log"
 exit "$status"
