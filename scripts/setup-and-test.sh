@@ -11,12 +11,13 @@ cd "$(dirname "$0")/.."
 # add gigabytes that a one-shot run never reuses. The free space is printed at the start
 # and before the tests so that a full disk is visible as such.
 export CARGO_INCREMENTAL=0
-# Each step prints the minutes it took, so that a run's time can be split by step.
+# Each step prints the time it took, so that a run's time can be split by step.
 start=$SECONDS
+since() { local s=$(( SECONDS - $1 )); echo "$(( s / 60 ))m$(( s % 60 ))s"; }
 step() {
   local t=$SECONDS
   "$@"
-  echo "setup-and-test: step took $(( (SECONDS - t) / 60 ))m$(( (SECONDS - t) % 60 ))s (run so far $(( (SECONDS - start) / 60 ))m): $*"
+  echo "setup-and-test: step took $(since "$t") (run so far $(since "$start")): $*"
 }
 df -h . | sed 's/^/setup-and-test: disk: /'
 
@@ -102,6 +103,6 @@ tests=$SECONDS
 cargo test --workspace --exclude lease-bench --no-fail-fast 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 set -e
-echo "setup-and-test: the tests took $(( (SECONDS - tests) / 60 ))m$(( (SECONDS - tests) % 60 ))s; the whole run $(( (SECONDS - start) / 60 ))m$(( (SECONDS - start) % 60 ))s"
+echo "setup-and-test: the tests took $(since "$tests"); the whole run $(since "$start")"
 bash scripts/count-test-servers.sh "$log"
 exit "$status"
