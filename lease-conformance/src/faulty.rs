@@ -64,8 +64,13 @@ pub enum Fault {
 pub struct RenewCall {
     /// When the call started.
     pub started: Instant,
-    /// When it returned (`None` while in flight or if it never returned).
+    /// When it returned (`None` while in flight, and for a call dropped before it
+    /// returned).
     pub finished: Option<Instant>,
+    /// When its caller dropped it before it returned (`None` otherwise): the caller gave
+    /// up on it, as the heartbeat does at the call timeout. A dropped call may still
+    /// have reached the store; the caller hears nothing more of it.
+    pub dropped: Option<Instant>,
     /// The leases in the batch.
     pub names: Vec<LeaseName>,
 }
@@ -194,6 +199,26 @@ impl FaultyBackend {
     }
 }
 
+/// A `renew` call's entry in the log while the call runs: dropped before the call
+/// returned, it records when.
+struct RenewEntry<'a> {
+    state: &'a Mutex<State>,
+    idx: usize,
+    returned: bool,
+}
+
+impl Drop for RenewEntry<'_> {
+    fn drop(&mut self) {
+        if self.returned {
+            return;
+        }
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(call) = st.renew_log.get_mut(self.idx) {
+            call.dropped = Some(Instant::now());
+        }
+    }
+}
+
 #[async_trait]
 impl LeaseBackend for FaultyBackend {
     fn capabilities(&self) -> Capabilities {
@@ -216,16 +241,23 @@ impl LeaseBackend for FaultyBackend {
             st.renew_log.push(RenewCall {
                 started: Instant::now(),
                 finished: None,
+                dropped: None,
                 names: leases.iter().map(|l| l.name.clone()).collect(),
             });
             st.renew_log.len() - 1
         };
-        let fault = self.enter(Op::Renew).await?;
-        let r = if fault == Fault::AnswerLost {
-            Ok(vec![RenewOutcome::Lost; leases.len()])
-        } else {
-            Self::leave(fault, self.inner.renew(leases, ttl).await).await
+        // Marks the entry dropped if this future is dropped before the call returns.
+        let mut entry = RenewEntry {
+            state: &self.state,
+            idx,
+            returned: false,
         };
+        let r = match self.enter(Op::Renew).await {
+            Err(e) => Err(e),
+            Ok(Fault::AnswerLost) => Ok(vec![RenewOutcome::Lost; leases.len()]),
+            Ok(fault) => Self::leave(fault, self.inner.renew(leases, ttl).await).await,
+        };
+        entry.returned = true;
         if let Some(call) = self.state().renew_log.get_mut(idx) {
             call.finished = Some(Instant::now());
         }

@@ -150,6 +150,43 @@ async fn release_waits_for_in_flight_renewal() {
     assert_eq!(faulty.renew_log().len(), 1, "no renewal after release");
 }
 
+/// A renewal slower than the call timeout: the heartbeat gives up on it at the call
+/// timeout, and the release, which waits for it, goes on then. The fault log shows the
+/// renewal dropped, not left in flight.
+#[tokio::test(start_paused = true)]
+async fn release_waits_for_a_slow_renewal_until_the_call_timeout() {
+    let (memory, faulty, client) = setup();
+    let opts = LeaseOptions::new(Duration::from_secs(30)).unwrap();
+    assert_eq!(opts.call_timeout(), Duration::from_secs(5));
+    faulty.set(Op::Renew, Fault::Delay(Duration::from_secs(8)));
+    let guard = held(&client, "job", &opts).await;
+    faulty.wait_for_calls(Op::Renew, 1).await; // t = 10 s, dropped at 15 s
+    let t0 = Instant::now();
+    guard.release().await.unwrap();
+    assert_eq!(
+        t0.elapsed(),
+        Duration::from_secs(5),
+        "release waited for the renewal until the call timeout"
+    );
+    let log = faulty.renew_log();
+    assert_eq!(log.len(), 1);
+    assert_eq!(log[0].finished, None, "the renewal never returned");
+    assert_eq!(
+        log[0].dropped,
+        Some(log[0].started + Duration::from_secs(5)),
+        "the heartbeat dropped the renewal at the call timeout"
+    );
+    assert!(
+        memory
+            .inspect(&lease_core::LeaseName::new("job").unwrap())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(faulty.renew_log().len(), 1, "no renewal after release");
+}
+
 #[tokio::test(start_paused = true)]
 async fn scheduled_job_runs_once_per_period_across_instances() {
     let memory: Arc<dyn LeaseBackend> = Arc::new(MemoryBackend::new());

@@ -130,9 +130,10 @@ impl LeaseGuard {
         self.shared.loss_reason()
     }
 
-    /// Stops renewal, waits until no renewal is in flight (at most the call timeout), then
-    /// releases the lease on the store (or shortens it to keep-for). The lost token is
-    /// cancelled first, with [`LossReason::Released`] unless the lease was lost already.
+    /// Stops renewal, waits until no renewal is in flight (at most the call timeout, and
+    /// 100 ms more if the heartbeat is not running), then releases the lease on the store
+    /// (or shortens it to keep-for). The lost token is cancelled first, with
+    /// [`LossReason::Released`] unless the lease was lost already.
     ///
     /// Returns [`ReleaseOutcome::NotOwner`] if the lease had already lapsed or been taken.
     /// If the store call fails, the error is returned and the release is sent again in the
@@ -232,8 +233,10 @@ impl LeaseGuard {
     }
 
     /// Call after setting `released`: returns once no renewal of this lease is in flight
-    /// and none can start, or after the call timeout. A renewal still in flight then (its
-    /// heartbeat not running) can only be refused by the store once the release lands:
+    /// and none can start (the heartbeat gives up on a renewal at the call timeout), or,
+    /// if the heartbeat does not answer, after the call timeout and
+    /// [`RENEWAL_ACK_GRACE`]. A renewal still in flight then (its heartbeat not running)
+    /// can only be refused by the store once the release lands:
     /// a backend renews only a lease that is held by the token and not released.
     async fn stop_renewal(&self) {
         if !self.shared.is_in_flight() {
@@ -250,12 +253,26 @@ impl LeaseGuard {
     }
 }
 
+/// How long past the call timeout a release waits for the heartbeat's word on a renewal
+/// in flight.
+///
+/// The heartbeat bounds the renewal by the same call timeout, counted from its send,
+/// which came before the release began waiting: a running heartbeat gives up on it, and
+/// answers, by the end of the release's call timeout. But both timers can fire in the
+/// same tick of the clock, and the release's task can run first; without this grace it
+/// would then go on while the renewal is still in flight in the client (a renewal slower
+/// than the call timeout, on a loaded machine, is enough). Only a heartbeat that is not
+/// running keeps the release waiting the whole grace.
+const RENEWAL_ACK_GRACE: Duration = Duration::from_millis(100);
+
 /// Waits for the heartbeat's word that no renewal is in flight, for at most
-/// `call_timeout`. An error means the heartbeat task is gone: nothing renews any more.
+/// `call_timeout` plus [`RENEWAL_ACK_GRACE`]. An error means the heartbeat task is gone:
+/// nothing renews any more.
 async fn wait_for_renewal(rx: oneshot::Receiver<()>, call_timeout: Duration) {
-    if tokio::time::timeout(call_timeout, rx).await.is_err() {
+    let limit = call_timeout.saturating_add(RENEWAL_ACK_GRACE);
+    if tokio::time::timeout(limit, rx).await.is_err() {
         tracing::warn!(
-            timeout = ?call_timeout,
+            timeout = ?limit,
             "a renewal is still in flight after the call timeout (the heartbeat is not \
              running); releasing anyway"
         );
