@@ -64,12 +64,13 @@ pub enum Fault {
 pub struct RenewCall {
     /// When the call started.
     pub started: Instant,
-    /// When it returned (`None` while in flight, and for a call dropped before it
-    /// returned).
+    /// When it returned, with a reply or an error (`None` while in flight, and for a
+    /// call dropped before it returned).
     pub finished: Option<Instant>,
-    /// When its caller dropped it before it returned (`None` otherwise): the caller gave
-    /// up on it, as the heartbeat does at the call timeout. A dropped call may still
-    /// have reached the store; the caller hears nothing more of it.
+    /// When the call was dropped before it returned (`None` otherwise): its caller gave
+    /// up on it, as the heartbeat does at the call timeout, or it panicked
+    /// ([`Fault::Panic`]). A dropped call may still have reached the store; the caller
+    /// hears nothing more of it.
     pub dropped: Option<Instant>,
     /// The leases in the batch.
     pub names: Vec<LeaseName>,
