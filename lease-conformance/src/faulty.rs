@@ -200,21 +200,19 @@ impl FaultyBackend {
     }
 }
 
-/// A `renew` call's entry in the log while the call runs: dropped before the call
-/// returned, it records when.
+/// A `renew` call's entry in the log while the call runs: dropped while the entry has no
+/// `finished` time (the call did not return), it records when.
 struct RenewEntry<'a> {
     state: &'a Mutex<State>,
     idx: usize,
-    returned: bool,
 }
 
 impl Drop for RenewEntry<'_> {
     fn drop(&mut self) {
-        if self.returned {
-            return;
-        }
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(call) = st.renew_log.get_mut(self.idx) {
+        if let Some(call) = st.renew_log.get_mut(self.idx)
+            && call.finished.is_none()
+        {
             call.dropped = Some(Instant::now());
         }
     }
@@ -248,17 +246,15 @@ impl LeaseBackend for FaultyBackend {
             st.renew_log.len() - 1
         };
         // Marks the entry dropped if this future is dropped before the call returns.
-        let mut entry = RenewEntry {
+        let _entry = RenewEntry {
             state: &self.state,
             idx,
-            returned: false,
         };
         let r = match self.enter(Op::Renew).await {
             Err(e) => Err(e),
             Ok(Fault::AnswerLost) => Ok(vec![RenewOutcome::Lost; leases.len()]),
             Ok(fault) => Self::leave(fault, self.inner.renew(leases, ttl).await).await,
         };
-        entry.returned = true;
         if let Some(call) = self.state().renew_log.get_mut(idx) {
             call.finished = Some(Instant::now());
         }

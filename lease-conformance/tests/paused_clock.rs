@@ -130,17 +130,29 @@ async fn store_saying_lost_is_reported_as_not_owner_at_the_next_tick() {
     assert_eq!(guard.loss_reason(), Some(LossReason::NotOwner));
 }
 
-#[tokio::test(start_paused = true)]
-async fn release_waits_for_in_flight_renewal() {
-    let (_memory, faulty, client) = setup();
+/// Holds "job" (TTL 30 s, renewal every 10 s, call timeout 5 s) with every renewal
+/// delayed by `delay`, releases it while its first renewal is in flight (t = 10 s), and
+/// returns how long the release took.
+async fn release_during_a_renewal(
+    delay: Duration,
+) -> (Arc<MemoryBackend>, Arc<FaultyBackend>, Duration) {
+    let (memory, faulty, client) = setup();
     let opts = LeaseOptions::new(Duration::from_secs(30)).unwrap();
-    faulty.set(Op::Renew, Fault::Delay(Duration::from_secs(2)));
+    assert_eq!(opts.call_timeout(), Duration::from_secs(5));
+    faulty.set(Op::Renew, Fault::Delay(delay));
     let guard = held(&client, "job", &opts).await;
-    faulty.wait_for_calls(Op::Renew, 1).await; // t = 10 s, answers at 12 s
+    faulty.wait_for_calls(Op::Renew, 1).await;
     let t0 = Instant::now();
     guard.release().await.unwrap();
+    (memory, faulty, t0.elapsed())
+}
+
+#[tokio::test(start_paused = true)]
+async fn release_waits_for_in_flight_renewal() {
+    // The renewal answers at t = 12 s.
+    let (_memory, faulty, took) = release_during_a_renewal(Duration::from_secs(2)).await;
     assert_eq!(
-        t0.elapsed(),
+        took,
         Duration::from_secs(2),
         "release waited for the renewal"
     );
@@ -155,16 +167,10 @@ async fn release_waits_for_in_flight_renewal() {
 /// renewal dropped, not left in flight.
 #[tokio::test(start_paused = true)]
 async fn release_waits_for_a_slow_renewal_until_the_call_timeout() {
-    let (memory, faulty, client) = setup();
-    let opts = LeaseOptions::new(Duration::from_secs(30)).unwrap();
-    assert_eq!(opts.call_timeout(), Duration::from_secs(5));
-    faulty.set(Op::Renew, Fault::Delay(Duration::from_secs(8)));
-    let guard = held(&client, "job", &opts).await;
-    faulty.wait_for_calls(Op::Renew, 1).await; // t = 10 s, dropped at 15 s
-    let t0 = Instant::now();
-    guard.release().await.unwrap();
+    // The renewal would answer at t = 18 s; the heartbeat drops it at 15 s.
+    let (memory, faulty, took) = release_during_a_renewal(Duration::from_secs(8)).await;
     assert_eq!(
-        t0.elapsed(),
+        took,
         Duration::from_secs(5),
         "release waited for the renewal until the call timeout"
     );
