@@ -96,13 +96,40 @@ df -h . | sed 's/^/setup-and-test: disk before the tests: /'
 # The test binaries are built first as a step of their own, so that the run shows the
 # build's time apart from the tests'.
 step cargo test --workspace --exclude lease-bench --no-run
+
+# The tests, in two lanes at once (scripts/test-lanes.py says why and which): the long,
+# mostly idle binaries beside the rest, each lane two tests at a time; then the doc tests.
+# Together they run exactly what `cargo test --workspace --exclude lease-bench` runs, from
+# the build above. The idle lane's output follows the rest's.
+ws=(--workspace --exclude lease-bench --no-fail-fast)
+read -r -a idle <<< "$(python3 scripts/test-lanes.py idle)"
+read -r -a rest <<< "$(python3 scripts/test-lanes.py rest)"
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+idle_log=$(mktemp)
+trap 'rm -f "$log" "$idle_log"' EXIT
 set +e
 tests=$SECONDS
-cargo test --workspace --exclude lease-bench --no-fail-fast 2>&1 | tee "$log"
-status=${PIPESTATUS[0]}
+(
+  cargo test "${ws[@]}" "${idle[@]}" > "$idle_log" 2>&1
+  s=$?
+  echo "setup-and-test: the idle lane took $(since "$tests")" >> "$idle_log"
+  exit "$s"
+) &
+idle_pid=$!
+cargo test "${ws[@]}" "${rest[@]}" 2>&1 | tee "$log"
+rest_status=${PIPESTATUS[0]}
+echo "setup-and-test: the rest lane took $(since "$tests")"
+cargo test "${ws[@]}" --doc 2>&1 | tee -a "$log"
+doc_status=${PIPESTATUS[0]}
+wait "$idle_pid"
+idle_status=$?
+echo "setup-and-test: the idle lane's output:"
+tee -a "$log" < "$idle_log"
 set -e
-echo "setup-and-test: the tests took $(since "$tests"); the whole run $(since "$start")"
+status=0
+for s in "$rest_status" "$doc_status" "$idle_status"; do
+  if [ "$s" -ne 0 ]; then status=$s; fi
+done
+echo "setup-and-test: the tests took $(since "$tests") (exit: rest $rest_status, doc $doc_status, idle $idle_status); the whole run $(since "$start")"
 bash scripts/count-test-servers.sh "$log"
 exit "$status"

@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Splits the workspace's test binaries into the two lanes that scripts/setup-and-test.sh
+runs at the same time, and prints one lane's cargo test target arguments.
+
+    python3 scripts/test-lanes.py idle   # --test container_faults --test cron_firings ...
+    python3 scripts/test-lanes.py rest   # --lib --bins --test <every other test target>
+
+Why two lanes: the test binaries run one after another, and most of them leave the two
+cores nearly idle (sampled over a whole CI run: 1% to 39% of the machine per binary).
+The longest of them (IDLE below, about 10 of the run's 35 minutes) wait on wall-clock
+time: firings every 2 s, containers started, paused and stopped, replies lost behind a
+proxy. They run in a lane of their own beside the rest, each lane two tests at a time as
+before, each binary with its own servers.
+
+Both lanes select the whole workspace (`--workspace --exclude lease-bench`) and differ only
+in their targets, so features resolve as in one `cargo test --workspace` and both reuse the
+build of `cargo test --workspace --exclude lease-bench --no-run`. The doc tests run after
+the `rest` lane (`cargo test ... --doc`); examples are built by the `--no-run` step and not
+run, as a plain `cargo test` does.
+
+Fails, naming the target, if an IDLE name is missing or not unique across the workspace
+(`--test NAME` selects every package's target of that name).
+"""
+
+import json
+import subprocess
+import sys
+
+EXCLUDED_PACKAGES = {"lease-bench"}
+
+# The long, mostly idle binaries (seconds on the CI machine, 2026-11-27): lease-lab's
+# container_faults (184 to 279), cron_firings (130), lost_reply (101), scenarios (77),
+# fault_matrix (40) and lease-cli's cli (98).
+IDLE = ["container_faults", "cron_firings", "lost_reply", "scenarios", "fault_matrix", "cli"]
+
+
+def test_targets():
+    out = subprocess.run(
+        ["cargo", "metadata", "--no-deps", "--format-version", "1"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    names = []
+    for package in json.loads(out)["packages"]:
+        if package["name"] in EXCLUDED_PACKAGES:
+            continue
+        for target in package["targets"]:
+            if "test" in target["kind"] and target.get("test", True):
+                names.append(target["name"])
+    return names
+
+
+def main():
+    if len(sys.argv) != 2 or sys.argv[1] not in ("idle", "rest"):
+        sys.exit("usage: test-lanes.py idle|rest")
+    names = test_targets()
+    for name in IDLE:
+        if names.count(name) != 1:
+            sys.exit(f"test-lanes.py: {names.count(name)} test targets named {name!r} (need exactly 1)")
+    if sys.argv[1] == "idle":
+        args = [a for name in IDLE for a in ("--test", name)]
+    else:
+        rest = sorted(set(names) - set(IDLE))
+        args = ["--lib", "--bins"] + [a for name in rest for a in ("--test", name)]
+    print(" ".join(args))
+
+
+if __name__ == "__main__":
+    main()
