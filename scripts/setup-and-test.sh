@@ -102,8 +102,12 @@ step cargo test --workspace --exclude lease-bench --no-run
 # Together they run exactly what `cargo test --workspace --exclude lease-bench` runs, from
 # the build above. The idle lane's output follows the rest's.
 ws=(--workspace --exclude lease-bench --no-fail-fast)
-read -r -a idle <<< "$(python3 scripts/test-lanes.py idle)"
-read -r -a rest <<< "$(python3 scripts/test-lanes.py rest)"
+# (Assigned first, so that a failure of the helper stops the run under `set -e`: an empty
+# target list would make a lane run every test.)
+idle_targets=$(python3 scripts/test-lanes.py idle)
+rest_targets=$(python3 scripts/test-lanes.py rest)
+read -r -a idle <<< "$idle_targets"
+read -r -a rest <<< "$rest_targets"
 log=$(mktemp)
 idle_log=$(mktemp)
 trap 'rm -f "$log" "$idle_log"' EXIT
