@@ -7,7 +7,7 @@ runs at the same time, and prints one lane's cargo test target arguments.
 
 Why two lanes: the test binaries run one after another, and most of them leave the two
 cores nearly idle (sampled over a whole CI run: 1% to 39% of the machine per binary).
-The longest of them (IDLE below, about 10 of the run's 35 minutes) wait on wall-clock
+The longest of them (IDLE below, about 10 of some 31 minutes of tests) wait on wall-clock
 time: firings every 2 s, containers started, paused and stopped, replies lost behind a
 proxy. They run in a lane of their own beside the rest, each lane two tests at a time as
 before, each binary with its own servers.
@@ -28,7 +28,7 @@ import sys
 
 EXCLUDED_PACKAGES = {"lease-bench"}
 
-# The long, mostly idle binaries (seconds on the CI machine, 2026-11-27): lease-lab's
+# The long, mostly idle binaries (seconds in 2026-11-27's runs, on two machines): lease-lab's
 # container_faults (184 to 279), cron_firings (130), lost_reply (101), scenarios (77),
 # fault_matrix (40) and lease-cli's cli (98).
 IDLE = ["container_faults", "cron_firings", "lost_reply", "scenarios", "fault_matrix", "cli"]
