@@ -89,6 +89,18 @@ impl EtcdBackend {
         self.inner.keepalives.load(Ordering::Relaxed)
     }
 
+    /// Whether the watch of the key range runs (for tests).
+    #[doc(hidden)]
+    pub fn watch_running(&self) -> bool {
+        self.inner.shared.lock().watch.task.is_some()
+    }
+
+    /// Whether the watch of the key range is established (for tests).
+    #[doc(hidden)]
+    pub fn watch_healthy(&self) -> bool {
+        self.inner.shared.lock().watch.healthy
+    }
+
     /// How many distinct etcd leases the keys this instance holds are attached to.
     #[doc(hidden)]
     pub fn etcd_leases_in_use(&self) -> usize {
@@ -179,18 +191,21 @@ impl LeaseBackend for EtcdBackend {
                 let expires = session.expires_at();
                 {
                     let mut st = inner.shared.lock();
-                    let k = st.keys.entry(key.clone()).or_default();
-                    let lost = k.last_event_rev > rev;
-                    k.held = Some(Held {
-                        token: owner.token,
-                        label: owner.label.as_str().to_owned(),
-                        lease: session.id,
-                        granted: session.granted,
-                        rev,
-                        locked_at: started,
-                        deadline: expires,
-                        lost,
-                    });
+                    let lost = st.keys.get(&key).is_some_and(|k| k.last_event_rev > rev);
+                    st.set_held(
+                        &key,
+                        Held {
+                            token: owner.token,
+                            label: owner.label.as_str().to_owned(),
+                            lease: session.id,
+                            granted: session.granted,
+                            rev,
+                            known_rev: rev,
+                            locked_at: started,
+                            deadline: expires,
+                            lost,
+                        },
+                    );
                 }
                 drop(pending);
                 tracing::debug!(lease = %name, fencing = rev, lease_id = session.id, "acquired");
@@ -235,22 +250,17 @@ impl LeaseBackend for EtcdBackend {
             .iter()
             .map(|item| inner.layout.key(item.name.as_bytes()))
             .collect();
-        let (ids, verify, generation) = {
+        // Per etcd lease involved: whether to ask which keys are attached to it, because
+        // the watch does not cover one of the keys renewed on it.
+        let ids: BTreeMap<i64, bool> = {
             let st = inner.shared.lock();
-            let ids: BTreeSet<i64> = keys
-                .iter()
-                .zip(leases)
-                .filter_map(|(key, item)| {
-                    st.held(key)
-                        .filter(|h| h.token == item.token && !h.lost)
-                        .map(|h| h.lease)
-                })
-                .collect();
-            (
-                ids,
-                !st.watch.healthy || st.watch.needs_resync,
-                st.watch.generation,
-            )
+            let mut ids = BTreeMap::new();
+            for (key, item) in keys.iter().zip(leases) {
+                if let Some(h) = st.held(key).filter(|h| h.token == item.token && !h.lost) {
+                    *ids.entry(h.lease).or_insert(false) |= st.needs_verify(h);
+                }
+            }
+            ids
         };
         if ids.is_empty() {
             return Ok(vec![RenewOutcome::Lost; leases.len()]);
@@ -258,13 +268,13 @@ impl LeaseBackend for EtcdBackend {
         let asked = Instant::now();
         let checks = futures::future::try_join_all(
             ids.iter()
-                .map(|id| inner.check_lease(*id, verify, call_started)),
+                .map(|(id, verify)| inner.check_lease(*id, *verify, call_started)),
         )
         .await?;
         tracing::debug!(
             leases = leases.len(),
             etcd_leases = ids.len(),
-            verify,
+            verified = checks.iter().filter(|c| c.keys.is_some()).count(),
             took = ?asked.elapsed(),
             "keepalive"
         );
@@ -293,22 +303,16 @@ impl LeaseBackend for EtcdBackend {
                     for (key, k) in st.keys.iter_mut() {
                         if let Some(h) = &mut k.held {
                             // Keys put after the snapshot are not in it, but not lost.
-                            if h.lease == check.id
-                                && h.rev <= attached.revision
-                                && !attached.keys.contains(key)
-                            {
-                                h.lost = true;
+                            if h.lease == check.id && h.rev <= attached.revision {
+                                if attached.keys.contains(key) {
+                                    h.known_rev = h.known_rev.max(attached.revision);
+                                } else {
+                                    h.lost = true;
+                                }
                             }
                         }
                     }
                 }
-            }
-            if verify
-                && st.watch.healthy
-                && st.watch.generation == generation
-                && checks.iter().all(|c| c.keys.is_some() || !c.alive)
-            {
-                st.watch.needs_resync = false;
             }
             let mut outcomes = Vec::with_capacity(leases.len());
             let mut lost = Vec::new();
@@ -359,6 +363,17 @@ impl LeaseBackend for EtcdBackend {
             orphans = st.orphans_to_delete(&renewed);
             outcomes
         };
+        // The watch runs while renewed keys are held, from the oldest revision just
+        // verified: it delivers every later event, so the next renewals need only the
+        // keepalive.
+        if outcomes.contains(&RenewOutcome::Renewed)
+            && let Some(seen) = checks
+                .iter()
+                .filter_map(|c| c.keys.as_ref().map(|a| a.revision))
+                .min()
+        {
+            inner.ensure_watch(seen + 1);
+        }
         if !orphans.is_empty() {
             tracing::info!(
                 keys = orphans.len(),

@@ -117,7 +117,6 @@ impl EtcdBackend {
                 config,
                 shared: Arc::default(),
                 grant_lock: tokio::sync::Mutex::new(()),
-                watch_task: Mutex::new(None),
                 keepalives: AtomicU64::new(0),
             }),
         }

@@ -12,10 +12,10 @@ mod tls;
 mod url;
 mod watch;
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etcd_client::{
@@ -32,7 +32,9 @@ use tokio::time::Instant;
 
 use crate::error::{BACKEND, convert, is_lease_not_found, unexpected};
 use crate::keys::{Layout, decode_value, encode_value};
-use crate::state::{FlightGuard, Held, Orphan, Pending, Session, Shared, WaiterGuard};
+use crate::state::{
+    FlightGuard, Held, Orphan, Pending, SESSION_KEY_BYTES, Session, Shared, WaiterGuard,
+};
 
 /// The `etcd-client` crate this backend is built on, for [`EtcdBackend::from_client`].
 pub use etcd_client;
@@ -47,7 +49,8 @@ const SWEEP_EVERY: Duration = Duration::from_millis(250);
 pub const MIN_TTL: Duration = Duration::from_secs(2);
 
 /// Largest renewal batch accepted in one call. A batch costs one keepalive per etcd lease
-/// involved (normally one), whatever its size.
+/// involved (one per TTL for up to some 60,000 keys of short names: a session lease takes
+/// keys until their names add up to 2 MiB), whatever its size.
 pub const MAX_RENEW_BATCH: usize = 1_000_000;
 
 pub use backend::EtcdBackend;

@@ -12,20 +12,12 @@ pub(crate) struct Inner {
     pub(crate) shared: Arc<Shared>,
     /// Serializes session lease grants, so concurrent first acquires grant one lease.
     pub(crate) grant_lock: tokio::sync::Mutex<()>,
-    pub(crate) watch_task: Mutex<Option<tokio::task::JoinHandle<()>>>,
     pub(crate) keepalives: AtomicU64,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        let task = self
-            .watch_task
-            .get_mut()
-            .unwrap_or_else(|p| p.into_inner())
-            .take();
-        if let Some(task) = task {
-            task.abort();
-        }
+        self.shared.lock().stop_watch();
     }
 }
 
@@ -109,18 +101,19 @@ impl Inner {
             "granted etcd session lease"
         );
         self.shared.lock().sessions.insert(secs, session);
-        let revision = resp.header().map_or(0, |h| h.revision());
-        self.ensure_watch(revision + 1);
         Ok(session)
     }
 
+    /// The current session lease for `secs` if new keys may still join it: at least half
+    /// its TTL is left and its keys' bytes are below [`SESSION_KEY_BYTES`].
     pub(crate) fn usable_session(&self, secs: u64) -> Option<Session> {
         let now = Instant::now();
-        self.shared
-            .lock()
-            .sessions
+        let st = self.shared.lock();
+        st.sessions
             .get(&secs)
-            .filter(|s| s.usable(now))
+            .filter(|s| {
+                s.usable(now) && st.lease_bytes.get(&s.id).copied().unwrap_or(0) < SESSION_KEY_BYTES
+            })
             .copied()
     }
 
@@ -131,25 +124,30 @@ impl Inner {
         }
     }
 
-    /// Starts the watch (once), from `start_rev` at the latest; restarts it if its task
-    /// ended.
+    /// Starts the watch from `start_rev` unless it runs or nothing needs it (no key held,
+    /// acquired or waited for: it would only stop again at the next release); restarts it
+    /// where it stopped if its task ended (only a panic in the client library ends it).
     pub(crate) fn ensure_watch(&self, start_rev: i64) {
-        let mut task = self.watch_task.lock().unwrap_or_else(|p| p.into_inner());
-        if task.as_ref().is_some_and(|t| !t.is_finished()) {
+        let mut st = self.shared.lock();
+        if st.keys.is_empty() && st.waiters.is_empty() {
             return;
         }
-        {
-            let mut st = self.shared.lock();
-            if !st.watch.started {
+        match &st.watch.task {
+            Some(task) if !task.is_finished() => return,
+            Some(_) => {} // resumes at `next_rev`: nothing was skipped
+            None => {
                 st.watch.next_rev = start_rev.max(1);
-                st.watch.started = true;
+                st.watch.from_rev = st.watch.next_rev;
+                tracing::debug!(from_rev = st.watch.next_rev, "etcd watch started");
             }
-            st.watch.healthy = false;
         }
-        *task = Some(tokio::spawn(watch::run(
+        st.watch.epoch += 1;
+        st.watch.healthy = false;
+        st.watch.task = Some(tokio::spawn(watch::run(
             self.client.watch_client(),
             self.layout.range_prefix().to_vec(),
             self.shared.clone(),
+            st.watch.epoch,
             self.timeout(),
         )));
     }
@@ -157,14 +155,14 @@ impl Inner {
     /// Restarts a watch task that ended (it only ends by a panic in the client library).
     pub(crate) fn check_watch(&self) {
         let finished = self
-            .watch_task
+            .shared
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .watch
+            .task
             .as_ref()
             .is_some_and(|t| t.is_finished());
         if finished {
-            let next = self.shared.lock().watch.next_rev;
-            self.ensure_watch(next);
+            self.ensure_watch(0);
         }
     }
 

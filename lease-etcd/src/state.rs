@@ -41,7 +41,22 @@ pub(crate) struct State {
     /// timed out or dropped): `renew` deletes them, since the keepalives it sends for the
     /// other keys of the same etcd lease would keep them alive for ever.
     pub(crate) orphans: Vec<Orphan>,
+    /// Bytes of the keys held on each etcd lease (each key's length plus
+    /// [`KEY_OVERHEAD`]): a session stops taking keys at [`SESSION_KEY_BYTES`], so that
+    /// the list of its keys fits in one gRPC reply.
+    pub(crate) lease_bytes: HashMap<i64, usize>,
 }
+
+/// The bytes a key adds to etcd's list of the keys attached to a lease, beyond its own
+/// length (the protobuf field's tag and length).
+pub(crate) const KEY_OVERHEAD: usize = 4;
+
+/// How many key bytes one session lease carries at most. `renew` may ask etcd for the
+/// keys attached to a lease (`LeaseTimeToLive` with keys), and etcd-client's lease client
+/// accepts replies of up to 4 MiB (tonic's default, which it does not let a caller
+/// raise); half of that leaves room for the reply's other fields. With names of 20 bytes
+/// that is about 60,000 keys per session.
+pub(crate) const SESSION_KEY_BYTES: usize = 2 * 1024 * 1024;
 
 /// A key an acquire may have put although its caller never heard so.
 #[derive(Debug, Clone)]
@@ -162,6 +177,10 @@ pub(crate) struct Held {
     pub(crate) granted: Duration,
     /// Revision of our put: the key's create and mod revision while it is ours.
     pub(crate) rev: i64,
+    /// The store revision up to which the key is known to be ours without the watch: its
+    /// put, or the latest look at the keys attached to its etcd lease that found it. The
+    /// watch covers the key when it delivers every event after this revision.
+    pub(crate) known_rev: i64,
     /// Start of the acquire call (keep-for is measured from here).
     pub(crate) locked_at: Instant,
     /// Lower bound of the key's expiry had nobody but its own renewals kept the lease alive.
@@ -170,17 +189,25 @@ pub(crate) struct Held {
     pub(crate) lost: bool,
 }
 
+/// The watch of the key range. It runs only while it is useful: started by the first
+/// `renew` of a held key (a lease released before its first renewal never needs it) or by
+/// a release waiter, and stopped once this instance neither holds, acquires nor waits for
+/// any key.
 #[derive(Debug, Default)]
 pub(crate) struct WatchStatus {
-    /// The watch task was spawned.
-    pub(crate) started: bool,
+    /// The watch task, while the watch runs.
+    pub(crate) task: Option<tokio::task::JoinHandle<()>>,
+    /// Bumped at every start and stop: a task whose epoch is no longer this one has been
+    /// stopped and must not touch the state.
+    pub(crate) epoch: u64,
     /// The watch stream is established.
     pub(crate) healthy: bool,
-    /// Incremented each time a watch stream is established.
-    pub(crate) generation: u64,
-    /// Events were lost (history compacted): verify held keys on the store before trusting
-    /// the watch again.
-    pub(crate) needs_resync: bool,
+    /// The revision from which `renew` trusts the watch: one past the store's revision
+    /// when the watch stream was last established (events before it may still be
+    /// replaying), or where the watch was started while no stream is established yet;
+    /// `i64::MAX` after history was compacted away, until the stream is established
+    /// again.
+    pub(crate) from_rev: i64,
     /// The next revision the watch has not delivered yet (0: from "now").
     pub(crate) next_rev: i64,
 }
@@ -196,7 +223,38 @@ impl State {
         self.keys.get(key).and_then(|k| k.held.as_ref())
     }
 
-    /// Drops the record of `key` once nothing refers to it.
+    /// Whether `renew` must ask etcd which keys are attached to the etcd lease of `h`:
+    /// the watch is not established, or it does not deliver every event after what is
+    /// known of the key (it started later, or lost history since).
+    pub(crate) fn needs_verify(&self, h: &Held) -> bool {
+        !self.watch.healthy || h.known_rev.saturating_add(1) < self.watch.from_rev
+    }
+
+    /// Records that this instance holds `key` (replacing a record of an earlier hold).
+    pub(crate) fn set_held(&mut self, key: &[u8], held: Held) {
+        *self.lease_bytes.entry(held.lease).or_default() += key.len() + KEY_OVERHEAD;
+        let old = self
+            .keys
+            .entry(key.to_vec())
+            .or_default()
+            .held
+            .replace(held);
+        if let Some(old) = old {
+            self.unaccount(key, old.lease);
+        }
+    }
+
+    fn unaccount(&mut self, key: &[u8], lease: i64) {
+        if let Some(bytes) = self.lease_bytes.get_mut(&lease) {
+            *bytes = bytes.saturating_sub(key.len() + KEY_OVERHEAD);
+            if *bytes == 0 {
+                self.lease_bytes.remove(&lease);
+            }
+        }
+    }
+
+    /// Drops the record of `key` once nothing refers to it, and stops the watch once no
+    /// key and no waiter is left.
     pub(crate) fn forget_if_idle(&mut self, key: &[u8]) {
         if self
             .keys
@@ -205,16 +263,37 @@ impl State {
         {
             self.keys.remove(key);
         }
+        self.stop_watch_if_idle();
     }
 
     /// Forgets that we hold `key` at revision `rev` (released, lost or swept).
     pub(crate) fn forget_held(&mut self, key: &[u8], rev: i64) {
         if let Some(k) = self.keys.get_mut(key)
             && k.held.as_ref().is_some_and(|h| h.rev == rev)
+            && let Some(old) = k.held.take()
         {
-            k.held = None;
+            self.unaccount(key, old.lease);
         }
         self.forget_if_idle(key);
+    }
+
+    /// Stops the watch when this instance neither holds, acquires nor waits for any key:
+    /// nothing needs its events then. The next `renew` or release waiter starts it again.
+    pub(crate) fn stop_watch_if_idle(&mut self) {
+        if self.keys.is_empty() && self.waiters.is_empty() {
+            self.stop_watch();
+        }
+    }
+
+    /// Stops the watch task (it may finish its current step, but no longer touches the
+    /// state: its epoch is gone).
+    pub(crate) fn stop_watch(&mut self) {
+        if let Some(task) = self.watch.task.take() {
+            task.abort();
+            self.watch.epoch += 1;
+            self.watch.healthy = false;
+            tracing::debug!("etcd watch stopped: no key held or waited for");
+        }
     }
 
     /// A watch event: `key` was written (`delete == false`) or deleted at `rev`.
@@ -244,7 +323,7 @@ impl State {
 
     /// The watch lost history: every held key must be verified on the store.
     pub(crate) fn on_history_lost(&mut self) {
-        self.watch.needs_resync = true;
+        self.watch.from_rev = i64::MAX;
         self.wake_all();
     }
 
@@ -303,6 +382,7 @@ impl State {
             .filter(|(_, k)| k.held.as_ref().is_some_and(|h| h.lease == id))
             .map(|(key, _)| key.clone())
             .collect();
+        self.lease_bytes.remove(&id);
         for key in gone {
             if let Some(k) = self.keys.get_mut(&key) {
                 k.held = None;
@@ -402,6 +482,7 @@ impl Drop for WaiterGuard {
         };
         if remove {
             st.waiters.remove(&self.key);
+            st.stop_watch_if_idle();
         }
     }
 }

@@ -1,6 +1,7 @@
-//! The one watch per backend instance on `P/l/`: it tells `renew` which of our keys were
-//! deleted or overwritten by someone else (an operator's force release, an expiry) and
-//! wakes release waiters, without a request per key.
+//! The one watch per backend instance on `P/l/`, while the instance holds or waits for a
+//! key: it tells `renew` which of our keys were deleted or overwritten by someone else (an
+//! operator's force release, an expiry) and wakes release waiters, without a request per
+//! key.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,19 +13,27 @@ use crate::state::Shared;
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
 
-/// Watches `prefix` from `shared.watch.next_rev` for as long as the task lives (it is
-/// aborted when the backend is dropped). Reconnects with backoff, resuming at the first
-/// revision not yet delivered, so no event is skipped; if that revision was compacted
-/// away, it flags a resync and starts from "now".
+/// Watches `prefix` from `shared.watch.next_rev` until the watch is stopped (it is aborted
+/// when the instance goes idle or the backend is dropped; `epoch` tells it whether it is
+/// still the current watch whenever it takes the lock). Reconnects with backoff, resuming
+/// at the first revision not yet delivered, so no event is skipped; if that revision was
+/// compacted away, it flags every held key for verification and starts from "now".
 pub(crate) async fn run(
     mut client: WatchClient,
     prefix: Vec<u8>,
     shared: Arc<Shared>,
+    epoch: u64,
     request_timeout: Duration,
 ) {
     let mut backoff = BACKOFF_MIN;
     loop {
-        let next_rev = shared.lock().watch.next_rev;
+        let next_rev = {
+            let st = shared.lock();
+            if st.watch.epoch != epoch {
+                return;
+            }
+            st.watch.next_rev
+        };
         let mut options = WatchOptions::new().with_prefix();
         if next_rev > 0 {
             options = options.with_start_revision(next_rev);
@@ -46,6 +55,9 @@ pub(crate) async fn run(
                     }
                 };
                 let mut st = shared.lock();
+                if st.watch.epoch != epoch {
+                    return;
+                }
                 if resp.compact_revision() > 0 {
                     tracing::warn!(
                         compact_revision = resp.compact_revision(),
@@ -56,17 +68,25 @@ pub(crate) async fn run(
                     st.watch.next_rev = 0;
                     break;
                 }
-                if resp.created() {
-                    st.watch.healthy = true;
-                    st.watch.generation += 1;
-                    if st.watch.next_rev == 0 {
-                        st.watch.next_rev = resp.header().map_or(0, |h| h.revision() + 1);
-                    }
-                    backoff = BACKOFF_MIN;
-                }
                 if resp.canceled() {
                     tracing::debug!(reason = resp.cancel_reason(), "etcd watch cancelled");
                     break;
+                }
+                if resp.created() {
+                    let Some(now) = resp.header().map(|h| h.revision() + 1) else {
+                        tracing::debug!("etcd watch created without a header; reconnecting");
+                        break;
+                    };
+                    // Events up to the store's revision at creation may still be on their
+                    // way (replayed from `next_rev`; etcd 3.4 has no marker for when the
+                    // replay is done): `renew` trusts the watch only for what is known of
+                    // a key from this revision on, and asks etcd about the rest once.
+                    st.watch.from_rev = now;
+                    if st.watch.next_rev == 0 {
+                        st.watch.next_rev = now; // restarted from "now" after a compaction
+                    }
+                    st.watch.healthy = true;
+                    backoff = BACKOFF_MIN;
                 }
                 for event in resp.events() {
                     let Some(kv) = event.kv() else { continue };
@@ -78,7 +98,13 @@ pub(crate) async fn run(
             Ok(Err(e)) => tracing::debug!(error = %e, "etcd watch could not be created"),
             Err(_) => tracing::debug!("etcd watch creation timed out"),
         }
-        shared.lock().watch.healthy = false;
+        {
+            let mut st = shared.lock();
+            if st.watch.epoch != epoch {
+                return;
+            }
+            st.watch.healthy = false;
+        }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(BACKOFF_MAX);
     }
