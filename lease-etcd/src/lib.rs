@@ -49,8 +49,8 @@ const SWEEP_EVERY: Duration = Duration::from_millis(250);
 pub const MIN_TTL: Duration = Duration::from_secs(2);
 
 /// Largest renewal batch accepted in one call. A batch costs one keepalive per etcd lease
-/// involved (one per TTL for up to some 60,000 keys of short names: a session lease takes
-/// keys until their names add up to 2 MiB), whatever its size.
+/// involved (one per TTL for up to some 40,000 keys of 20-byte names: a session lease takes
+/// keys until they add up to 2 MiB), whatever its size.
 pub const MAX_RENEW_BATCH: usize = 1_000_000;
 
 pub use backend::EtcdBackend;

@@ -54,8 +54,8 @@ pub(crate) const KEY_OVERHEAD: usize = 4;
 /// How many key bytes one session lease carries at most. `renew` may ask etcd for the
 /// keys attached to a lease (`LeaseTimeToLive` with keys), and etcd-client's lease client
 /// accepts replies of up to 4 MiB (tonic's default, which it does not let a caller
-/// raise); half of that leaves room for the reply's other fields. With names of 20 bytes
-/// that is about 60,000 keys per session.
+/// raise); half of that leaves room for the reply's other fields. Keys carry the name in
+/// hex: with names of 20 bytes that is about 40,000 keys per session.
 pub(crate) const SESSION_KEY_BYTES: usize = 2 * 1024 * 1024;
 
 /// A key an acquire may have put although its caller never heard so.
