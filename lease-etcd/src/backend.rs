@@ -71,9 +71,11 @@ pub(crate) struct LeaseCheck {
     pub(crate) keys: Option<Attached>,
 }
 
-/// The keys attached to a lease at a store revision.
+/// The keys attached to a lease. etcd reads the list, then fills in the reply's revision:
+/// the list held at some revision between the last one this instance saw before asking
+/// ([`State::last_rev`](crate::state::State)) and the reply's, so only the former is a
+/// revision it is known to hold at.
 pub(crate) struct Attached {
-    pub(crate) revision: i64,
     pub(crate) keys: HashSet<Vec<u8>>,
 }
 
@@ -99,6 +101,20 @@ impl EtcdBackend {
     #[doc(hidden)]
     pub fn watch_healthy(&self) -> bool {
         self.inner.shared.lock().watch.healthy
+    }
+
+    /// How many release waits looked at their key and then waited on the watch (for tests).
+    #[doc(hidden)]
+    pub fn release_waits_armed(&self) -> u64 {
+        self.inner.waits_armed.load(Ordering::Relaxed)
+    }
+
+    /// Whether this instance holds a record of `name` that its watch saw deleted or taken
+    /// by someone else (for tests).
+    #[doc(hidden)]
+    pub fn holds_lost(&self, name: &LeaseName) -> bool {
+        let key = self.inner.layout.key(name.as_bytes());
+        self.inner.shared.lock().held(&key).is_some_and(|h| h.lost)
     }
 
     /// How many distinct etcd leases the keys this instance holds are attached to.
@@ -139,7 +155,8 @@ impl LeaseBackend for EtcdBackend {
         let started = Instant::now();
         let mut retried = false;
         loop {
-            let session = inner.session(secs, "acquire").await?;
+            // Reserves the key's bytes on the session; `pending` gives them back.
+            let session = inner.session(secs, key_bytes(&key), "acquire").await?;
             // Until the store answers, the key may be put without this call hearing so:
             // dropped unsettled, `pending` records it for `renew` to delete.
             let mut pending = Pending::new(
@@ -167,6 +184,9 @@ impl LeaseBackend for EtcdBackend {
             let resp = match reply {
                 Ok(resp) => {
                     pending.settle();
+                    if let Some(h) = resp.header() {
+                        inner.shared.lock().saw_rev(h.revision());
+                    }
                     resp
                 }
                 Err(e) if !retried && is_lease_not_found(&e) => {
@@ -252,7 +272,8 @@ impl LeaseBackend for EtcdBackend {
             .collect();
         // Per etcd lease involved: whether to ask which keys are attached to it, because
         // the watch does not cover one of the keys renewed on it.
-        let ids: BTreeMap<i64, bool> = {
+        // `floor`: a revision every answer to this call's requests is at or after.
+        let (ids, floor): (BTreeMap<i64, bool>, i64) = {
             let st = inner.shared.lock();
             let mut ids = BTreeMap::new();
             for (key, item) in keys.iter().zip(leases) {
@@ -260,7 +281,7 @@ impl LeaseBackend for EtcdBackend {
                     *ids.entry(h.lease).or_insert(false) |= st.needs_verify(h);
                 }
             }
-            ids
+            (ids, st.last_rev)
         };
         if ids.is_empty() {
             return Ok(vec![RenewOutcome::Lost; leases.len()]);
@@ -302,10 +323,12 @@ impl LeaseBackend for EtcdBackend {
                 if let Some(attached) = &check.keys {
                     for (key, k) in st.keys.iter_mut() {
                         if let Some(h) = &mut k.held {
-                            // Keys put after the snapshot are not in it, but not lost.
-                            if h.lease == check.id && h.rev <= attached.revision {
+                            // The list holds at `floor` or later: a key put by then and
+                            // missing from it is lost, one in it was ours at `floor`. Keys
+                            // put after `floor` may be missing from it without being lost.
+                            if h.lease == check.id && h.rev <= floor {
                                 if attached.keys.contains(key) {
-                                    h.known_rev = h.known_rev.max(attached.revision);
+                                    h.known_rev = h.known_rev.max(floor);
                                 } else {
                                     h.lost = true;
                                 }
@@ -363,16 +386,11 @@ impl LeaseBackend for EtcdBackend {
             orphans = st.orphans_to_delete(&renewed);
             outcomes
         };
-        // The watch runs while renewed keys are held, from the oldest revision just
-        // verified: it delivers every later event, so the next renewals need only the
-        // keepalive.
-        if outcomes.contains(&RenewOutcome::Renewed)
-            && let Some(seen) = checks
-                .iter()
-                .filter_map(|c| c.keys.as_ref().map(|a| a.revision))
-                .min()
-        {
-            inner.ensure_watch(seen + 1);
+        // The watch runs while renewed keys are held, from the revision the lists just
+        // read are known to hold at: it delivers every later event, so the next renewals
+        // need only the keepalive.
+        if outcomes.contains(&RenewOutcome::Renewed) && checks.iter().any(|c| c.keys.is_some()) {
+            let _ = inner.ensure_watch(floor + 1);
         }
         if !orphans.is_empty() {
             tracing::info!(
@@ -399,12 +417,20 @@ impl LeaseBackend for EtcdBackend {
     ) -> Result<ReleaseOutcome> {
         let inner = &*self.inner;
         let key = inner.layout.key(name.as_bytes());
-        let local = inner
-            .shared
-            .lock()
-            .held(&key)
-            .filter(|h| h.token == *token && !h.lost)
-            .map(|h| (h.rev, Some(h.locked_at), h.label.clone()));
+        let local = {
+            let mut st = inner.shared.lock();
+            match st.held(&key) {
+                Some(h) if h.token == *token && h.lost => {
+                    // Lost (deleted or taken by someone else): forget it whatever the
+                    // store answers below, or its record would keep the watch running.
+                    let rev = h.rev;
+                    st.forget_held(&key, rev);
+                    None
+                }
+                Some(h) if h.token == *token => Some((h.rev, Some(h.locked_at), h.label.clone())),
+                _ => None,
+            }
+        };
         let (rev, locked_at, label) = match local {
             Some(found) => found,
             None => {
@@ -546,19 +572,29 @@ impl LeaseBackend for EtcdBackend {
         let notified = waiter.notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        // Registered first, then looked: a delete after this read reaches the watch,
-        // which starts at the latest right after it.
-        let resp = inner
-            .call("wait_released", || {
-                let mut kv = inner.client.kv_client();
-                let key = key.clone();
-                async move { kv.get(key, Some(GetOptions::new().with_count_only())).await }
-            })
-            .await?;
-        if resp.count() == 0 {
-            return Ok(());
+        // Registered first, then looked: a delete after this read reaches the watch if it
+        // delivers every event after the read. A watch that was already running may have
+        // started later than that (a renewal started it meanwhile): then look again, which
+        // reads at or after its start. After history was compacted away, the watch wakes
+        // every waiter once it runs again.
+        for _ in 0..3 {
+            let resp = inner
+                .call("wait_released", || {
+                    let mut kv = inner.client.kv_client();
+                    let key = key.clone();
+                    async move { kv.get(key, Some(GetOptions::new().with_count_only())).await }
+                })
+                .await?;
+            if resp.count() == 0 {
+                return Ok(());
+            }
+            let read = resp.header().map_or(0, |h| h.revision());
+            let from = inner.ensure_watch(read + 1);
+            if from <= read + 1 || from == i64::MAX {
+                break;
+            }
         }
-        inner.ensure_watch(resp.header().map_or(0, |h| h.revision()) + 1);
+        inner.waits_armed.fetch_add(1, Ordering::Relaxed);
         let _ = tokio::time::timeout(max_wait, notified).await;
         Ok(())
     }

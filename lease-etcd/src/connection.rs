@@ -118,6 +118,7 @@ impl EtcdBackend {
                 shared: Arc::default(),
                 grant_lock: tokio::sync::Mutex::new(()),
                 keepalives: AtomicU64::new(0),
+                waits_armed: AtomicU64::new(0),
             }),
         }
     }

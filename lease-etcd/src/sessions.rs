@@ -13,6 +13,8 @@ pub(crate) struct Inner {
     /// Serializes session lease grants, so concurrent first acquires grant one lease.
     pub(crate) grant_lock: tokio::sync::Mutex<()>,
     pub(crate) keepalives: AtomicU64,
+    /// Release waits that looked at their key and now wait on the watch.
+    pub(crate) waits_armed: AtomicU64,
 }
 
 impl Drop for Inner {
@@ -54,14 +56,21 @@ impl Inner {
         call_retrying(operation, self.timeout(), self.tries(), attempt).await
     }
 
-    /// The session lease for `secs`, granting one if there is none or the current one has
-    /// less than half its TTL left.
-    pub(crate) async fn session(&self, secs: u64, operation: &'static str) -> Result<Session> {
-        if let Some(s) = self.usable_session(secs) {
+    /// The session lease for `secs`, granting one if there is none, the current one has
+    /// less than half its TTL left or carries [`SESSION_KEY_BYTES`] of keys; `key_bytes`
+    /// are reserved on it under the same lock as that check (a [`Pending`] made right
+    /// after, with no await between, gives them back).
+    pub(crate) async fn session(
+        &self,
+        secs: u64,
+        key_bytes: usize,
+        operation: &'static str,
+    ) -> Result<Session> {
+        if let Some(s) = self.reserve_in_session(secs, key_bytes) {
             return Ok(s);
         }
         let _grant = self.grant_lock.lock().await;
-        if let Some(s) = self.usable_session(secs) {
+        if let Some(s) = self.reserve_in_session(secs, key_bytes) {
             return Ok(s);
         }
         let sent = Instant::now();
@@ -100,21 +109,25 @@ impl Inner {
             ttl_secs = granted,
             "granted etcd session lease"
         );
-        self.shared.lock().sessions.insert(secs, session);
+        let mut st = self.shared.lock();
+        st.sessions.insert(secs, session);
+        *st.lease_bytes.entry(session.id).or_default() += key_bytes;
         Ok(session)
     }
 
-    /// The current session lease for `secs` if new keys may still join it: at least half
-    /// its TTL is left and its keys' bytes are below [`SESSION_KEY_BYTES`].
-    pub(crate) fn usable_session(&self, secs: u64) -> Option<Session> {
+    /// The current session lease for `secs` if a new key may still join it (at least half
+    /// its TTL is left and its keys, those being acquired included, are below
+    /// [`SESSION_KEY_BYTES`]), with `key_bytes` reserved on it.
+    pub(crate) fn reserve_in_session(&self, secs: u64, key_bytes: usize) -> Option<Session> {
         let now = Instant::now();
-        let st = self.shared.lock();
-        st.sessions
-            .get(&secs)
-            .filter(|s| {
-                s.usable(now) && st.lease_bytes.get(&s.id).copied().unwrap_or(0) < SESSION_KEY_BYTES
-            })
-            .copied()
+        let mut st = self.shared.lock();
+        let session = st.sessions.get(&secs).filter(|s| s.usable(now)).copied()?;
+        let bytes = st.lease_bytes.entry(session.id).or_default();
+        if *bytes >= SESSION_KEY_BYTES {
+            return None;
+        }
+        *bytes += key_bytes;
+        Some(session)
     }
 
     pub(crate) fn forget_session(&self, secs: u64, id: i64) {
@@ -127,17 +140,21 @@ impl Inner {
     /// Starts the watch from `start_rev` unless it runs or nothing needs it (no key held,
     /// acquired or waited for: it would only stop again at the next release); restarts it
     /// where it stopped if its task ended (only a panic in the client library ends it).
-    pub(crate) fn ensure_watch(&self, start_rev: i64) {
+    /// Returns the revision from which the watch delivers every event (`i64::MAX` while
+    /// that is not known, or when no watch runs): a running watch may have started after
+    /// `start_rev`.
+    pub(crate) fn ensure_watch(&self, start_rev: i64) -> i64 {
         let mut st = self.shared.lock();
         if st.keys.is_empty() && st.waiters.is_empty() {
-            return;
+            return i64::MAX;
         }
         match &st.watch.task {
-            Some(task) if !task.is_finished() => return,
+            Some(task) if !task.is_finished() => return st.watch.cont_from,
             Some(_) => {} // resumes at `next_rev`: nothing was skipped
             None => {
                 st.watch.next_rev = start_rev.max(1);
                 st.watch.from_rev = st.watch.next_rev;
+                st.watch.cont_from = st.watch.next_rev;
                 tracing::debug!(from_rev = st.watch.next_rev, "etcd watch started");
             }
         }
@@ -150,6 +167,7 @@ impl Inner {
             st.watch.epoch,
             self.timeout(),
         )));
+        st.watch.cont_from
     }
 
     /// Restarts a watch task that ended (it only ends by a panic in the client library).
@@ -162,7 +180,7 @@ impl Inner {
             .as_ref()
             .is_some_and(|t| t.is_finished());
         if finished {
-            self.ensure_watch(0);
+            let _ = self.ensure_watch(0);
         }
     }
 
@@ -246,9 +264,7 @@ impl Inner {
                     }
                 })
                 .await?;
-            let revision = resp.header().map_or(0, |h| h.revision());
             Ok::<_, Error>((resp.ttl() >= 0).then(|| Attached {
-                revision,
                 keys: resp.keys().iter().cloned().collect(),
             }))
         };

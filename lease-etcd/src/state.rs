@@ -45,11 +45,20 @@ pub(crate) struct State {
     /// [`KEY_OVERHEAD`]): a session stops taking keys at [`SESSION_KEY_BYTES`], so that
     /// the list of its keys fits in one gRPC reply.
     pub(crate) lease_bytes: HashMap<i64, usize>,
+    /// The highest store revision in a reply to a write or read this instance received
+    /// (not in a list of a lease's keys: etcd fills that reply's revision in after reading
+    /// the list). A request sent after such a reply is served at this revision or later.
+    pub(crate) last_rev: i64,
 }
 
 /// The bytes a key adds to etcd's list of the keys attached to a lease, beyond its own
 /// length (the protobuf field's tag and length).
 pub(crate) const KEY_OVERHEAD: usize = 4;
+
+/// The bytes `key` adds to etcd's list of the keys attached to its lease.
+pub(crate) fn key_bytes(key: &[u8]) -> usize {
+    key.len() + KEY_OVERHEAD
+}
 
 /// How many key bytes one session lease carries at most. `renew` may ask etcd for the
 /// keys attached to a lease (`LeaseTimeToLive` with keys), and etcd-client's lease client
@@ -202,6 +211,11 @@ pub(crate) struct WatchStatus {
     pub(crate) epoch: u64,
     /// The watch stream is established.
     pub(crate) healthy: bool,
+    /// The revision from which the running watch delivers every event, through
+    /// reconnections (it resumes where it stopped); `i64::MAX` after history was
+    /// compacted away, until it is established again from "now" (every release waiter is
+    /// woken then).
+    pub(crate) cont_from: i64,
     /// The revision from which `renew` trusts the watch: one past the store's revision
     /// when the watch stream was last established (events before it may still be
     /// replaying), or where the watch was started while no stream is established yet;
@@ -230,9 +244,14 @@ impl State {
         !self.watch.healthy || h.known_rev.saturating_add(1) < self.watch.from_rev
     }
 
+    /// Notes a revision the store answered at (see [`State::last_rev`]).
+    pub(crate) fn saw_rev(&mut self, rev: i64) {
+        self.last_rev = self.last_rev.max(rev);
+    }
+
     /// Records that this instance holds `key` (replacing a record of an earlier hold).
     pub(crate) fn set_held(&mut self, key: &[u8], held: Held) {
-        *self.lease_bytes.entry(held.lease).or_default() += key.len() + KEY_OVERHEAD;
+        *self.lease_bytes.entry(held.lease).or_default() += key_bytes(key);
         let old = self
             .keys
             .entry(key.to_vec())
@@ -240,14 +259,15 @@ impl State {
             .held
             .replace(held);
         if let Some(old) = old {
-            self.unaccount(key, old.lease);
+            self.unaccount(old.lease, key_bytes(key));
         }
     }
 
-    fn unaccount(&mut self, key: &[u8], lease: i64) {
-        if let Some(bytes) = self.lease_bytes.get_mut(&lease) {
-            *bytes = bytes.saturating_sub(key.len() + KEY_OVERHEAD);
-            if *bytes == 0 {
+    /// Takes `bytes` off the count of etcd lease `lease`.
+    pub(crate) fn unaccount(&mut self, lease: i64, bytes: usize) {
+        if let Some(count) = self.lease_bytes.get_mut(&lease) {
+            *count = count.saturating_sub(bytes);
+            if *count == 0 {
                 self.lease_bytes.remove(&lease);
             }
         }
@@ -272,7 +292,7 @@ impl State {
             && k.held.as_ref().is_some_and(|h| h.rev == rev)
             && let Some(old) = k.held.take()
         {
-            self.unaccount(key, old.lease);
+            self.unaccount(old.lease, key_bytes(key));
         }
         self.forget_if_idle(key);
     }
@@ -324,6 +344,7 @@ impl State {
     /// The watch lost history: every held key must be verified on the store.
     pub(crate) fn on_history_lost(&mut self) {
         self.watch.from_rev = i64::MAX;
+        self.watch.cont_from = i64::MAX;
         self.wake_all();
     }
 
@@ -393,12 +414,15 @@ impl State {
 }
 
 /// Marks an acquisition of `key` in flight, so watch events for it are recorded before
-/// the acquisition's result is known. Dropping it (also on cancellation) unmarks; dropping
-/// it before [`Pending::settle`] (the call failed, timed out or was dropped without a
-/// reply) records the key as an [`Orphan`] the next renewals delete.
+/// the acquisition's result is known, and holds the key's bytes reserved on its session
+/// lease (see [`SESSION_KEY_BYTES`]; the reservation is made when the session is chosen).
+/// Dropping it (also on cancellation) unmarks and gives the reservation back; dropping it
+/// before [`Pending::settle`] (the call failed, timed out or was dropped without a reply)
+/// records the key as an [`Orphan`] the next renewals delete.
 pub(crate) struct Pending {
     shared: Arc<Shared>,
     key: Vec<u8>,
+    lease: i64,
     unsettled: Option<Orphan>,
 }
 
@@ -413,6 +437,7 @@ impl Pending {
         shared.lock().keys.entry(key.clone()).or_default().pending += 1;
         Pending {
             shared,
+            lease,
             unsettled: Some(Orphan {
                 key: key.clone(),
                 value,
@@ -434,6 +459,7 @@ impl Pending {
 impl Drop for Pending {
     fn drop(&mut self) {
         let mut st = self.shared.lock();
+        st.unaccount(self.lease, key_bytes(&self.key));
         if let Some(k) = st.keys.get_mut(&self.key) {
             k.pending = k.pending.saturating_sub(1);
         }

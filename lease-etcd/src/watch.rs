@@ -82,8 +82,12 @@ pub(crate) async fn run(
                     // replay is done): `renew` trusts the watch only for what is known of
                     // a key from this revision on, and asks etcd about the rest once.
                     st.watch.from_rev = now;
+                    st.saw_rev(now - 1);
                     if st.watch.next_rev == 0 {
-                        st.watch.next_rev = now; // restarted from "now" after a compaction
+                        // Restarted from "now" after a compaction: waiters look again.
+                        st.watch.next_rev = now;
+                        st.watch.cont_from = now;
+                        st.wake_all();
                     }
                     st.watch.healthy = true;
                     backoff = BACKOFF_MIN;
@@ -93,6 +97,7 @@ pub(crate) async fn run(
                     let rev = kv.mod_revision();
                     st.on_event(kv.key(), rev, event.event_type() == EventType::Delete);
                     st.watch.next_rev = st.watch.next_rev.max(rev + 1);
+                    st.saw_rev(rev);
                 }
             },
             Ok(Err(e)) => tracing::debug!(error = %e, "etcd watch could not be created"),

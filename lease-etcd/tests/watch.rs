@@ -7,7 +7,9 @@
 //!   deleted before the watch started is reported lost at once; the watch then starts and
 //!   stops again once nothing is held or waited for;
 //! - history compacted away while the watch was disconnected makes the next renewal ask
-//!   etcd again instead of trusting a watch that restarted from "now";
+//!   etcd again instead of trusting a watch that restarted from "now", and wakes release
+//!   waiters whose delete can no longer be replayed;
+//! - releasing a key the watch saw taken forgets it, so the watch stops;
 //! - a session lease carries no more keys than etcd's list of them in one gRPC reply holds,
 //!   so that asking is possible at any number of keys.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
@@ -199,15 +201,19 @@ async fn a_key_deleted_before_the_first_renewal_is_lost_at_that_renewal() {
     assert_eq!(renew_one(&holder, &kept, &me).await, RenewOutcome::Renewed);
 }
 
-/// The watch is disconnected while the key is deleted and the history compacted past the
-/// delete: when it reconnects, etcd cannot replay the delete, and the watch starts again
-/// from "now". The backend must then ask etcd which keys are attached to its lease instead
-/// of trusting the watch (it does so after every reconnection, since etcd 3.4 does not
-/// say when a replay of the missed events is done).
+/// The watch is disconnected while keys are deleted and the history compacted past the
+/// deletes: when it reconnects, etcd cannot replay them, and the watch starts again from
+/// "now". The backend must then ask etcd which keys are attached to its lease instead of
+/// trusting the watch (it does so after every reconnection, since etcd 3.4 does not say
+/// when a replay of the missed events is done), and wake its release waiters, whose
+/// delete events are gone: only the compaction's handling wakes this one before its
+/// 30 s bound. A server of its own: the test compacts the store's history.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn history_compacted_while_the_watch_was_cut_is_checked_on_the_store() {
     init_tracing();
-    let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let server = EtcdServer::start_local()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let cfg = config();
     let endpoint = server.endpoints()[0].clone();
     let addr: SocketAddr = endpoint.trim_start_matches("http://").parse().unwrap();
@@ -219,9 +225,31 @@ async fn history_compacted_while_the_watch_was_cut_is_checked_on_the_store() {
     acquired(&holder, &name, &me).await;
     assert_eq!(renew_one(&holder, &name, &me).await, RenewOutcome::Renewed);
     wait_watch(&holder, true, Duration::from_secs(5)).await;
+    // A name held elsewhere, waited for through the holder's instance.
+    let awaited = unique("awaited");
+    acquired(&operator, &awaited, &owner("other")).await;
+    let waiter = {
+        let (holder, awaited) = (holder.clone(), awaited.clone());
+        tokio::spawn(async move {
+            let t0 = Instant::now();
+            holder
+                .wait_released(&awaited, Duration::from_secs(30))
+                .await
+                .unwrap();
+            t0.elapsed()
+        })
+    };
+    // Its look at the key must be answered before the cut. No event for that outside the
+    // backend: poll its count of armed waits.
+    let until = Instant::now() + Duration::from_secs(5);
+    while holder.release_waits_armed() == 0 {
+        assert!(Instant::now() < until, "the waiter did not look at its key");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 
     proxy.set(ProxyFault::Reset);
     wait_watch(&holder, false, Duration::from_secs(10)).await;
+    assert!(operator.force_release(&awaited).await.unwrap());
     assert!(operator.force_release(&name).await.unwrap());
     let mut raw = etcd_client::Client::connect(server.endpoints(), None)
         .await
@@ -238,6 +266,58 @@ async fn history_compacted_while_the_watch_was_cut_is_checked_on_the_store() {
         renew_one(&holder, &name, &me).await,
         RenewOutcome::Lost,
         "a key deleted while the watch was cut, its history compacted, was renewed"
+    );
+    let waited = tokio::time::timeout(Duration::from_secs(20), waiter)
+        .await
+        .expect("the release waiter was not woken after the compaction")
+        .unwrap();
+    assert!(
+        waited < Duration::from_secs(20),
+        "the release waiter waited {waited:?}"
+    );
+}
+
+/// A key the watch saw deleted by someone else, then released by its guard (answered
+/// `NotOwner`): its record goes, so nothing is held and the watch stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releasing_a_key_seen_lost_stops_the_watch() {
+    init_tracing();
+    let server = EtcdServer::start().await.unwrap_or_else(|e| panic!("{e}"));
+    let cfg = config();
+    let holder = connect(&server.endpoints(), &cfg).await;
+    let operator = connect(&server.endpoints(), &cfg).await;
+    let me = owner("holder");
+    let name = unique("seen-lost");
+    acquired(&holder, &name, &me).await;
+    assert_eq!(renew_one(&holder, &name, &me).await, RenewOutcome::Renewed);
+    wait_watch(&holder, true, Duration::from_secs(5)).await;
+    assert!(operator.force_release(&name).await.unwrap());
+    // No event to wait on from outside the backend: poll until its watch has applied the
+    // delete (normally within milliseconds).
+    let until = Instant::now() + Duration::from_secs(5);
+    while !holder.holds_lost(&name) {
+        assert!(Instant::now() < until, "the watch did not see the delete");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        holder.watch_running(),
+        "the lost record should still be held here"
+    );
+    assert_eq!(
+        holder
+            .release(&name, &me.token, Duration::ZERO)
+            .await
+            .unwrap(),
+        ReleaseOutcome::NotOwner
+    );
+    assert_eq!(
+        holder.etcd_leases_in_use(),
+        0,
+        "the lost record outlived its release"
+    );
+    assert!(
+        !holder.watch_running(),
+        "the watch outlived the last record"
     );
 }
 
@@ -259,7 +339,9 @@ async fn keys_beyond_one_reply_are_spread_over_session_leases() {
             let (b, me) = (b.clone(), me.clone());
             async move { b.acquire(n, &me, TTL).await.unwrap() }
         })
-        .buffer_unordered(32)
+        // All at once: each acquire reserves its key's bytes when it picks its session,
+        // so concurrent acquires cannot all pile onto one session.
+        .buffer_unordered(KEYS)
         .filter(|o| std::future::ready(matches!(o, AcquireOutcome::Acquired { .. })))
         .count()
         .await;
