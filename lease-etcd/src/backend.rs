@@ -184,9 +184,6 @@ impl LeaseBackend for EtcdBackend {
             let resp = match reply {
                 Ok(resp) => {
                     pending.settle();
-                    if let Some(h) = resp.header() {
-                        inner.shared.lock().saw_rev(h.revision());
-                    }
                     resp
                 }
                 Err(e) if !retried && is_lease_not_found(&e) => {
@@ -211,6 +208,7 @@ impl LeaseBackend for EtcdBackend {
                 let expires = session.expires_at();
                 {
                     let mut st = inner.shared.lock();
+                    st.saw_rev(rev);
                     let lost = st.keys.get(&key).is_some_and(|k| k.last_event_rev > rev);
                     st.set_held(
                         &key,

@@ -83,20 +83,27 @@ async fn renew_one(b: &EtcdBackend, name: &LeaseName, who: &Owner) -> RenewOutco
     out[0]
 }
 
-/// Waits until the backend's watch stream is established (`in_step`), or until the watch
-/// has noticed that its stream broke (`!in_step`). There is no event to wait on from
-/// outside the backend, so this polls its state every 10 ms; the bound is generous (a
-/// watch is established within a round trip, or within its 1 s reconnection backoff).
-async fn wait_watch(b: &EtcdBackend, in_step: bool, within: Duration) {
+/// Waits until `done()` holds, failing with `what` after `within`. Nothing outside the
+/// backend is an event for its watch's state, so this polls it every 10 ms; the bounds
+/// the tests give are generous (the states waited for come within milliseconds, or
+/// within the watch's 1 s reconnection backoff).
+async fn poll_until(within: Duration, what: &str, mut done: impl FnMut() -> bool) {
     let until = Instant::now() + within;
-    while b.watch_healthy() != in_step {
-        assert!(
-            Instant::now() < until,
-            "the watch was not {} within {within:?}",
-            if in_step { "in step" } else { "cut" }
-        );
+    while !done() {
+        assert!(Instant::now() < until, "{what} within {within:?}");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// Waits until the backend's watch stream is established (`in_step`), or until the watch
+/// has noticed that its stream broke (`!in_step`).
+async fn wait_watch(b: &EtcdBackend, in_step: bool, within: Duration) {
+    let what = if in_step {
+        "the watch was not in step"
+    } else {
+        "the watch did not notice the cut"
+    };
+    poll_until(within, what, || b.watch_healthy() == in_step).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -149,11 +156,12 @@ async fn the_watch_runs_only_while_a_renewed_key_is_held() {
         let name = name.clone();
         tokio::spawn(async move { b.wait_released(&name, Duration::from_secs(10)).await })
     };
-    let until = Instant::now() + Duration::from_secs(5);
-    while !b.watch_running() {
-        assert!(Instant::now() < until, "the waiter did not start the watch");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    poll_until(
+        Duration::from_secs(5),
+        "the waiter did not start the watch",
+        || b.watch_running(),
+    )
+    .await;
     wait_watch(&b, true, Duration::from_secs(5)).await;
     let t0 = Instant::now();
     assert_eq!(
@@ -241,11 +249,12 @@ async fn history_compacted_while_the_watch_was_cut_is_checked_on_the_store() {
     };
     // Its look at the key must be answered before the cut. No event for that outside the
     // backend: poll its count of armed waits.
-    let until = Instant::now() + Duration::from_secs(5);
-    while holder.release_waits_armed() == 0 {
-        assert!(Instant::now() < until, "the waiter did not look at its key");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    poll_until(
+        Duration::from_secs(5),
+        "the waiter did not look at its key",
+        || holder.release_waits_armed() > 0,
+    )
+    .await;
 
     proxy.set(ProxyFault::Reset);
     wait_watch(&holder, false, Duration::from_secs(10)).await;
@@ -294,11 +303,12 @@ async fn releasing_a_key_seen_lost_stops_the_watch() {
     assert!(operator.force_release(&name).await.unwrap());
     // No event to wait on from outside the backend: poll until its watch has applied the
     // delete (normally within milliseconds).
-    let until = Instant::now() + Duration::from_secs(5);
-    while !holder.holds_lost(&name) {
-        assert!(Instant::now() < until, "the watch did not see the delete");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    poll_until(
+        Duration::from_secs(5),
+        "the watch did not see the delete",
+        || holder.holds_lost(&name),
+    )
+    .await;
     assert!(
         holder.watch_running(),
         "the lost record should still be held here"
