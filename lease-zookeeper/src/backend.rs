@@ -269,8 +269,8 @@ impl ZkBackend {
         path: &str,
         data: &[u8],
         replace: Option<i32>,
+        t: Duration,
     ) -> Result<std::result::Result<zk::Stat, zk::Error>> {
-        let t = self.timeout();
         let holder = holder_node(path);
         let mut multi = client.new_multi_writer();
         let eph = zk::CreateMode::Ephemeral.with_acls(self.inner.acls);
@@ -341,7 +341,9 @@ impl ZkBackend {
             deadline: sent + ttl,
         };
         let mut replace = None;
-        for _attempt in 0..4 {
+        // The whole call, re-sends included, within the request timeout.
+        let deadline = Instant::now() + self.timeout();
+        for attempt in 0..4 {
             let sent = Instant::now();
             // Recorded before the request goes out: if this call is dropped or its reply
             // lost, the sweep deletes what it may have made at the TTL.
@@ -357,7 +359,10 @@ impl ZkBackend {
                     deadline: sent + ttl,
                 },
             );
-            let outcome = self.try_create(&client, &path, &data, replace.take()).await;
+            let left = deadline.saturating_duration_since(sent);
+            let outcome = self
+                .try_create(&client, &path, &data, replace.take(), left)
+                .await;
             let failed = match outcome {
                 Ok(Ok(stat)) => {
                     let fencing = u64::try_from(stat.mzxid)
@@ -391,6 +396,24 @@ impl ZkBackend {
                 }
                 // The outcome is unknown (the connection broke or was given up with the
                 // request in flight): the record stays for the sweep.
+                //
+                // A connection the client library gave up on (no answer within 2/5 of the
+                // session timeout: a stalled server or a starved machine) or that failed
+                // with an I/O error (`Custom`): the session outlives it and the client
+                // library connects again at once (to another member where there is one),
+                // so within the request timeout the acquire is sent again on the same
+                // session; a first run that took the lease is recognised below as this
+                // owner's. A connection closed by the other end or not made at all
+                // (`ConnectionLoss`) fails the acquire at once: the server, or the way to
+                // it, is likely down, and the client library waits longer and longer
+                // between its attempts to connect again.
+                e @ zk::Error::Custom(_) if attempt < 3 && Instant::now() < deadline => {
+                    tracing::debug!(
+                        error = %e,
+                        "connection given up with the acquire in flight; sending it again on the session"
+                    );
+                    continue;
+                }
                 e @ (zk::Error::ConnectionLoss | zk::Error::Timeout | zk::Error::Custom(_)) => {
                     return Err(convert("acquire", self.timeout(), e));
                 }
@@ -773,6 +796,11 @@ impl LeaseBackend for ZkBackend {
     /// Cancel safety: cancel-safe. A dropped call may have created the holder node: it is
     /// recorded before the request is sent, and the sweep deletes it at the TTL unless a
     /// renewal by its token confirms it.
+    ///
+    /// An acquire whose connection the client library gave up in flight (no answer within
+    /// 2/5 of the session timeout) is sent again on the same session until the request
+    /// timeout has run out; a first run that took the lease is then found as this
+    /// owner's. A connection closed by the server or the network fails it at once.
     async fn acquire(
         &self,
         name: &LeaseName,
