@@ -5,10 +5,11 @@
 # the difference divided by N is one cycle's instructions without start-up and connection
 # set-up.
 #
-#   bash scripts/client-instructions.sh [N] [STORE ...]     (N default 1000; redis etcd)
+#   bash scripts/client-instructions.sh [N] [STORE ...]     (N default 1000; redis etcd;
+#                                                            postgres on request)
 #
 # Needs valgrind, redis-server, etcd and python3 (Debian: valgrind redis-server
-# etcd-server python3).
+# etcd-server python3), and for postgres Debian's postgresql.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-1000}
@@ -83,6 +84,22 @@ for store in "${stores[@]}"; do
       wait_port "$port"
       url="etcd://127.0.0.1:$port"
       cases=(bare backend client peer)
+      ;;
+    postgres)
+      # A throwaway cluster (fsync off: only the client is counted), owned by the
+      # postgres user where this runs as root (initdb refuses root).
+      pgbin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
+      [ -x "$pgbin/initdb" ] || { echo "client-instructions: no PostgreSQL server (Debian: postgresql)" >&2; exit 1; }
+      read -r port < <(free_ports 1)
+      as_pg=()
+      if [ "$(id -u)" = 0 ]; then chown postgres "$work"; as_pg=(runuser -u postgres --); fi
+      "${as_pg[@]}" "$pgbin/initdb" -D "$work/pg" -A trust -U postgres >"$work/initdb.log" 2>&1
+      "${as_pg[@]}" "$pgbin/postgres" -D "$work/pg" -p "$port" -k "$work" -c fsync=off \
+        -c listen_addresses=127.0.0.1 >"$work/pg.log" 2>&1 &
+      pids+=($!)
+      wait_port "$port"
+      url="postgres://postgres@127.0.0.1:$port/postgres"
+      cases=(bare backend client shedlock advisory peer)
       ;;
     *) echo "client-instructions: unknown store $store" >&2; exit 64 ;;
   esac

@@ -23,7 +23,8 @@ pub async fn run(store: &str, url: &str, case: &str, n: usize) -> Result<(), Str
 
 /// The case named `case` on `store`: `bare`, `backend`, `client`, `peer` (rslock; etcd's
 /// lock service), and on Redis `raw` (the library's commands sent with the bare floor's
-/// client code).
+/// client code); on PostgreSQL also `shedlock` (ShedLock's statements), `advisory` (the
+/// advisory-lock mode's backend) and `peer` (sqlx's `PgAdvisoryLock`).
 async fn build(store: &str, url: &str, case: &str) -> Result<Case, String> {
     match store {
         "redis" => {
@@ -80,7 +81,39 @@ async fn build(store: &str, url: &str, case: &str) -> Result<Case, String> {
             bare.status().await.map_err(|e| e.to_string())?;
             Ok(case)
         }
-        other => Err(format!("count-cycles runs on redis or etcd, not {other:?}")),
+        "postgres" => {
+            let pool = lease_postgres::sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect(url)
+                .await
+                .map_err(|e| e.to_string())?;
+            cycles::postgres_bare_table(&pool).await;
+            let table = || async {
+                lease_postgres::PostgresBackend::connect(url)
+                    .await
+                    .map(|b| Arc::new(b) as Arc<dyn LeaseBackend>)
+                    .map_err(|e| e.to_string())
+            };
+            Ok(match case {
+                "bare" => cycles::postgres_bare(pool),
+                "backend" => cycles::backend_case("backend", table().await?),
+                "client" => cycles::client_case("client", table().await?),
+                "shedlock" => cycles::postgres_shedlock(pool),
+                "advisory" => cycles::backend_case(
+                    "advisory",
+                    Arc::new(
+                        lease_postgres::AdvisoryLockBackend::connect(url)
+                            .await
+                            .map_err(|e| e.to_string())?,
+                    ),
+                ),
+                "peer" => cycles::postgres_sqlx_advisory(pool),
+                other => return Err(format!("unknown case {other:?} on postgres")),
+            })
+        }
+        other => Err(format!(
+            "count-cycles runs on redis, etcd or postgres, not {other:?}"
+        )),
     }
 }
 

@@ -326,19 +326,19 @@ impl AdvisoryLockBackend {
 }
 
 /// Tries the lock on a dedicated connection: a kept idle one, else one detached from the
-/// pool (a pooled connection must never go back to the pool holding a lock). Runs as its
-/// own task so that a caller that gives up (timeout, drop) cannot interrupt it between
-/// taking the lock and handing the connection over. If nobody takes the result, the
-/// connection is dropped, which ends its session and frees the lock.
+/// pool (a pooled connection must never go back to the pool holding a lock). The future
+/// owns the connection: a caller that gives up (timeout, drop) at any point drops it,
+/// which ends its session and frees whatever lock it took; there is no await between
+/// the lock's reply and the caller recording the held lock.
 async fn try_lock(
-    inner: Arc<Inner>,
-    name: LeaseName,
+    inner: &Inner,
+    name: &LeaseName,
 ) -> std::result::Result<Option<HeldLock>, sqlx::Error> {
     let checkout = inner.check_out();
     if let Some(mut conn) = inner.take_idle() {
         // A kept connection gets half the call's time: one that a firewall dropped
         // silently must not use it all up.
-        match tokio::time::timeout(inner.request_timeout / 2, lock_on(&mut conn, &name)).await {
+        match tokio::time::timeout(inner.request_timeout / 2, lock_on(&mut conn, name)).await {
             Ok(Ok(Some(pid))) => {
                 return Ok(Some(HeldLock {
                     conn,
@@ -358,8 +358,9 @@ async fn try_lock(
             Err(_) => tracing::debug!("idle advisory connection did not answer; using a fresh one"),
         }
     }
-    let mut conn = inner.pool.acquire().await?.detach();
-    match lock_on(&mut conn, &name).await? {
+    // Boxed: sqlx's pool future is the largest part of this one (see `acquire`).
+    let mut conn = Box::pin(inner.pool.acquire()).await?.detach();
+    match lock_on(&mut conn, name).await? {
         Some(pid) => Ok(Some(HeldLock {
             conn,
             pid,
@@ -405,17 +406,11 @@ impl LeaseBackend for AdvisoryLockBackend {
         if ttl.is_zero() {
             return Err(InvalidInput::TtlZero.into());
         }
-        let task = tokio::spawn(try_lock(self.inner.clone(), name.clone()));
+        // Boxed: the attempt's future holds sqlx's pool and query futures, kilobytes
+        // that every move (into the timeout, into this call's own future) would
+        // otherwise copy.
         let joined = self
-            .bounded("acquire", async {
-                match task.await {
-                    Ok(result) => result,
-                    Err(error) => {
-                        tracing::warn!(%error, "advisory lock attempt task failed");
-                        Err(sqlx::Error::WorkerCrashed)
-                    }
-                }
-            })
+            .bounded("acquire", Box::pin(try_lock(&self.inner, name)))
             .await?;
         match joined {
             Some(held) => {
