@@ -33,12 +33,7 @@ async fn build(store: &str, url: &str, case: &str) -> Result<Case, String> {
                 .get_multiplexed_async_connection()
                 .await
                 .map_err(|e| e.to_string())?;
-            let backend = || async {
-                lease_redis::RedisBackend::connect(url)
-                    .await
-                    .map(|b| Arc::new(b) as Arc<dyn LeaseBackend>)
-                    .map_err(|e| e.to_string())
-            };
+            let backend = || async { shared(lease_redis::RedisBackend::connect(url).await) };
             Ok(match case {
                 "bare" => cycles::redis_bare(conn),
                 "backend" => cycles::backend_case("backend", backend().await?),
@@ -53,12 +48,7 @@ async fn build(store: &str, url: &str, case: &str) -> Result<Case, String> {
             let mut bare = lease_etcd::etcd_client::Client::connect([endpoint], None)
                 .await
                 .map_err(|e| e.to_string())?;
-            let backend = || async {
-                lease_etcd::EtcdBackend::connect(url)
-                    .await
-                    .map(|b| Arc::new(b) as Arc<dyn LeaseBackend>)
-                    .map_err(|e| e.to_string())
-            };
+            let backend = || async { shared(lease_etcd::EtcdBackend::connect(url).await) };
             // A lease for the bare floor and the lock service, as in the report (long
             // enough for any run; revoked when the server goes).
             let lease = || {
@@ -88,12 +78,7 @@ async fn build(store: &str, url: &str, case: &str) -> Result<Case, String> {
                 .await
                 .map_err(|e| e.to_string())?;
             cycles::postgres_bare_table(&pool).await;
-            let table = || async {
-                lease_postgres::PostgresBackend::connect(url)
-                    .await
-                    .map(|b| Arc::new(b) as Arc<dyn LeaseBackend>)
-                    .map_err(|e| e.to_string())
-            };
+            let table = || async { shared(lease_postgres::PostgresBackend::connect(url).await) };
             Ok(match case {
                 "bare" => cycles::postgres_bare(pool),
                 "backend" => cycles::backend_case("backend", table().await?),
@@ -101,11 +86,7 @@ async fn build(store: &str, url: &str, case: &str) -> Result<Case, String> {
                 "shedlock" => cycles::postgres_shedlock(pool),
                 "advisory" => cycles::backend_case(
                     "advisory",
-                    Arc::new(
-                        lease_postgres::AdvisoryLockBackend::connect(url)
-                            .await
-                            .map_err(|e| e.to_string())?,
-                    ),
+                    shared(lease_postgres::AdvisoryLockBackend::connect(url).await)?,
                 ),
                 "peer" => cycles::postgres_sqlx_advisory(pool),
                 other => return Err(format!("unknown case {other:?} on postgres")),
@@ -115,6 +96,15 @@ async fn build(store: &str, url: &str, case: &str) -> Result<Case, String> {
             "count-cycles runs on redis, etcd or postgres, not {other:?}"
         )),
     }
+}
+
+/// A connected backend as the cases take it, or its error as text.
+fn shared<B: LeaseBackend + 'static>(
+    connected: lease_core::Result<B>,
+) -> Result<Arc<dyn LeaseBackend>, String> {
+    connected
+        .map(|b| Arc::new(b) as Arc<dyn LeaseBackend>)
+        .map_err(|e| e.to_string())
 }
 
 /// Parses `STORE URL CASE N` and runs it on a current-thread runtime.
