@@ -7,8 +7,13 @@
 //! process and with it the session live on: so every lease held here has a deadline
 //! (the send time of its last confirmed acquire or renewal + TTL), and the sweep deletes
 //! its holder node once the deadline has passed, by the name node's version (a holder
-//! that changed since is never touched). When the process or its connection dies, the
-//! server expires the session within its timeout, which is at least the TTL.
+//! that changed since is never touched), trying again while the session lives. When the
+//! process or its connection dies, the server expires the session within its timeout,
+//! which is at least the TTL.
+//!
+//! A session disconnected for a second is resumed on a new connection of the backend's
+//! own rather than left to the client library's reconnection, whose waits double without
+//! a cap ([`Sessions::resume_stalled`]).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
@@ -23,6 +28,21 @@ use crate::nodes::{self, HELD};
 
 /// How often the sweep looks for leases past their deadline.
 pub(crate) const SWEEP_EVERY: Duration = Duration::from_millis(100);
+
+/// When the sweep looks again at a lease it could not settle (the store did not answer,
+/// the session was disconnected, or an acquire queued on a replaced connection may still
+/// be sent).
+const SWEEP_AGAIN: Duration = Duration::from_millis(500);
+
+/// What the sweep did with a lease past its deadline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Swept {
+    /// Deleted, or nothing of it is left to delete.
+    Done,
+    /// Not settled: the session is disconnected, or the lease is not there yet but an
+    /// acquire of it may still be sent. Looked at again.
+    Again,
+}
 
 /// A lease this backend took (or may have taken: an acquire whose reply was not seen).
 #[derive(Clone, Debug)]
@@ -58,6 +78,13 @@ impl Records {
         self.by_deadline
             .insert((rec.deadline, key.0.clone(), *key.1.as_bytes()));
         self.by_key.insert(key, rec);
+    }
+
+    /// Puts `rec` back unless `key` has a record again (the owner acquired it anew).
+    fn put_back(&mut self, key: Key, rec: Record) {
+        if !self.by_key.contains_key(&key) {
+            self.put(key, rec);
+        }
     }
 
     pub(crate) fn remove(&mut self, key: &Key) -> Option<Record> {
@@ -193,6 +220,77 @@ fn with_tls(_: zk::Connector, _: &lease_core::TlsFiles) -> Result<zk::Connector>
     ))
 }
 
+/// What a session's connection is opened for.
+#[derive(Clone)]
+enum Opening {
+    /// A probe of the server's shortest session: closed when dropped.
+    Probe,
+    /// A session the backend keeps: detached, so that no connection of it closes the
+    /// session when it is dropped (a connection retired by [`Sessions::resume_stalled`]
+    /// reconnects once before it ends); the backend closes its sessions when it is
+    /// dropped (`Drop for Sessions`).
+    Kept,
+    /// The same session again on a new connection: detached; each server tried once.
+    Resume(zk::SessionInfo),
+    /// The same session again, to close it: closed when dropped.
+    Close(zk::SessionInfo),
+}
+
+/// One attempt at a session with timeout `timeout` on `servers`, bounded by `limit`, on
+/// the backend's I/O runtime (the session's task lives there, not on the caller's
+/// runtime, which may end while the backend is still used).
+async fn open_client(
+    c: &crate::ZkConfig,
+    servers: &str,
+    timeout: Duration,
+    limit: Duration,
+    kind: Opening,
+) -> Result<std::result::Result<zk::Client, zk::Error>> {
+    let mut connector = zk::Client::connector()
+        .with_session_timeout(timeout)
+        .with_connection_timeout(c.connect_timeout);
+    if let Some(user) = &c.user {
+        let secret = format!("{user}:{}", c.password.as_deref().unwrap_or(""));
+        connector = connector.with_auth("digest", secret.as_bytes());
+    }
+    connector = match kind {
+        Opening::Probe => connector,
+        Opening::Kept => connector.with_detached(),
+        Opening::Resume(info) => connector
+            .with_session(info)
+            .with_detached()
+            .with_fail_eagerly(),
+        Opening::Close(info) => connector.with_session(info),
+    };
+    let secure = c.tls.is_some();
+    if let Some(files) = &c.tls {
+        connector = with_tls(connector, files)?;
+    }
+    let servers = servers.to_owned();
+    io_runtime()?
+        .spawn(async move {
+            tokio::time::timeout(limit, async move {
+                #[cfg(feature = "_tls")]
+                if secure {
+                    return connector.secure_connect(&servers).await;
+                }
+                let _ = secure;
+                connector.connect(&servers).await
+            })
+            .await
+        })
+        .await
+        .map_err(|e| Error::Backend {
+            backend: crate::error::BACKEND,
+            retryable: true,
+            source: format!("the task connecting to zookeeper failed: {e}").into(),
+        })?
+        .map_err(|_| Error::Timeout {
+            operation: "connect",
+            after: limit,
+        })
+}
+
 /// The slot of the session that serves no lease TTL (reads, watches, forced releases).
 const MAIN_SLOT: u64 = u64::MAX;
 
@@ -207,7 +305,33 @@ pub(crate) struct Sessions {
     /// concurrent first acquires with one TTL open one session.
     gates: Mutex<HashMap<u64, Arc<tokio::sync::Mutex<()>>>>,
     pub(crate) records: Mutex<Records>,
+    /// The sessions found disconnected, by slot: see [`Sessions::resume_stalled`].
+    stalled: Mutex<HashMap<u64, Stalled>>,
+    /// The connections [`Sessions::resume_stalled`] replaced, by session id, until they
+    /// end: requests queued on one while it was disconnected are sent when it reconnects.
+    retired: Mutex<Vec<(i64, zk::StateWatcher)>>,
 }
+
+/// A session found disconnected by [`Sessions::resume_stalled`].
+struct Stalled {
+    /// The session's id (a slot's session can change).
+    id: i64,
+    /// When it was first found disconnected.
+    since: Instant,
+    /// When the last attempt to resume it started, and whether it is still running.
+    tried: Option<Instant>,
+    trying: bool,
+}
+
+/// How long a session stays disconnected before the backend resumes it on a new
+/// connection of its own. The client library reconnects on its own, with waits that
+/// double from 100 ms each round (0, 0.1, 0.3, 0.7, 1.5, 3.1, 6.3, 12.7 s ... after the
+/// loss, with no cap but the session's end): within the first second it tries about as
+/// often as the backend would.
+pub(crate) const RESUME_AFTER: Duration = Duration::from_secs(1);
+
+/// How often a disconnected session is tried on a new connection after [`RESUME_AFTER`].
+pub(crate) const RESUME_EVERY: Duration = Duration::from_millis(250);
 
 impl Sessions {
     pub(crate) fn new(connect: String, config: crate::ZkConfig) -> Self {
@@ -217,6 +341,8 @@ impl Sessions {
             map: Mutex::new(HashMap::new()),
             gates: Mutex::new(HashMap::new()),
             records: Mutex::new(Records::default()),
+            stalled: Mutex::new(HashMap::new()),
+            retired: Mutex::new(Vec::new()),
         }
     }
 
@@ -235,7 +361,7 @@ impl Sessions {
         loop {
             attempts += 1;
             let left = limit.saturating_sub(start.elapsed());
-            match self.attempt(timeout, left).await {
+            match self.attempt(timeout, left, Opening::Kept).await {
                 Ok(Ok(client)) => return Ok(client),
                 Ok(Err(zk::Error::Timeout)) if start.elapsed() + timeout < limit => {
                     tracing::debug!(
@@ -256,44 +382,15 @@ impl Sessions {
         &self,
         timeout: Duration,
         limit: Duration,
+        kind: Opening,
     ) -> Result<std::result::Result<zk::Client, zk::Error>> {
-        let c = &self.config;
-        let mut connector = zk::Client::connector()
-            .with_session_timeout(timeout)
-            .with_connection_timeout(c.connect_timeout);
-        if let Some(user) = &c.user {
-            let secret = format!("{user}:{}", c.password.as_deref().unwrap_or(""));
-            connector = connector.with_auth("digest", secret.as_bytes());
-        }
-        let secure = c.tls.is_some();
-        if let Some(files) = &c.tls {
-            connector = with_tls(connector, files)?;
-        }
-        let servers = self.connect.clone();
-        // On the backend's I/O runtime: the session's task lives there, not on the
-        // caller's runtime (which may end while the backend is still used).
-        io_runtime()?
-            .spawn(async move {
-                tokio::time::timeout(limit, async move {
-                    #[cfg(feature = "_tls")]
-                    if secure {
-                        return connector.secure_connect(&servers).await;
-                    }
-                    let _ = secure;
-                    connector.connect(&servers).await
-                })
-                .await
-            })
-            .await
-            .map_err(|e| Error::Backend {
-                backend: crate::error::BACKEND,
-                retryable: true,
-                source: format!("the task connecting to zookeeper failed: {e}").into(),
-            })?
-            .map_err(|_| Error::Timeout {
-                operation: "connect",
+        match open_client(&self.config, &self.connect, timeout, limit, kind).await {
+            Err(Error::Timeout { operation, .. }) => Err(Error::Timeout {
+                operation,
                 after: self.config.connect_timeout,
-            })
+            }),
+            other => other,
+        }
     }
 
     /// The server's shortest session (its `minSessionTimeout`): what it grants when asked
@@ -305,7 +402,10 @@ impl Sessions {
     pub(crate) async fn shortest_session(&self) -> Result<Duration> {
         let mut explained = false;
         for ask in [50, 100, 200, 400, 800, 1_600, 4_000].map(Duration::from_millis) {
-            match self.attempt(ask, self.config.connect_timeout).await? {
+            match self
+                .attempt(ask, self.config.connect_timeout, Opening::Probe)
+                .await?
+            {
                 Ok(probe) => return Ok(probe.session_timeout()),
                 Err(zk::Error::Timeout) => {
                     if self.config.tls.is_some() && !explained {
@@ -462,6 +562,145 @@ impl Sessions {
             .cloned()
     }
 
+    /// Resumes sessions that have been disconnected for [`RESUME_AFTER`] on a new
+    /// connection, tried every [`RESUME_EVERY`]; called by the sweep.
+    ///
+    /// The client library waits twice as long before each round of reconnection attempts
+    /// and caps the wait only at the session's end (7/5 of its timeout after the last
+    /// answer): after an outage of D its next attempt can come about D after the server is
+    /// back, and past the session's end it declares the session expired although the
+    /// server (which restores sessions when it restarts) kept it, and every lease on it is
+    /// lost. A new client with the session's id and password (each server tried once,
+    /// bounded) reattaches the session as soon as a server answers; it takes the old
+    /// client's place, and the old one, dropped, ends when it next connects (it is
+    /// detached: it does not close the session). Its reconnection moves the session's
+    /// connection to it for a moment, so requests then in flight on the new connection
+    /// fail `ConnectionLoss` once (retryable) and are answered again on the next.
+    ///
+    /// A server that answers that the session expired ends it here at once (its leases
+    /// are reported lost on their next renewal, rather than at the client library's next
+    /// attempt).
+    pub(crate) fn resume_stalled(self: &Arc<Self>) {
+        let now = Instant::now();
+        self.retired
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(_, w)| !w.peek_state().is_terminated());
+        let sessions: Vec<(u64, zk::Client)> =
+            self.map().iter().map(|(k, c)| (*k, c.clone())).collect();
+        let mut start = Vec::new();
+        {
+            let mut stalled = self.stalled.lock().unwrap_or_else(|p| p.into_inner());
+            stalled.retain(|slot, st| {
+                sessions.iter().any(|(s, c)| {
+                    s == slot
+                        && c.session_id().0 == st.id
+                        && c.state() == zk::SessionState::Disconnected
+                })
+            });
+            for (slot, c) in &sessions {
+                if c.state() != zk::SessionState::Disconnected {
+                    continue;
+                }
+                let id = c.session_id().0;
+                let st = stalled.entry(*slot).or_insert(Stalled {
+                    id,
+                    since: now,
+                    tried: None,
+                    trying: false,
+                });
+                if st.trying
+                    || now < st.since + RESUME_AFTER
+                    || st.tried.is_some_and(|t| now < t + RESUME_EVERY)
+                {
+                    continue;
+                }
+                st.trying = true;
+                st.tried = Some(now);
+                start.push((*slot, c.session().clone(), c.session_timeout()));
+            }
+        }
+        drop(sessions);
+        let Ok(rt) = io_runtime() else { return };
+        for (slot, info, timeout) in start {
+            rt.spawn(self.clone().resume(slot, info, timeout));
+        }
+    }
+
+    /// One attempt to resume session `info` of `slot` on a new connection.
+    async fn resume(self: Arc<Self>, slot: u64, info: zk::SessionInfo, timeout: Duration) {
+        let id = info.id().0;
+        let limit = (timeout * 2 / 5)
+            .max(Duration::from_secs(1))
+            .min(self.config.connect_timeout);
+        let opened = open_client(
+            &self.config,
+            &self.connect,
+            timeout,
+            limit,
+            Opening::Resume(info),
+        )
+        .await;
+        if let Some(st) = self
+            .stalled
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(&slot)
+            .filter(|st| st.id == id)
+        {
+            st.trying = false;
+        }
+        match opened {
+            Ok(Ok(client)) => {
+                let mut map = self.map();
+                let replace = map.get(&slot).is_some_and(|old| {
+                    old.session_id().0 == id && old.state() == zk::SessionState::Disconnected
+                });
+                if replace {
+                    let old = map.insert(slot, client);
+                    drop(map);
+                    if let Some(old) = old {
+                        self.retired
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push((id, old.state_watcher()));
+                    }
+                    tracing::info!(
+                        slot,
+                        session = %zk::SessionId(id),
+                        "zookeeper session resumed on a new connection"
+                    );
+                }
+                // Otherwise the old connection came back first (or the session changed):
+                // the new one is dropped and ends; it does not close the session.
+            }
+            Ok(Err(zk::Error::SessionExpired)) => {
+                if self
+                    .map()
+                    .get(&slot)
+                    .is_some_and(|c| c.session_id().0 == id)
+                {
+                    self.expired(slot, id).await;
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(slot, session = %zk::SessionId(id), error = %e, "zookeeper session not resumed yet");
+            }
+            Err(e) => {
+                tracing::debug!(slot, session = %zk::SessionId(id), error = %e, "zookeeper session not resumed yet");
+            }
+        }
+    }
+
+    /// Whether a connection of session `id` that [`Sessions::resume_stalled`] replaced may
+    /// still send requests queued on it while it was disconnected: it has not ended (it
+    /// ends when it next connects, or at 7/5 of the session timeout after its last answer).
+    fn replay_pending(&self, id: i64) -> bool {
+        let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
+        retired.retain(|(_, w)| !w.peek_state().is_terminated());
+        retired.iter().any(|(r, _)| *r == id)
+    }
+
     /// Drops the session `id` (it expired).
     pub(crate) async fn expired(&self, ttl_ms: u64, id: i64) {
         {
@@ -472,6 +711,48 @@ impl Sessions {
         }
         self.records().forget_session(id);
         tracing::warn!(ttl_ms, session = %zk::SessionId(id), "zookeeper session expired: its leases are lost");
+    }
+}
+
+impl Drop for Sessions {
+    /// Closes the backend's sessions (they are detached: dropping their clients does not):
+    /// their ephemeral nodes go at once, not at the session timeout. Each client is
+    /// dropped, and once its connection has ended (at most 1 s) the session is reattached
+    /// by a client that closes it when dropped, bounded by the connect timeout. A session
+    /// whose servers are unreachable meanwhile ends at its timeout.
+    fn drop(&mut self) {
+        let clients: Vec<zk::Client> = self
+            .map
+            .get_mut()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .map(|(_, c)| c)
+            .collect();
+        let Ok(rt) = io_runtime() else { return };
+        for c in clients {
+            if c.state().is_terminated() {
+                continue;
+            }
+            let info = c.session().clone();
+            let timeout = c.session_timeout();
+            let mut state = c.state_watcher();
+            drop(c);
+            let (config, servers) = (self.config.clone(), self.connect.clone());
+            rt.spawn(async move {
+                let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                    while !state.peek_state().is_terminated() {
+                        state.changed().await;
+                    }
+                })
+                .await;
+                let limit = config.connect_timeout;
+                let closing =
+                    open_client(&config, &servers, timeout, limit, Opening::Close(info)).await;
+                if let Ok(Ok(closer)) = closing {
+                    drop(closer); // sends CloseSession
+                }
+            });
+        }
     }
 }
 
@@ -487,7 +768,8 @@ fn check_granted(ttl: Duration, ttl_ms: u64, c: zk::Client) -> Result<(u64, zk::
     Ok((ttl_ms, c))
 }
 
-/// The sweep: every [`SWEEP_EVERY`], deletes the holder nodes of records past their
+/// The sweep: every [`SWEEP_EVERY`], resumes sessions disconnected for too long
+/// ([`Sessions::resume_stalled`]) and deletes the holder nodes of records past their
 /// deadline (ends when the backend is dropped).
 pub(crate) async fn sweep(sessions: Weak<Sessions>) {
     let mut tick = tokio::time::interval(SWEEP_EVERY);
@@ -495,12 +777,26 @@ pub(crate) async fn sweep(sessions: Weak<Sessions>) {
     loop {
         tick.tick().await;
         let Some(s) = sessions.upgrade() else { return };
+        s.resume_stalled();
         let expired = s.records().take_expired(Instant::now());
         for ((path, token), rec) in expired {
             let s = s.clone();
             tokio::spawn(async move {
-                if let Err(e) = delete_unrenewed(&s, &path, &token, &rec).await {
-                    tracing::debug!(error = %e, "deleting an unrenewed zookeeper lease failed");
+                let again = match delete_unrenewed(&s, &path, &token, &rec).await {
+                    Ok(swept) => swept == Swept::Again,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "deleting an unrenewed zookeeper lease failed; trying again");
+                        true
+                    }
+                };
+                // Kept while its session lives: a lease left on it would be held for as
+                // long as this backend keeps the session.
+                if again && s.existing(rec.ttl_ms, rec.session).await.is_some() {
+                    let rec = Record {
+                        deadline: Instant::now() + SWEEP_AGAIN,
+                        ..rec
+                    };
+                    s.records().put_back((path, token), rec);
                 }
             });
         }
@@ -571,14 +867,31 @@ pub(crate) async fn after_barrier<T>(
 
 /// Deletes the holder node of `path` if the lease is still the record's (the name node
 /// at the record's version, or for an acquire whose reply was lost, naming its token).
+///
+/// An acquire whose reply was lost and that is not found may still be sent: it was queued
+/// on a connection that [`Sessions::resume_stalled`] replaced and that has not ended
+/// ([`Swept::Again`]). Had the record been dropped then, the acquire would take the lease
+/// later with nobody to renew or delete it, held for as long as the session lives.
 async fn delete_unrenewed(
     s: &Sessions,
     path: &str,
     token: &OwnerToken,
     rec: &Record,
-) -> Result<()> {
+) -> Result<Swept> {
     let Some(client) = s.existing(rec.ttl_ms, rec.session).await else {
-        return Ok(()); // the session ended: its nodes went with it
+        return Ok(Swept::Done); // the session ended: its nodes went with it
+    };
+    if client.state() == zk::SessionState::Disconnected {
+        // Not queued on a connection that is down (it would wait there for the request
+        // timeout, and be sent whenever the connection comes back): looked at again soon.
+        return Ok(Swept::Again);
+    }
+    let gone = || {
+        if s.replay_pending(rec.session) {
+            Swept::Again
+        } else {
+            Swept::Done
+        }
     };
     let t = s.config.request_timeout;
     let version = match rec.version {
@@ -597,9 +910,9 @@ async fn delete_unrenewed(
         {
             Ok((data, stat)) => match nodes::decode_name(&data) {
                 Some(d) if d.state == HELD && d.token == *token => stat.version,
-                _ => return Ok(()),
+                _ => return Ok(gone()),
             },
-            Err(zk::Error::NoNode) => return Ok(()),
+            Err(zk::Error::NoNode) => return Ok(gone()),
             Err(e) => return Err(convert("release", t, e)),
         },
     };
@@ -613,9 +926,10 @@ async fn delete_unrenewed(
     match bounded("release", t, multi.commit()).await? {
         Ok(_) => {
             tracing::info!(node = path, "deleted a lease nobody renewed within its ttl");
-            Ok(())
+            Ok(Swept::Done)
         }
-        Err(zk::MultiWriteError::OperationFailed { .. }) => Ok(()),
+        // The name node moved on (released, taken by another) or the holder went.
+        Err(zk::MultiWriteError::OperationFailed { .. }) => Ok(Swept::Done),
         Err(zk::MultiWriteError::RequestFailed { source }) => Err(convert("release", t, source)),
     }
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use lease_core::{
     AcquireOutcome, Error, HolderLabel, InvalidInput, LeaseBackend, LeaseClient, LeaseName,
-    LeaseOptions, Owner,
+    LeaseOptions, Owner, RenewItem, RenewOutcome,
 };
 use lease_test_servers::ZooKeeperServer;
 use lease_zookeeper::{ZkBackend, ZkConfig};
@@ -104,6 +104,132 @@ async fn a_server_restart_within_the_ttl_keeps_the_lease() {
         AcquireOutcome::Held(_)
     ));
     g.release().await.unwrap();
+}
+
+/// The client library waits twice as long before each round of reconnection attempts
+/// (100 ms, 200 ms, 400 ms, ... with no cap but the session's end): after an outage of a
+/// few seconds its next attempt can come seconds after the server is back, and where
+/// that is past 7/5 of the session timeout it declares the session expired although the
+/// server kept it. The backend resumes a session that has been disconnected for a second
+/// on a new connection of its own, tried every 250 ms: the lease is renewed within a
+/// moment of the restart. The outage's length is the subject, so it is a sleep (7 s: the
+/// client library's attempts come 6.3 s and then 12.7 s after the cut, so its own next
+/// try comes about 5.7 s minus the restart's time after the server is back).
+///
+/// Past the client library's own next attempt, its connection (retired when the session
+/// was resumed) reconnects once and ends; the lease is still held, by the same token.
+#[tokio::test]
+async fn a_session_is_resumed_promptly_after_a_long_outage() {
+    let mut server = ZooKeeperServer::start_local().await.unwrap();
+    let b = ZkBackend::connect_with(&server.address(), config())
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(20);
+    let n = name("outage");
+    let a = owner("a");
+    let AcquireOutcome::Acquired { fencing, .. } = b.acquire(&n, &a, ttl).await.unwrap() else {
+        panic!("held")
+    };
+    let item = [RenewItem {
+        name: n.clone(),
+        token: a.token,
+    }];
+    // One renewal try, cut after 300 ms (a call on a disconnected session waits for the
+    // connection, up to the request timeout): Ok(true) renewed, Ok(false) no answer yet.
+    let renew = async || match tokio::time::timeout(Duration::from_millis(300), b.renew(&item, ttl))
+        .await
+    {
+        Ok(Ok(v)) if v == [RenewOutcome::Renewed] => Ok(true),
+        Ok(Ok(v)) => Err(format!("lost: {v:?}")),
+        Ok(Err(e)) if e.is_retryable() => Ok(false),
+        Ok(Err(e)) => Err(format!("{e:?}")),
+        Err(_) => Ok(false),
+    };
+    server.kill().unwrap();
+    let down = Instant::now();
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    server.start_again().await.unwrap();
+    let back = Instant::now();
+    eprintln!(
+        "zookeeper down {:?}, restarted in {:?}",
+        back - down,
+        back - down - Duration::from_secs(7)
+    );
+    while !renew().await.unwrap() {
+        assert!(
+            back.elapsed() < Duration::from_secs(10),
+            "not renewed {:?} after the server was back",
+            back.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let took = back.elapsed();
+    eprintln!("renewed {took:?} after the server was back");
+    assert!(
+        took < Duration::from_secs(2),
+        "renewed {took:?} after the server was back: the session waited for the client library's next attempt"
+    );
+    // Past the client library's own next attempt (12.7 s after the cut, with jitter).
+    while down.elapsed() < Duration::from_secs(15) {
+        renew().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let start = Instant::now();
+    while !renew().await.unwrap() {
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "no renewal after the old connection ended"
+        );
+    }
+    let info = b.inspect(&n).await.unwrap().expect("held");
+    assert_eq!(info.fencing, Some(fencing));
+    assert_eq!(
+        b.release(&n, &a.token, Duration::ZERO).await.unwrap(),
+        lease_core::ReleaseOutcome::Released
+    );
+}
+
+/// A lease nobody renews is deleted by the sweep at its TTL; when that delete gets no
+/// answer (here every byte to the server is swallowed from just before the TTL until
+/// after the request timeout, shorter than the session timeout, so the session lives
+/// on), the sweep tries again while the session lives. Before, it forgot the lease after
+/// the one failed try, and the holder node stayed for as long as the backend kept the
+/// session, blocking every other owner. The TTL's expiry is the subject: sleeps, with the
+/// black hole held 3 s around the sweep's try at 6 s.
+#[tokio::test]
+async fn an_unrenewed_lease_whose_delete_got_no_answer_is_deleted_later() {
+    use lease_test_servers::proxy::{FaultProxy, ProxyFault};
+    let servers = ZooKeeperServer::shared().await.unwrap();
+    let proxy = FaultProxy::start(servers.parse().unwrap()).await.unwrap();
+    let b = ZkBackend::connect_with(&proxy.addr().to_string(), config())
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(6);
+    b.prepare(ttl).await.unwrap();
+    let n = name("unanswered-sweep");
+    let sent = Instant::now();
+    assert!(matches!(
+        b.acquire(&n, &owner("a"), ttl).await.unwrap(),
+        AcquireOutcome::Acquired { .. }
+    ));
+    tokio::time::sleep_until(sent + Duration::from_millis(5500)).await;
+    proxy.set(ProxyFault::Blackhole);
+    tokio::time::sleep_until(sent + Duration::from_millis(8500)).await;
+    proxy.set(ProxyFault::Pass);
+    let other = owner("b");
+    loop {
+        match b.acquire(&n, &other, ttl).await {
+            Ok(AcquireOutcome::Acquired { .. }) => break,
+            Ok(AcquireOutcome::Held(by)) => assert!(
+                sent.elapsed() < Duration::from_secs(13),
+                "still held by {by:?} {:?} after the acquire (ttl {ttl:?})",
+                sent.elapsed()
+            ),
+            Err(e) => assert!(e.is_retryable(), "{e:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("free {:?} after the acquire (ttl {ttl:?})", sent.elapsed());
 }
 
 /// A backend that is dropped closes its sessions: its ephemeral nodes go at once, not at
