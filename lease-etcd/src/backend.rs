@@ -374,13 +374,25 @@ impl LeaseBackend for EtcdBackend {
                         && h.deadline < *sent
                         && !h.lost
                     {
-                        sweep.push((key.clone(), h.rev));
+                        // Recorded as an orphan, so that the renewals that keep its etcd
+                        // lease alive send the delete again until one is answered.
+                        sweep.push(Orphan {
+                            key: key.clone(),
+                            ours: Ours::Revision(h.rev),
+                            token: h.token,
+                            lease: h.lease,
+                            sent: h.locked_at,
+                            deleting: true,
+                        });
                     }
                 }
             }
-            for (key, rev) in &sweep {
-                st.forget_held(key, *rev);
+            for o in &sweep {
+                if let Ours::Revision(rev) = o.ours {
+                    st.forget_held(&o.key, rev);
+                }
             }
+            st.orphans.extend(sweep.iter().cloned());
             orphans = st.orphans_to_delete(&renewed);
             outcomes
         };
@@ -402,7 +414,7 @@ impl LeaseBackend for EtcdBackend {
                 keys = sweep.len(),
                 "deleting keys nobody renewed within their ttl"
             );
-            inner.spawn_owner_deletes(sweep);
+            inner.spawn_orphan_deletes(sweep);
         }
         Ok(outcomes)
     }

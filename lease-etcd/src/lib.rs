@@ -33,7 +33,8 @@ use tokio::time::Instant;
 use crate::error::{BACKEND, convert, is_lease_not_found, unexpected};
 use crate::keys::{Layout, decode_value, encode_value};
 use crate::state::{
-    FlightGuard, Held, Orphan, Pending, SESSION_KEY_BYTES, Session, Shared, WaiterGuard, key_bytes,
+    FlightGuard, Held, Orphan, Ours, Pending, SESSION_KEY_BYTES, Session, Shared, WaiterGuard,
+    key_bytes,
 };
 
 /// The `etcd-client` crate this backend is built on, for [`EtcdBackend::from_client`].

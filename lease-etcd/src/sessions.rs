@@ -319,33 +319,9 @@ impl Inner {
         Ok(Remaining::Left(Duration::from_secs(upper)))
     }
 
-    /// Deletes each key if it is still at its revision (ours), in the background, a few
-    /// at a time.
-    pub(crate) fn spawn_owner_deletes(&self, keys: Vec<(Vec<u8>, i64)>) {
-        if keys.is_empty() {
-            return;
-        }
-        let kv = self.client.kv_client();
-        let t = self.timeout();
-        tokio::spawn(async move {
-            futures::stream::iter(keys)
-                .for_each_concurrent(8, |(key, rev)| {
-                    let mut kv = kv.clone();
-                    async move {
-                        let txn = Txn::new()
-                            .when([Compare::mod_revision(key.clone(), CompareOp::Equal, rev)])
-                            .and_then([TxnOp::delete(key, None)]);
-                        if let Err(e) = call("release", t, kv.txn(txn)).await {
-                            tracing::debug!(error = %e, "deleting an unrenewed etcd key failed");
-                        }
-                    }
-                })
-                .await;
-        });
-    }
-
     /// Deletes keys that acquires may have put without their callers hearing so, each only
-    /// while it still has the acquire's own value and etcd lease, in the background. A
+    /// while it still has the acquire's own value and etcd lease, and held keys nobody
+    /// renewed, each only while it is still at its put's revision, in the background. A
     /// record is dropped once a delete sent after the acquire's request timeout was
     /// answered (by then the put has been applied or never will be); until then every
     /// renewal that keeps its etcd lease alive sends the delete again.
@@ -360,19 +336,26 @@ impl Inner {
                     let shared = shared.clone();
                     async move {
                         let sent = Instant::now();
-                        let txn = Txn::new()
-                            .when([
-                                Compare::value(o.key.clone(), CompareOp::Equal, o.value.clone()),
+                        let when = match &o.ours {
+                            Ours::Value(value) => vec![
+                                Compare::value(o.key.clone(), CompareOp::Equal, value.clone()),
                                 Compare::lease(o.key.clone(), CompareOp::Equal, o.lease),
-                            ])
+                            ],
+                            Ours::Revision(rev) => {
+                                vec![Compare::mod_revision(o.key.clone(), CompareOp::Equal, *rev)]
+                            }
+                        };
+                        let txn = Txn::new()
+                            .when(when)
                             .and_then([TxnOp::delete(o.key.clone(), None)]);
                         let done = call("release", t, kv.txn(txn)).await;
                         match &done {
-                            Ok(r) if r.succeeded() => {
-                                tracing::info!(lease_id = o.lease, "deleted a key put by an acquire whose reply never arrived")
-                            }
+                            Ok(r) if r.succeeded() => match o.ours {
+                                Ours::Value(_) => tracing::info!(lease_id = o.lease, "deleted a key put by an acquire whose reply never arrived"),
+                                Ours::Revision(_) => tracing::info!(lease_id = o.lease, "deleted a key nobody renewed within its ttl"),
+                            },
                             Ok(_) => {}
-                            Err(e) => tracing::debug!(error = %e, "deleting an orphaned etcd key failed; the next renewal tries again"),
+                            Err(e) => tracing::debug!(error = %e, "deleting an etcd key failed; the next renewal tries again"),
                         }
                         let final_answer = done.is_ok() && sent >= o.sent + t;
                         shared.lock().orphan_done(&o, final_answer);

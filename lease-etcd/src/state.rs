@@ -67,13 +67,15 @@ pub(crate) fn key_bytes(key: &[u8]) -> usize {
 /// hex: with names of 20 bytes that is about 40,000 keys per session.
 pub(crate) const SESSION_KEY_BYTES: usize = 2 * 1024 * 1024;
 
-/// A key an acquire may have put although its caller never heard so.
+/// A key to delete, sent again by renewals until a delete is answered: one an acquire
+/// may have put although its caller never heard so, or a held key nobody renewed within
+/// its TTL (the sweep's; a failed delete of it would otherwise leave it on an etcd lease
+/// the other keys' renewals keep alive).
 #[derive(Debug, Clone)]
 pub(crate) struct Orphan {
     pub(crate) key: Vec<u8>,
-    /// The exact value the acquire put (it holds the acquisition's owner token, unique to
-    /// it): the key is deleted only while it still has this value and lease.
-    pub(crate) value: Vec<u8>,
+    /// What the key must still be for the delete to apply.
+    pub(crate) ours: Ours,
     pub(crate) token: OwnerToken,
     /// The etcd lease the key was put with.
     pub(crate) lease: i64,
@@ -82,6 +84,16 @@ pub(crate) struct Orphan {
     pub(crate) sent: Instant,
     /// A delete is in flight.
     pub(crate) deleting: bool,
+}
+
+/// How an [`Orphan`]'s delete knows the key is still the one to delete.
+#[derive(Debug, Clone)]
+pub(crate) enum Ours {
+    /// The exact value the acquire put (it holds the acquisition's owner token, unique to
+    /// it): deleted only while the key still has this value and the orphan's lease.
+    Value(Vec<u8>),
+    /// The revision of a held key's put: deleted only while the key is still at it.
+    Revision(i64),
 }
 
 /// A keepalive in flight that concurrent renewals may wait for.
@@ -440,7 +452,7 @@ impl Pending {
             lease,
             unsettled: Some(Orphan {
                 key: key.clone(),
-                value,
+                ours: Ours::Value(value),
                 token,
                 lease,
                 sent: Instant::now(),

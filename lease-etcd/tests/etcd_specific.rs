@@ -522,3 +522,100 @@ async fn min_ttl_is_what_the_server_grants() {
         "{err}"
     );
 }
+
+/// A key nobody renewed is deleted by the sweep that runs in a renewal keeping its etcd
+/// lease alive (the etcd lease is shared by every lease of that TTL). When that delete
+/// fails (here the backend's user may only read the prefix for a moment: the store
+/// refuses it), later renewals send it again. Before, one failed delete left the key on
+/// the etcd lease the other leases' renewals keep alive: held for as long as they are
+/// renewed. The TTL's expiry is the subject, so the steps are timed: renewals of the kept
+/// lease every second, the abandoned one's deadline at 3 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unrenewed_key_whose_delete_failed_is_deleted_by_a_later_renewal() {
+    use lease_etcd::etcd_client::{Client, ConnectOptions, Permission};
+    let server = EtcdServer::start_local()
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let prefix = lease_conformance::suite::namespace()
+        .trim_end_matches('/')
+        .to_owned();
+    let mut raw = Client::connect(server.endpoints(), None).await.unwrap();
+    raw.user_add("root", "root-pw", None).await.unwrap();
+    raw.user_grant_role("root", "root").await.unwrap();
+    raw.role_add("lease-rw").await.unwrap();
+    let read_write = || Permission::read_write(format!("{prefix}/")).with_prefix();
+    raw.role_grant_permission("lease-rw", read_write())
+        .await
+        .unwrap();
+    raw.user_add("leaser", "user-pw", None).await.unwrap();
+    raw.user_grant_role("leaser", "lease-rw").await.unwrap();
+    raw.auth_enable().await.unwrap();
+    let mut root = Client::connect(
+        server.endpoints(),
+        Some(ConnectOptions::new().with_user("root", "root-pw")),
+    )
+    .await
+    .unwrap();
+    let cfg = config()
+        .with_key_prefix(prefix.clone())
+        .with_user(Some("leaser".into()))
+        .with_password(Some("user-pw".into()));
+    let b = backend(&server.endpoints(), &cfg).await;
+    let ttl = Duration::from_secs(3);
+    let kept = LeaseName::new("kept").unwrap();
+    let abandoned = LeaseName::new("abandoned").unwrap();
+    let (a, other) = (
+        Owner::new(HolderLabel::new("a").unwrap()),
+        Owner::new(HolderLabel::new("b").unwrap()),
+    );
+    let start = Instant::now();
+    for n in [&kept, &abandoned] {
+        assert!(matches!(
+            b.acquire(n, &a, ttl).await.unwrap(),
+            AcquireOutcome::Acquired { .. }
+        ));
+    }
+    let item = [RenewItem {
+        name: kept.clone(),
+        token: a.token,
+    }];
+    let renew_kept = async |at: Duration| {
+        tokio::time::sleep_until(start + at).await;
+        let r = b.renew(&item, ttl).await;
+        assert!(
+            matches!(r.as_deref(), Ok([RenewOutcome::Renewed])),
+            "renewal at {at:?}: {r:?}"
+        );
+    };
+    renew_kept(Duration::from_secs(1)).await;
+    renew_kept(Duration::from_secs(2)).await;
+    // Read only, from before the abandoned lease's deadline until after the sweep's try.
+    root.role_grant_permission(
+        "lease-rw",
+        Permission::read(format!("{prefix}/")).with_prefix(),
+    )
+    .await
+    .unwrap();
+    renew_kept(Duration::from_millis(3300)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    root.role_grant_permission("lease-rw", read_write())
+        .await
+        .unwrap();
+    let mut at = Duration::from_secs(4);
+    loop {
+        match b.acquire(&abandoned, &other, ttl).await.unwrap() {
+            AcquireOutcome::Acquired { .. } => break,
+            AcquireOutcome::Held(by) => assert!(
+                at < Duration::from_secs(9),
+                "the abandoned lease is still held by {by:?} {:?} after its acquire (ttl {ttl:?})",
+                start.elapsed()
+            ),
+        }
+        at += Duration::from_secs(1);
+        renew_kept(at).await;
+    }
+    eprintln!(
+        "the abandoned lease was free {:?} after its acquire (ttl {ttl:?})",
+        start.elapsed()
+    );
+}
