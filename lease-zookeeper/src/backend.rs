@@ -20,7 +20,9 @@ use crate::nodes::{
     self, FREE, HELD, Kind, Layout, NameData, RELEASED, decode_keep, decode_name, encode_keep,
     encode_name, holder_node,
 };
-use crate::sessions::{Record, Sessions, after_barrier, barrier, io_runtime, sweep};
+use crate::records::Record;
+use crate::sessions::{Sessions, after_barrier, barrier, io_runtime};
+use crate::sweep::sweep;
 
 /// The timeout asked for the session that reads, watches and forces releases (the server
 /// may grant less or more).

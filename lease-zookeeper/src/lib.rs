@@ -5,7 +5,9 @@ mod backend;
 mod config;
 mod error;
 mod nodes;
+mod records;
 mod sessions;
+mod sweep;
 
 pub use backend::{MAX_RENEW_BATCH, ZkBackend};
 pub use config::ZkConfig;

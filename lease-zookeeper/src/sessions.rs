@@ -1,147 +1,19 @@
-//! One ZooKeeper session per TTL, the record of the leases this backend holds on them,
-//! and the sweep that deletes what nobody renewed within its TTL.
-//!
-//! A session keeps every ephemeral node of it alive for as long as the client pings it,
-//! which the client library does on its own. A lease must lapse at its TTL when its
-//! holder stops renewing it (the guard was dropped, an acquire was abandoned) while the
-//! process and with it the session live on: so every lease held here has a deadline
-//! (the send time of its last confirmed acquire or renewal + TTL), and the sweep deletes
-//! its holder node once the deadline has passed, by the name node's version (a holder
-//! that changed since is never touched), trying again while the session lives. When the
-//! process or its connection dies, the server expires the session within its timeout,
-//! which is at least the TTL.
-//!
-//! A session disconnected for a second is resumed on a new connection of the backend's
-//! own rather than left to the client library's reconnection, whose waits double without
-//! a cap ([`Sessions::resume_stalled`]).
+//! One ZooKeeper session per TTL (and one for reads, watches and forced releases): opened
+//! on first use, resumed on a new connection of the backend's own when the client
+//! library's reconnection would wait too long ([`Sessions::resume_stalled`]), closed when
+//! the backend is dropped. The leases held on them are in [`crate::records`]; the sweep
+//! that deletes what nobody renewed is [`crate::sweep`].
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use lease_core::{Error, InvalidInput, OwnerToken, Result};
+use lease_core::{Error, InvalidInput, Result};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use crate::error::{bounded, convert, open_error};
-use crate::nodes::{self, HELD};
-
-/// How often the sweep looks for leases past their deadline.
-pub(crate) const SWEEP_EVERY: Duration = Duration::from_millis(100);
-
-/// When the sweep looks again at a lease it could not settle (the store did not answer,
-/// the session was disconnected, or an acquire queued on a replaced connection may still
-/// be sent).
-const SWEEP_AGAIN: Duration = Duration::from_millis(500);
-
-/// What the sweep did with a lease past its deadline.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Swept {
-    /// Deleted, or nothing of it is left to delete.
-    Done,
-    /// Not settled: the session is disconnected, or the lease is not there yet but an
-    /// acquire of it may still be sent. Looked at again.
-    Again,
-}
-
-/// A lease this backend took (or may have taken: an acquire whose reply was not seen).
-#[derive(Clone, Debug)]
-pub(crate) struct Record {
-    /// The session (TTL in ms) the holder node is on, and that session's id.
-    pub(crate) ttl_ms: u64,
-    pub(crate) session: i64,
-    /// The name node's version after the acquisition; `None` while the acquire's reply
-    /// is outstanding (or was lost).
-    pub(crate) version: Option<i32>,
-    pub(crate) fencing: u64,
-    pub(crate) label: String,
-    /// When the acquire's reply arrived (keep-for counts from here: never early).
-    pub(crate) acquired_at: Instant,
-    /// The lease lapses here unless renewed.
-    pub(crate) deadline: Instant,
-}
-
-pub(crate) type Key = (String, OwnerToken);
-
-#[derive(Default)]
-pub(crate) struct Records {
-    pub(crate) by_key: HashMap<Key, Record>,
-    by_deadline: BTreeSet<(Instant, String, [u8; 16])>,
-}
-
-impl Records {
-    pub(crate) fn put(&mut self, key: Key, rec: Record) {
-        if let Some(old) = self.by_key.get(&key) {
-            self.by_deadline
-                .remove(&(old.deadline, key.0.clone(), *key.1.as_bytes()));
-        }
-        self.by_deadline
-            .insert((rec.deadline, key.0.clone(), *key.1.as_bytes()));
-        self.by_key.insert(key, rec);
-    }
-
-    /// Puts `rec` back unless `key` has a record again (the owner acquired it anew).
-    fn put_back(&mut self, key: Key, rec: Record) {
-        if !self.by_key.contains_key(&key) {
-            self.put(key, rec);
-        }
-    }
-
-    pub(crate) fn remove(&mut self, key: &Key) -> Option<Record> {
-        let rec = self.by_key.remove(key)?;
-        self.by_deadline
-            .remove(&(rec.deadline, key.0.clone(), *key.1.as_bytes()));
-        Some(rec)
-    }
-
-    /// Moves the deadline of `key` to `deadline` if it is later.
-    pub(crate) fn extend(&mut self, key: &Key, deadline: Instant) {
-        if let Some(rec) = self.by_key.get_mut(key)
-            && deadline > rec.deadline
-        {
-            self.by_deadline
-                .remove(&(rec.deadline, key.0.clone(), *key.1.as_bytes()));
-            rec.deadline = deadline;
-            self.by_deadline
-                .insert((deadline, key.0.clone(), *key.1.as_bytes()));
-        }
-    }
-
-    /// Removes and returns the records whose deadline is before `now`.
-    fn take_expired(&mut self, now: Instant) -> Vec<(Key, Record)> {
-        let mut out = Vec::new();
-        while let Some(first) = self.by_deadline.first() {
-            if first.0 > now {
-                break;
-            }
-            let Some((_, path, token)) = self.by_deadline.pop_first() else {
-                break;
-            };
-            let key = (path, OwnerToken::from_bytes(token));
-            if let Some(rec) = self.by_key.remove(&key) {
-                out.push((key, rec));
-            }
-        }
-        out
-    }
-
-    /// Forgets every record on session `id` (it expired: its nodes are gone).
-    pub(crate) fn forget_session(&mut self, id: i64) {
-        let gone: Vec<Key> = self
-            .by_key
-            .iter()
-            .filter(|(_, r)| r.session == id)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in gone {
-            self.remove(&k);
-        }
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.by_key.len()
-    }
-}
+use crate::error::open_error;
+use crate::records::Records;
 
 /// The runtime the sessions' connection tasks and the sweep run on: one worker thread,
 /// `lease-zookeeper-io`, made on first use and kept for the life of the process, so that
@@ -695,7 +567,7 @@ impl Sessions {
     /// Whether a connection of session `id` that [`Sessions::resume_stalled`] replaced may
     /// still send requests queued on it while it was disconnected: it has not ended (it
     /// ends when it next connects, or at 7/5 of the session timeout after its last answer).
-    fn replay_pending(&self, id: i64) -> bool {
+    pub(crate) fn replay_pending(&self, id: i64) -> bool {
         let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
         retired.retain(|(_, w)| !w.peek_state().is_terminated());
         retired.iter().any(|(r, _)| *r == id)
@@ -768,41 +640,6 @@ fn check_granted(ttl: Duration, ttl_ms: u64, c: zk::Client) -> Result<(u64, zk::
     Ok((ttl_ms, c))
 }
 
-/// The sweep: every [`SWEEP_EVERY`], resumes sessions disconnected for too long
-/// ([`Sessions::resume_stalled`]) and deletes the holder nodes of records past their
-/// deadline (ends when the backend is dropped).
-pub(crate) async fn sweep(sessions: Weak<Sessions>) {
-    let mut tick = tokio::time::interval(SWEEP_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let Some(s) = sessions.upgrade() else { return };
-        s.resume_stalled();
-        let expired = s.records().take_expired(Instant::now());
-        for ((path, token), rec) in expired {
-            let s = s.clone();
-            tokio::spawn(async move {
-                let again = match delete_unrenewed(&s, &path, &token, &rec).await {
-                    Ok(swept) => swept == Swept::Again,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "deleting an unrenewed zookeeper lease failed; trying again");
-                        true
-                    }
-                };
-                // Kept while its session lives: a lease left on it would be held for as
-                // long as this backend keeps the session.
-                if again && s.existing(rec.ttl_ms, rec.session).await.is_some() {
-                    let rec = Record {
-                        deadline: Instant::now() + SWEEP_AGAIN,
-                        ..rec
-                    };
-                    s.records().put_back((path, token), rec);
-                }
-            });
-        }
-    }
-}
-
 /// A write that changes nothing: a `multi` of one version check (any version) on `dir`
 /// (the leases node). A read sent after it on the same session sees every write
 /// confirmed, to any session on any member, before the barrier was sent.
@@ -862,75 +699,6 @@ pub(crate) async fn after_barrier<T>(
             let (b, r) = futures::future::join(b, read).await;
             b.and(r)
         }
-    }
-}
-
-/// Deletes the holder node of `path` if the lease is still the record's (the name node
-/// at the record's version, or for an acquire whose reply was lost, naming its token).
-///
-/// An acquire whose reply was lost and that is not found may still be sent: it was queued
-/// on a connection that [`Sessions::resume_stalled`] replaced and that has not ended
-/// ([`Swept::Again`]). Had the record been dropped then, the acquire would take the lease
-/// later with nobody to renew or delete it, held for as long as the session lives.
-async fn delete_unrenewed(
-    s: &Sessions,
-    path: &str,
-    token: &OwnerToken,
-    rec: &Record,
-) -> Result<Swept> {
-    let Some(client) = s.existing(rec.ttl_ms, rec.session).await else {
-        return Ok(Swept::Done); // the session ended: its nodes went with it
-    };
-    if client.state() == zk::SessionState::Disconnected {
-        // Not queued on a connection that is down (it would wait there for the request
-        // timeout, and be sent whenever the connection comes back): looked at again soon.
-        return Ok(Swept::Again);
-    }
-    let gone = || {
-        if s.replay_pending(rec.session) {
-            Swept::Again
-        } else {
-            Swept::Done
-        }
-    };
-    let t = s.config.request_timeout;
-    let version = match rec.version {
-        Some(v) => v,
-        // After a barrier: where the acquire's reply was lost and the session reconnected
-        // to another member, that member may not have applied the acquire yet.
-        None => match bounded(
-            "release",
-            t,
-            after_barrier(
-                Some(barrier(&client, nodes::parent(path))),
-                client.get_data(path),
-            ),
-        )
-        .await?
-        {
-            Ok((data, stat)) => match nodes::decode_name(&data) {
-                Some(d) if d.state == HELD && d.token == *token => stat.version,
-                _ => return Ok(gone()),
-            },
-            Err(zk::Error::NoNode) => return Ok(gone()),
-            Err(e) => return Err(convert("release", t, e)),
-        },
-    };
-    let mut multi = client.new_multi_writer();
-    let holder = nodes::holder_node(path);
-    let released = nodes::encode_name(crate::nodes::RELEASED, token, &rec.label);
-    multi
-        .add_set_data(path, &released, Some(version))
-        .and_then(|()| multi.add_delete(&holder, None))
-        .map_err(|e| convert("release", t, e))?;
-    match bounded("release", t, multi.commit()).await? {
-        Ok(_) => {
-            tracing::info!(node = path, "deleted a lease nobody renewed within its ttl");
-            Ok(Swept::Done)
-        }
-        // The name node moved on (released, taken by another) or the holder went.
-        Err(zk::MultiWriteError::OperationFailed { .. }) => Ok(Swept::Done),
-        Err(zk::MultiWriteError::RequestFailed { source }) => Err(convert("release", t, source)),
     }
 }
 
