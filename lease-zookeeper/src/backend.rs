@@ -389,12 +389,15 @@ impl ZkBackend {
                     continue;
                 }
                 zk::Error::SessionExpired => {
-                    self.inner.sessions.expired(ttl_ms, session).await;
-                    return Err(convert(
-                        "acquire",
-                        self.timeout(),
-                        zk::Error::SessionExpired,
-                    ));
+                    // Where the session lives on (a replaced connection's report), the
+                    // acquire was not sent: a lost connection, retryable.
+                    let ended = self.inner.sessions.expired(ttl_ms, session).await;
+                    let e = if ended {
+                        zk::Error::SessionExpired
+                    } else {
+                        zk::Error::ConnectionLoss
+                    };
+                    return Err(convert("acquire", self.timeout(), e));
                 }
                 // The outcome is unknown (the connection broke or was given up with the
                 // request in flight): the record stays for the sweep.
@@ -654,6 +657,13 @@ impl ZkBackend {
                 };
             }
         }
+        for (ttl_ms, id) in expired {
+            if !self.inner.sessions.expired(ttl_ms, id).await {
+                // A replaced connection's report: the session lives on its new
+                // connection, and its leases are not known lost.
+                return Err(convert("renew", t, zk::Error::ConnectionLoss));
+            }
+        }
         let mut out = Vec::with_capacity(leases.len());
         {
             let mut records = self.inner.sessions.records();
@@ -667,9 +677,6 @@ impl ZkBackend {
                     records.extend(&(path.clone(), leases[i].token), sent + ttl);
                 }
             }
-        }
-        for (ttl_ms, id) in expired {
-            self.inner.sessions.expired(ttl_ms, id).await;
         }
         Ok(out)
     }
@@ -929,6 +936,11 @@ impl LeaseBackend for ZkBackend {
         let holder = holder_node(&self.inner.layout.name_node(name));
         let main = self.main().await?;
         let watched = bounded("wait", t, main.check_and_watch_stat(&holder)).await?;
+        // Not held while waiting: a copy of a client keeps it connected after the backend
+        // replaced it (`Sessions::resume_stalled`), and two clients of one session take
+        // its connection from each other. A watch on a replaced client ends with it (the
+        // caller looks again).
+        drop(main);
         match watched {
             Ok((None, _)) => Ok(()),
             Ok((Some(_), watcher)) => {

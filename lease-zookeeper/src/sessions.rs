@@ -428,10 +428,8 @@ impl Sessions {
 
     /// The current session for `ttl_ms` if it is still `id`.
     pub(crate) async fn existing(&self, ttl_ms: u64, id: i64) -> Option<zk::Client> {
-        self.map()
-            .get(&ttl_ms)
-            .filter(|c| c.session_id().0 == id)
-            .cloned()
+        // `current` takes out a session that ended (and forgets its leases).
+        self.current(ttl_ms).filter(|c| c.session_id().0 == id)
     }
 
     /// Resumes sessions that have been disconnected for [`RESUME_AFTER`] on a new
@@ -447,7 +445,12 @@ impl Sessions {
     /// client's place, and the old one, dropped, ends when it next connects (it is
     /// detached: it does not close the session). Its reconnection moves the session's
     /// connection to it for a moment, so requests then in flight on the new connection
-    /// fail `ConnectionLoss` once (retryable) and are answered again on the next.
+    /// fail `ConnectionLoss` once (retryable) and are answered again on the next. A call
+    /// still holding a copy of the old client (at most its request timeout; nothing here
+    /// holds one longer) keeps it connected: until the copy is dropped the two clients
+    /// take the connection from each other, and requests on either may fail
+    /// `ConnectionLoss`. A `SessionExpired` the old one reports once it gives up (7/5 of
+    /// the session timeout without a server) does not end the session ([`Sessions::expired`]).
     ///
     /// A server that answers that the session expired ends it here at once (its leases
     /// are reported lost on their next renewal, rather than at the client library's next
@@ -552,7 +555,7 @@ impl Sessions {
                     .get(&slot)
                     .is_some_and(|c| c.session_id().0 == id)
                 {
-                    self.expired(slot, id).await;
+                    self.forget(slot, id); // the server said so
                 }
             }
             Ok(Err(e)) => {
@@ -566,15 +569,38 @@ impl Sessions {
 
     /// Whether a connection of session `id` that [`Sessions::resume_stalled`] replaced may
     /// still send requests queued on it while it was disconnected: it has not ended (it
-    /// ends when it next connects, or at 7/5 of the session timeout after its last answer).
+    /// ends when it next connects with no copy of it held, or at 7/5 of the session
+    /// timeout after its last answer).
     pub(crate) fn replay_pending(&self, id: i64) -> bool {
         let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
         retired.retain(|(_, w)| !w.peek_state().is_terminated());
         retired.iter().any(|(r, _)| *r == id)
     }
 
-    /// Drops the session `id` (it expired).
-    pub(crate) async fn expired(&self, ttl_ms: u64, id: i64) {
+    /// Drops the session `id`: a request on it failed with `SessionExpired`. Ignored while
+    /// the map holds a client of `id` that has not ended: the error came from a client
+    /// [`Sessions::resume_stalled`] replaced, which declares the session expired on its
+    /// own once it has not reached a server for 7/5 of the session timeout, while the new
+    /// client keeps the session (the client library marks a client expired before it
+    /// fails its requests so, so a session the server ended is never ignored here).
+    ///
+    /// Returns whether the session ended (false: it lives on, the caller's request failed
+    /// on a replaced connection and may be sent again).
+    pub(crate) async fn expired(&self, ttl_ms: u64, id: i64) -> bool {
+        let live = self
+            .map()
+            .get(&ttl_ms)
+            .is_some_and(|c| c.session_id().0 == id && !c.state().is_terminated());
+        if live {
+            tracing::debug!(ttl_ms, session = %zk::SessionId(id), "a replaced connection declared the session expired; the session lives on");
+            return false;
+        }
+        self.forget(ttl_ms, id);
+        true
+    }
+
+    /// Drops the session `id` (it expired) and forgets its leases.
+    fn forget(&self, ttl_ms: u64, id: i64) {
         {
             let mut map = self.map();
             if map.get(&ttl_ms).is_some_and(|c| c.session_id().0 == id) {

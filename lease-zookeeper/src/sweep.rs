@@ -96,12 +96,11 @@ async fn delete_unrenewed(
         // timeout, and be sent whenever the connection comes back): looked at again soon.
         return Ok(Swept::Again);
     }
+    // Asked before the read: a retired connection that sends a queued acquire and ends
+    // between the read's answer and this question would otherwise be missed.
+    let pending = s.replay_pending(rec.session);
     let gone = || {
-        if s.replay_pending(rec.session) {
-            Swept::Again
-        } else {
-            Swept::Done
-        }
+        if pending { Swept::Again } else { Swept::Done }
     };
     let t = s.config.request_timeout;
     let version = match rec.version {

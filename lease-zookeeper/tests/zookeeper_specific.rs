@@ -20,6 +20,16 @@ fn config() -> ZkConfig {
         .with_request_timeout(Duration::from_secs(2))
 }
 
+/// A ZooKeeper server of the test's own (a local process: it is killed, frozen and
+/// restarted) and a backend connected to it with `config`.
+async fn local(config: ZkConfig) -> (ZooKeeperServer, ZkBackend) {
+    let server = ZooKeeperServer::start_local().await.unwrap();
+    let b = ZkBackend::connect_with(&server.address(), config)
+        .await
+        .unwrap();
+    (server, b)
+}
+
 fn owner(label: &str) -> Owner {
     Owner::new(HolderLabel::new(label).unwrap())
 }
@@ -120,10 +130,7 @@ async fn a_server_restart_within_the_ttl_keeps_the_lease() {
 /// was resumed) reconnects once and ends; the lease is still held, by the same token.
 #[tokio::test]
 async fn a_session_is_resumed_promptly_after_a_long_outage() {
-    let mut server = ZooKeeperServer::start_local().await.unwrap();
-    let b = ZkBackend::connect_with(&server.address(), config())
-        .await
-        .unwrap();
+    let (mut server, b) = local(config()).await;
     let ttl = Duration::from_secs(20);
     let n = name("outage");
     let a = owner("a");
@@ -186,6 +193,68 @@ async fn a_session_is_resumed_promptly_after_a_long_outage() {
     assert_eq!(
         b.release(&n, &a.token, Duration::ZERO).await.unwrap(),
         lease_core::ReleaseOutcome::Released
+    );
+}
+
+/// A connection the backend replaced (the session resumed on a new one) declares the
+/// session expired on its own once it has not reached a server for 7/5 of the session
+/// timeout; a request still queued on it then fails `SessionExpired`. That must not end
+/// the session the new connection keeps. Timed, as the subject is the client library's
+/// schedule: an 8 s session, the server killed for 6.9 s (its attempts at 6.3 s and then
+/// 12.7 s after the cut, past the old connection's end at 11.2 s at the latest); a
+/// renewal sent at 6.9 s waits on the old connection (request timeout 5 s) and fails
+/// `SessionExpired` when it ends. A lease taken on the resumed session after the restart
+/// must still renew after that.
+#[tokio::test]
+async fn a_replaced_connection_declaring_the_session_expired_does_not_end_it() {
+    let (mut server, b) = local(config().with_request_timeout(Duration::from_secs(5))).await;
+    let ttl = Duration::from_secs(8);
+    let a = owner("a");
+    let (first, second) = (name("first"), name("second"));
+    assert!(matches!(
+        b.acquire(&first, &a, ttl).await.unwrap(),
+        AcquireOutcome::Acquired { .. }
+    ));
+    let item = |n: &LeaseName| {
+        [RenewItem {
+            name: n.clone(),
+            token: a.token,
+        }]
+    };
+    server.kill().unwrap();
+    let down = Instant::now();
+    tokio::time::sleep(Duration::from_millis(6900)).await;
+    let queued = {
+        let (b, items) = (b.clone(), item(&first));
+        tokio::spawn(async move { (b.renew(&items, ttl).await, down.elapsed()) })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    server.start_again().await.unwrap();
+    // Until a call answers within 300 ms: the session is on its new connection.
+    loop {
+        if let Ok(Ok(_)) =
+            tokio::time::timeout(Duration::from_millis(300), b.renew(&item(&first), ttl)).await
+        {
+            break;
+        }
+        assert!(down.elapsed() < Duration::from_secs(11), "no connection");
+    }
+    assert!(matches!(
+        b.acquire(&second, &a, ttl).await.unwrap(),
+        AcquireOutcome::Acquired { .. }
+    ));
+    let (renewed, at) = queued.await.unwrap();
+    eprintln!("the renewal queued on the old connection: {renewed:?} after {at:?}");
+    // It failed when the old connection ended (before the request timeout ran out): not
+    // "lost" (the session lives on), retryable.
+    let e = renewed.unwrap_err();
+    assert!(e.is_retryable(), "{e:?}");
+    assert!(at < Duration::from_millis(11_800), "{at:?}");
+    let after = b.renew(&item(&second), ttl).await.unwrap();
+    assert_eq!(
+        after,
+        [RenewOutcome::Renewed],
+        "the resumed session was ended"
     );
 }
 
@@ -350,10 +419,7 @@ async fn a_session_whose_opening_the_caller_gave_up_on_is_kept() {
 /// record stays, the outcome being unknown) and taken by another owner.
 #[tokio::test]
 async fn a_call_on_a_connection_given_up_fails_retryably_and_leaves_nothing_held() {
-    let mut server = ZooKeeperServer::start_local().await.unwrap();
-    let b = ZkBackend::connect_with(&server.address(), config())
-        .await
-        .unwrap();
+    let (mut server, b) = local(config()).await;
     let ttl = Duration::from_secs(1);
     b.prepare(ttl).await.unwrap();
     let n = name("frozen");
@@ -404,13 +470,7 @@ async fn a_call_on_a_connection_given_up_fails_retryably_and_leaves_nothing_held
 /// `unavailable` ("no response from connection in 800ms").
 #[tokio::test]
 async fn an_acquire_whose_connection_is_given_up_is_sent_again_within_the_request_timeout() {
-    let mut server = ZooKeeperServer::start_local().await.unwrap();
-    let b = ZkBackend::connect_with(
-        &server.address(),
-        config().with_request_timeout(Duration::from_secs(5)),
-    )
-    .await
-    .unwrap();
+    let (mut server, b) = local(config().with_request_timeout(Duration::from_secs(5))).await;
     let ttl = Duration::from_secs(2);
     b.prepare(ttl).await.unwrap();
     let n = name("stalled");
