@@ -357,7 +357,9 @@ impl Inner {
                             Ok(_) => {}
                             Err(e) => tracing::debug!(error = %e, "deleting an etcd key failed; the next renewal tries again"),
                         }
-                        let final_answer = done.is_ok() && sent >= o.sent + t;
+                        // A put known by its revision is applied: any answer settles it.
+                        let final_answer = done.is_ok()
+                            && (matches!(o.ours, Ours::Revision(_)) || sent >= o.sent + t);
                         shared.lock().orphan_done(&o, final_answer);
                     }
                 })

@@ -87,7 +87,7 @@ pub(crate) struct Orphan {
 }
 
 /// How an [`Orphan`]'s delete knows the key is still the one to delete.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Ours {
     /// The exact value the acquire put (it holds the acquisition's owner token, unique to
     /// it): deleted only while the key still has this value and the orphan's lease.
@@ -392,15 +392,18 @@ impl State {
     }
 
     /// A delete of `orphan` was answered or failed; `final_answer`: the record can go.
+    /// Matched by key, token, lease and check: the same owner may have another record of
+    /// the key (a later acquisition's, at another revision or value).
     pub(crate) fn orphan_done(&mut self, orphan: &Orphan, final_answer: bool) {
+        let same = |o: &Orphan| {
+            o.key == orphan.key
+                && o.token == orphan.token
+                && o.lease == orphan.lease
+                && o.ours == orphan.ours
+        };
         if final_answer {
-            self.orphans
-                .retain(|o| !(o.key == orphan.key && o.token == orphan.token));
-        } else if let Some(o) = self
-            .orphans
-            .iter_mut()
-            .find(|o| o.key == orphan.key && o.token == orphan.token)
-        {
+            self.orphans.retain(|o| !same(o));
+        } else if let Some(o) = self.orphans.iter_mut().find(|o| same(o)) {
             o.deleting = false;
         }
     }
