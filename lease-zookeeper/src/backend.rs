@@ -532,7 +532,10 @@ impl ZkBackend {
                 .by_key
                 .get(&(path.clone(), item.token))
                 .cloned();
-            let Some(rec) = rec.filter(|r| r.version.is_some()) else {
+            // Past its deadline the lease is the sweep's, even while its delete is still
+            // being tried (the store did not answer it): not renewed again.
+            let now = Instant::now();
+            let Some(rec) = rec.filter(|r| r.version.is_some() && r.deadline > now) else {
                 plan.push(None);
                 continue;
             };
