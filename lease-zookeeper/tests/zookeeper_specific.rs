@@ -10,6 +10,7 @@ use lease_core::{
     LeaseOptions, Owner, RenewItem, RenewOutcome,
 };
 use lease_test_servers::ZooKeeperServer;
+use lease_test_servers::proxy::{FaultProxy, ProxyFault};
 use lease_zookeeper::{ZkBackend, ZkConfig};
 use tokio::time::Instant;
 
@@ -28,6 +29,17 @@ async fn local(config: ZkConfig) -> (ZooKeeperServer, ZkBackend) {
         .await
         .unwrap();
     (server, b)
+}
+
+/// A backend connected to the shared server through a fault proxy (passing everything
+/// until told otherwise).
+async fn behind_proxy() -> (FaultProxy, ZkBackend) {
+    let servers = ZooKeeperServer::shared().await.unwrap();
+    let proxy = FaultProxy::start(servers.parse().unwrap()).await.unwrap();
+    let b = ZkBackend::connect_with(&proxy.addr().to_string(), config())
+        .await
+        .unwrap();
+    (proxy, b)
 }
 
 fn owner(label: &str) -> Owner {
@@ -265,12 +277,7 @@ async fn a_replaced_connection_declaring_the_session_expired_does_not_end_it() {
 /// black hole held 3 s around the sweep's try at 6 s.
 #[tokio::test]
 async fn an_unrenewed_lease_whose_delete_got_no_answer_is_deleted_later() {
-    use lease_test_servers::proxy::{FaultProxy, ProxyFault};
-    let servers = ZooKeeperServer::shared().await.unwrap();
-    let proxy = FaultProxy::start(servers.parse().unwrap()).await.unwrap();
-    let b = ZkBackend::connect_with(&proxy.addr().to_string(), config())
-        .await
-        .unwrap();
+    let (proxy, b) = behind_proxy().await;
     let ttl = Duration::from_secs(6);
     b.prepare(ttl).await.unwrap();
     let n = name("unanswered-sweep");
@@ -372,12 +379,7 @@ async fn digest_credentials_keep_other_users_out() {
 /// thrown away, no call could ever find a session ready.
 #[tokio::test]
 async fn a_session_whose_opening_the_caller_gave_up_on_is_kept() {
-    use lease_test_servers::proxy::{FaultProxy, ProxyFault};
-    let servers = ZooKeeperServer::shared().await.unwrap();
-    let proxy = FaultProxy::start(servers.parse().unwrap()).await.unwrap();
-    let b = ZkBackend::connect_with(&proxy.addr().to_string(), config())
-        .await
-        .unwrap();
+    let (proxy, b) = behind_proxy().await;
     proxy.set(ProxyFault::Delay(Duration::from_millis(100)));
     let ttl = Duration::from_millis(1700);
     let cut = Duration::from_millis(20);
