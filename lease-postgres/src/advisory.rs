@@ -239,6 +239,10 @@ impl AdvisoryLockBackend {
     /// Connects with a pool of 10 connections for attempts, renewals and inspection, and
     /// a call timeout of 5 s (pool acquire timeout, `statement_timeout`, client bound).
     ///
+    /// It opens two sessions: one the pool keeps (renewals, inspection) and one kept for
+    /// the first lock, so neither the first acquire nor the first renewal opens a session
+    /// within its own call timeout.
+    ///
     /// Errors as for [`PostgresBackend::connect`](crate::PostgresBackend::connect).
     ///
     /// Cancel safety: cancel-safe: dropping it takes no lease and leaves nothing the caller
@@ -247,7 +251,8 @@ impl AdvisoryLockBackend {
         Self::connect_with(url, Duration::from_secs(5), 10).await
     }
 
-    /// Connects with the given call timeout and pool size.
+    /// Connects with the given call timeout and pool size; opens two sessions, as
+    /// [`connect`](Self::connect).
     ///
     /// Cancel safety: cancel-safe: dropping it takes no lease and leaves nothing the caller
     /// must clean up.
@@ -275,8 +280,16 @@ impl AdvisoryLockBackend {
         let pool = pool_options(max_connections, request_timeout).connect_lazy_with(options);
         // The first contact. A pooler that refuses the startup parameters fails here (see
         // `error::convert`); one that ignores them is caught by the setting it dropped.
+        // The session stays in the pool, for renewals and inspection.
         crate::tls::ensure_crypto_provider_for(&pool);
-        let settings = session_settings(ADVISORY_BACKEND, &pool, request_timeout).await?;
+        let mut pooled = bounded_call(
+            ADVISORY_BACKEND,
+            "connect",
+            request_timeout,
+            Box::pin(pool.acquire()),
+        )
+        .await?;
+        let settings = session_settings(ADVISORY_BACKEND, &mut *pooled, request_timeout).await?;
         let expected = millis_ceil(request_timeout);
         if settings.statement_timeout_ms != Some(expected) {
             return Err(behind_a_pooler(&format!(
@@ -285,7 +298,24 @@ impl AdvisoryLockBackend {
                 settings.statement_timeout_ms
             )));
         }
-        Ok(Self::from_pool(pool, request_timeout))
+        // A second session, kept for the first lock, so that the first acquire does not
+        // open one within its call timeout (a new session is a new server process, which
+        // on a loaded machine takes longer than a short call timeout). Taken while the
+        // first is out of the pool, so the pool keeps that one.
+        let first_lock = bounded_call(
+            ADVISORY_BACKEND,
+            "connect",
+            request_timeout,
+            Box::pin(pool.acquire()),
+        )
+        .await?
+        .detach();
+        drop(pooled);
+        let backend = Self::from_pool(pool, request_timeout);
+        backend
+            .inner
+            .put_idle(first_lock, backend.inner.check_out());
+        Ok(backend)
     }
 
     /// Uses an existing pool; every call is bounded by `request_timeout` on the client.

@@ -151,7 +151,7 @@ pub(crate) struct SessionSettings {
 /// query (no prepared statement: it also works behind a transaction pooler).
 pub(crate) async fn session_settings(
     backend: &'static str,
-    pool: &PgPool,
+    session: impl sqlx::Executor<'_, Database = sqlx::Postgres>,
     request_timeout: Duration,
 ) -> Result<SessionSettings> {
     const PROBE: &str = "SELECT current_setting('fsync'), current_setting('synchronous_commit'), \
@@ -160,7 +160,7 @@ pub(crate) async fn session_settings(
         backend,
         "connect",
         request_timeout,
-        sqlx::raw_sql(PROBE).fetch_one(pool),
+        sqlx::raw_sql(PROBE).fetch_one(session),
     )
     .await?;
     let text = |i: usize| -> Result<String> {

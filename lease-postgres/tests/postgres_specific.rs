@@ -919,6 +919,71 @@ async fn advisory_bursts_reuse_as_many_sessions_as_they_hold() {
     }
 }
 
+/// The sessions whose `application_name` is `app`.
+async fn sessions_named(admin: &mut PgConnection, app: &str) -> std::collections::BTreeSet<i32> {
+    sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE application_name = $1")
+        .bind(app)
+        .fetch_all(admin)
+        .await
+        .expect("pg_stat_activity")
+        .into_iter()
+        .collect()
+}
+
+/// `connect` opens the sessions the first lease needs: the first acquire takes its lock
+/// on a session opened by `connect`, and renewing it uses another one opened there, so
+/// neither opens a session within its call timeout. Before, the first acquire took the
+/// pool's only session or, when that session was still on its way back to the pool,
+/// opened one (a new server process: under a loaded machine's CI run more than the 200 ms
+/// call timeout of a 600 ms lease, the conformance suite's `lost_signal_when_store_hangs`
+/// failing with `acquire: Timeout`); either way one of the two calls opened a session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_connect_opens_the_sessions_of_the_first_lease() {
+    let db = PostgresServer::shared().await.expect("server");
+    let mut admin = PgConnection::connect(&db.url()).await.expect("connect");
+    // The backend's sessions carry a name of their own (the database may be shared).
+    let app = format!("first-lease-{}", uuid::Uuid::new_v4().simple());
+    let url = db.url();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let b = AdvisoryLockBackend::connect(&format!("{url}{sep}application_name={app}"))
+        .await
+        .expect("connect");
+    let opened = sessions_named(&mut admin, &app).await;
+    let (n, a) = (name("first"), owner("a"));
+    acquired(
+        b.acquire(&n, &a, Duration::from_secs(30))
+            .await
+            .expect("acquire"),
+    );
+    let pid = b.holder_pid(&n, &a.token).expect("pid");
+    assert!(
+        opened.contains(&pid),
+        "the first lock was taken on session {pid}, not one of those connect opened: {opened:?}"
+    );
+    let renewed = b
+        .renew(
+            &[RenewItem {
+                name: n.clone(),
+                token: a.token,
+            }],
+            Duration::from_secs(30),
+        )
+        .await
+        .expect("renew");
+    assert_eq!(renewed, vec![RenewOutcome::Renewed]);
+    assert_eq!(
+        sessions_named(&mut admin, &app).await,
+        opened,
+        "the first acquire and renewal opened or closed sessions"
+    );
+    assert_eq!(
+        b.release(&n, &a.token, Duration::ZERO)
+            .await
+            .expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
 /// The advisory mode keeps a released lease's connection for the next attempt (opening
 /// a session costs more than the lock), and replaces a kept connection that died.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
