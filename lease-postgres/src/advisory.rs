@@ -10,8 +10,8 @@ use lease_core::{
     AcquireOutcome, Capabilities, Error, Fencing, FencingToken, HeldBy, InvalidInput, LeaseBackend,
     LeaseInfo, LeaseName, Owner, OwnerToken, ReleaseOutcome, RenewItem, RenewOutcome, Result,
 };
-use sqlx::Connection;
 use sqlx::postgres::{PgConnection, PgPool};
+use sqlx::{ConnectOptions, Connection};
 
 use crate::MAX_RENEW_BATCH;
 use crate::config::split_own_params;
@@ -140,7 +140,7 @@ struct Inner {
     held: Mutex<HashMap<(LeaseName, OwnerToken), HeldLock>>,
     /// Dedicated connections that hold no lock, kept for the next attempt: opening a
     /// session costs more than the lock itself.
-    idle: Mutex<Vec<(PgConnection, Instant)>>,
+    idle: Mutex<Vec<Kept>>,
     /// Dedicated connections out of `idle`: holding a lock, being tried or released.
     out: Arc<AtomicUsize>,
     /// The most connections out at once, and when that was last reached: how many idle
@@ -157,11 +157,11 @@ const MAX_IDLE_KEPT: usize = 512;
 const MAX_IDLE_AGE: Duration = Duration::from_secs(60);
 
 impl Inner {
-    fn take_idle(&self) -> Option<PgConnection> {
+    fn take_idle(&self) -> Option<Kept> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         // Anything idle longer than the limit goes (dropping closes it).
-        idle.retain(|(_, since)| since.elapsed() < MAX_IDLE_AGE);
-        idle.pop().map(|(conn, _)| conn)
+        idle.retain(|kept| kept.since.elapsed() < MAX_IDLE_AGE);
+        idle.pop()
     }
 
     /// Counts a connection out of the idle set until the returned mark drops, and
@@ -196,18 +196,31 @@ impl Inner {
 
     /// Keeps a connection that holds no lock for the next attempt (or drops it, which
     /// closes it, when enough are kept).
-    fn put_idle(&self, conn: PgConnection, checkout: Checkout) {
+    fn put_idle(&self, conn: PgConnection, pid: i32, checkout: Checkout) {
         // Still out until the mark drops: a lease held since before the last minute
         // counts as in use now.
         self.note_out(self.out.load(Ordering::Relaxed));
         let wanted = self.idle_wanted();
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        idle.retain(|(_, since)| since.elapsed() < MAX_IDLE_AGE);
+        idle.retain(|kept| kept.since.elapsed() < MAX_IDLE_AGE);
         if idle.len() < wanted {
-            idle.push((conn, Instant::now()));
+            idle.push(Kept {
+                conn,
+                pid,
+                since: Instant::now(),
+            });
         }
         drop(checkout);
     }
+}
+
+/// A dedicated connection that holds no lock, kept for the next attempt.
+struct Kept {
+    conn: PgConnection,
+    /// Its session's server process id.
+    pid: i32,
+    /// Since when it has been kept.
+    since: Instant,
 }
 
 /// A dedicated connection counted out of the idle set; dropping it counts it back (the
@@ -277,6 +290,7 @@ impl AdvisoryLockBackend {
             false,
             &lease_core::TlsFiles::default(),
         )?;
+        let dedicated = options.clone();
         let pool = pool_options(max_connections, request_timeout).connect_lazy_with(options);
         // The first contact. A pooler that refuses the startup parameters fails here (see
         // `error::convert`); one that ignores them is caught by the setting it dropped.
@@ -300,21 +314,27 @@ impl AdvisoryLockBackend {
         }
         // A second session, kept for the first lock, so that the first acquire does not
         // open one within its call timeout (a new session is a new server process, which
-        // on a loaded machine takes longer than a short call timeout). Taken while the
-        // first is out of the pool, so the pool keeps that one.
-        let first_lock = bounded_call(
+        // on a loaded machine takes longer than a short call timeout). Opened outside the
+        // pool, as a lock's session is detached from it anyway: the pool keeps the first
+        // one, even a pool of one connection.
+        let (first_lock, pid) = bounded_call(
             ADVISORY_BACKEND,
             "connect",
             request_timeout,
-            Box::pin(pool.acquire()),
+            Box::pin(async {
+                let mut conn = dedicated.connect().await?;
+                let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                    .fetch_one(&mut conn)
+                    .await?;
+                Ok((conn, pid))
+            }),
         )
-        .await?
-        .detach();
+        .await?;
         drop(pooled);
         let backend = Self::from_pool(pool, request_timeout);
         backend
             .inner
-            .put_idle(first_lock, backend.inner.check_out());
+            .put_idle(first_lock, pid, backend.inner.check_out());
         Ok(backend)
     }
 
@@ -365,54 +385,97 @@ async fn try_lock(
     name: &LeaseName,
 ) -> std::result::Result<Option<HeldLock>, sqlx::Error> {
     let checkout = inner.check_out();
-    if let Some(mut conn) = inner.take_idle() {
+    // The session of a kept connection given up on: its attempt may have taken the lock.
+    let mut abandoned = None;
+    if let Some(Kept { mut conn, pid, .. }) = inner.take_idle() {
         // A kept connection gets half the call's time: one that a firewall dropped
         // silently must not use it all up.
         match tokio::time::timeout(inner.request_timeout / 2, lock_on(&mut conn, name)).await {
-            Ok(Ok(Some(pid))) => {
+            Ok(Ok((true, pid))) => {
                 return Ok(Some(HeldLock {
                     conn,
                     pid,
                     checkout,
                 }));
             }
-            Ok(Ok(None)) => {
-                inner.put_idle(conn, checkout);
+            Ok(Ok((false, pid))) => {
+                inner.put_idle(conn, pid, checkout);
                 return Ok(None);
             }
-            // A kept connection that died (server restarted, idle timeout): drop it and
-            // try on a fresh one.
+            // A kept connection that died (server restarted, idle timeout) or lost the
+            // reply: drop it and try on a fresh one.
             Ok(Err(error)) => {
                 tracing::debug!(%error, "idle advisory connection failed; using a fresh one");
             }
             Err(_) => tracing::debug!("idle advisory connection did not answer; using a fresh one"),
         }
+        abandoned = Some(pid);
     }
     // Boxed: sqlx's pool future is the largest part of this one (see `acquire`).
     let mut conn = Box::pin(inner.pool.acquire()).await?.detach();
-    match lock_on(&mut conn, name).await? {
-        Some(pid) => Ok(Some(HeldLock {
-            conn,
-            pid,
-            checkout,
-        })),
-        None => {
-            inner.put_idle(conn, checkout);
-            Ok(None)
+    let mut terminated = false;
+    loop {
+        let (taken, pid) = lock_on(&mut conn, name).await?;
+        if taken {
+            return Ok(Some(HeldLock {
+                conn,
+                pid,
+                checkout,
+            }));
+        }
+        // Held. By the session just given up on, if its attempt took the lock before
+        // its reply was lost: then the lock is this attempt's own, not another holder's.
+        // That session ends when the server sees its connection closed (at once, unless
+        // the network dropped the close); it is ended here, and the lock taken again
+        // once it has gone, within the caller's call timeout.
+        let Some(stale) = abandoned else {
+            inner.put_idle(conn, pid, checkout);
+            return Ok(None);
+        };
+        let holder: Option<i32> = sqlx::query_scalar(INSPECT)
+            .bind(name.as_bytes())
+            .fetch_optional(&mut conn)
+            .await?;
+        match holder {
+            Some(holder) if holder == stale => {
+                if !terminated {
+                    tracing::debug!(
+                        lease = %name,
+                        pid = stale,
+                        "the lock is held by this backend's abandoned session; ending it"
+                    );
+                    // Without the right to (another role's session), the server ends
+                    // it on its own when it sees the connection closed.
+                    if let Err(error) = sqlx::query("SELECT pg_terminate_backend($1)")
+                        .bind(stale)
+                        .execute(&mut conn)
+                        .await
+                    {
+                        tracing::debug!(%error, "could not end the abandoned session");
+                    }
+                    terminated = true;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            // Freed meanwhile: try again.
+            None => {}
+            Some(_) => {
+                inner.put_idle(conn, pid, checkout);
+                return Ok(None);
+            }
         }
     }
 }
 
-/// `pg_try_advisory_lock` on `conn`: the session's pid when taken.
+/// `pg_try_advisory_lock` on `conn`: whether it was taken, and the session's pid.
 async fn lock_on(
     conn: &mut PgConnection,
     name: &LeaseName,
-) -> std::result::Result<Option<i32>, sqlx::Error> {
-    let (taken, pid): (bool, i32) = sqlx::query_as(TRY_LOCK)
+) -> std::result::Result<(bool, i32), sqlx::Error> {
+    sqlx::query_as(TRY_LOCK)
         .bind(name.as_bytes())
         .fetch_one(conn)
-        .await?;
-    Ok(taken.then_some(pid))
+        .await
 }
 
 #[async_trait::async_trait]
@@ -535,9 +598,13 @@ impl LeaseBackend for AdvisoryLockBackend {
         // Unlocked: the session holds nothing, keep it for the next attempt. Otherwise
         // close it: ending the session frees the lock (the server notices the closed
         // connection).
-        let HeldLock { conn, checkout, .. } = held;
+        let HeldLock {
+            conn,
+            pid,
+            checkout,
+        } = held;
         if matches!(unlocked, Ok(true)) {
-            self.inner.put_idle(conn, checkout);
+            self.inner.put_idle(conn, pid, checkout);
         } else {
             let _ = tokio::time::timeout(self.inner.request_timeout, conn.close()).await;
             drop(checkout);

@@ -984,6 +984,38 @@ async fn advisory_connect_opens_the_sessions_of_the_first_lease() {
     );
 }
 
+/// A pool of one connection is enough: `connect` opens the first lock's session outside
+/// the pool, and the lease is taken, renewed and released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_connects_with_a_pool_of_one() {
+    let db = PostgresServer::shared().await.expect("server");
+    let b = AdvisoryLockBackend::connect_with(&db.url(), Duration::from_secs(2), 1)
+        .await
+        .expect("connect");
+    let (n, a) = (name("pool-of-one"), owner("a"));
+    acquired(
+        b.acquire(&n, &a, Duration::from_secs(30))
+            .await
+            .expect("acquire"),
+    );
+    let item = RenewItem {
+        name: n.clone(),
+        token: a.token,
+    };
+    assert_eq!(
+        b.renew(&[item], Duration::from_secs(30))
+            .await
+            .expect("renew"),
+        vec![RenewOutcome::Renewed]
+    );
+    assert_eq!(
+        b.release(&n, &a.token, Duration::ZERO)
+            .await
+            .expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
 /// The advisory mode keeps a released lease's connection for the next attempt (opening
 /// a session costs more than the lock), and replaces a kept connection that died.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
