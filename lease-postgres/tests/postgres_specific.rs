@@ -1016,6 +1016,67 @@ async fn advisory_connects_with_a_pool_of_one() {
     );
 }
 
+/// An attempt on a kept session takes the lock, and its reply is lost where the server
+/// does not learn that the client has gone: the session given up on still holds the
+/// lock. The attempt, on a fresh session, finds that it is its own, ends that session and
+/// takes the lock, instead of reporting it held (by nobody but itself, until the server
+/// noticed the dead connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_lock_taken_by_a_session_given_up_on_is_taken_again() {
+    use lease_test_servers::proxy::{FaultProxy, ProxyFault};
+    let db = PostgresServer::shared().await.expect("server");
+    let (proxy, via) = FaultProxy::in_front_of(&db.url()).await.expect("proxy");
+    // The call timeout is the backend's own here (no client): 2 s, a kept session 1 s.
+    let b = AdvisoryLockBackend::connect_with(&via, Duration::from_secs(2), 4)
+        .await
+        .expect("connect");
+    let mut admin = PgConnection::connect(&db.url()).await.expect("connect");
+    // A lease taken and released first: the kept session has the lock statement prepared,
+    // so the lost reply is the lock's own (not that of preparing the statement).
+    let (warm, w) = (name("warm"), owner("w"));
+    acquired(
+        b.acquire(&warm, &w, Duration::from_secs(30))
+            .await
+            .expect("acquire"),
+    );
+    let kept = b.holder_pid(&warm, &w.token).expect("pid");
+    assert_eq!(
+        b.release(&warm, &w.token, Duration::ZERO)
+            .await
+            .expect("release"),
+        ReleaseOutcome::Released
+    );
+    let (n, a) = (name("given-up"), owner("a"));
+    proxy.set(ProxyFault::LoseNextReplyServerUnaware);
+    let outcome = b.acquire(&n, &a, Duration::from_secs(30)).await;
+    assert_eq!(proxy.replies_lost(), 1, "no reply was lost: nothing tested");
+    let outcome = outcome.expect("acquire");
+    assert!(
+        matches!(outcome, AcquireOutcome::Acquired { .. }),
+        "the lock its own abandoned session took was reported {outcome:?}"
+    );
+    let pid = b.holder_pid(&n, &a.token).expect("pid");
+    assert_ne!(pid, kept, "the lock is held on the session given up on");
+    // One holder on the server: this backend's fresh session.
+    let holders: Vec<i32> = sqlx::query_scalar(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND objsubid = 1 AND granted \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+         AND ((classid::bigint << 32) | objid::bigint) \
+             = ('x' || left(md5($1::bytea), 16))::bit(64)::bigint",
+    )
+    .bind(n.as_bytes())
+    .fetch_all(&mut admin)
+    .await
+    .expect("pg_locks");
+    assert_eq!(holders, vec![pid]);
+    assert_eq!(
+        b.release(&n, &a.token, Duration::ZERO)
+            .await
+            .expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
 /// The advisory mode keeps a released lease's connection for the next attempt (opening
 /// a session costs more than the lock), and replaces a kept connection that died.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

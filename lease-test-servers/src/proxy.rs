@@ -30,6 +30,11 @@ pub enum ProxyFault {
     /// was lost, and the store stays unreachable (so that a cleanup sent at once fails
     /// too).
     LoseNextReplyThenReset,
+    /// As `LoseNextReply`, but only the client's side of that connection is cut: the
+    /// server's side stays open (and silent) until the proxy is dropped or every
+    /// connection is cut. The server applied the request and never learns that its client
+    /// has gone, as when the network fails after a request and no close gets through.
+    LoseNextReplyServerUnaware,
     /// Read what the client sends and forward nothing either way (a black hole).
     Blackhole,
     /// Hold every chunk this long, both ways.
@@ -125,7 +130,9 @@ impl FaultProxy {
         let mut st = self.shared.state();
         if matches!(
             fault,
-            ProxyFault::LoseNextReply | ProxyFault::LoseNextReplyThenReset
+            ProxyFault::LoseNextReply
+                | ProxyFault::LoseNextReplyThenReset
+                | ProxyFault::LoseNextReplyServerUnaware
         ) {
             st.armed_at += 1;
         }
@@ -199,28 +206,42 @@ async fn connection(client: TcpStream, shared: Arc<Shared>) {
     };
     let _ = client.set_nodelay(true);
     let _ = server.set_nodelay(true);
-    let (client_read, client_write) = client.into_split();
-    let (server_read, server_write) = server.into_split();
+    let (mut client_read, mut client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
     // The arming this connection last sent bytes after (0: none).
     let sent_after = Arc::new(AtomicU64::new(0));
     let mut cut = shared.cut.subscribe();
     let up = pump(
-        client_read,
-        server_write,
+        &mut client_read,
+        &mut server_write,
         shared.clone(),
         Direction::Up(sent_after.clone()),
     );
     let down = pump(
-        server_read,
-        client_write,
+        &mut server_read,
+        &mut client_write,
         shared.clone(),
         Direction::Down(sent_after),
     );
-    tokio::select! {
-        _ = up => {}
-        _ = down => {}
-        _ = cut.wait_for(|g| *g > generation) => {}
+    let ended = tokio::select! {
+        _ = up => Ended::Closed,
+        ended = down => ended,
+        _ = cut.wait_for(|g| *g > generation) => Ended::Closed,
+    };
+    if ended == Ended::ServerLeftOpen {
+        // The client's side is cut; the server's stays open until every connection is.
+        drop((client_read, client_write));
+        let _ = cut.wait_for(|g| *g > generation).await;
     }
+}
+
+/// How a pump ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Ended {
+    /// A side closed, or the connection is to be cut.
+    Closed,
+    /// A reply was lost by `LoseNextReplyServerUnaware`: cut the client's side only.
+    ServerLeftOpen,
 }
 
 enum Direction {
@@ -231,23 +252,26 @@ enum Direction {
 }
 
 async fn pump(
-    mut from: OwnedReadHalf,
-    mut to: OwnedWriteHalf,
+    from: &mut OwnedReadHalf,
+    to: &mut OwnedWriteHalf,
     shared: Arc<Shared>,
     direction: Direction,
-) {
+) -> Ended {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = match from.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => return Ended::Closed,
             Ok(n) => n,
         };
         let fault = shared.state().fault;
         match fault {
             ProxyFault::Blackhole => continue,
             ProxyFault::Delay(d) => tokio::time::sleep(d).await,
-            ProxyFault::Reset => return,
-            ProxyFault::Pass | ProxyFault::LoseNextReply | ProxyFault::LoseNextReplyThenReset => {}
+            ProxyFault::Reset => return Ended::Closed,
+            ProxyFault::Pass
+            | ProxyFault::LoseNextReply
+            | ProxyFault::LoseNextReplyThenReset
+            | ProxyFault::LoseNextReplyServerUnaware => {}
         }
         match &direction {
             Direction::Up(sent_after) => {
@@ -257,7 +281,8 @@ async fn pump(
             Direction::Down(sent_after) => {
                 let mut st = shared.state();
                 let then_reset = st.fault == ProxyFault::LoseNextReplyThenReset;
-                if (st.fault == ProxyFault::LoseNextReply || then_reset)
+                let unaware = st.fault == ProxyFault::LoseNextReplyServerUnaware;
+                if (st.fault == ProxyFault::LoseNextReply || then_reset || unaware)
                     && st.armed_at > 0
                     && sent_after.load(Ordering::SeqCst) == st.armed_at
                 {
@@ -271,12 +296,16 @@ async fn pump(
                     } else {
                         st.fault = ProxyFault::Pass;
                     }
-                    return;
+                    return if unaware {
+                        Ended::ServerLeftOpen
+                    } else {
+                        Ended::Closed
+                    };
                 }
             }
         }
         if to.write_all(&buf[..n]).await.is_err() {
-            return;
+            return Ended::Closed;
         }
     }
 }
