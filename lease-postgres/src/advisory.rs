@@ -444,8 +444,8 @@ async fn try_lock(
                         pid = stale,
                         "the lock is held by this backend's abandoned session; ending it"
                     );
-                    // Without the right to (another role's session), the server ends
-                    // it on its own when it sees the connection closed.
+                    // Should the server refuse, it still ends that session on its own
+                    // once it sees the connection closed.
                     if let Err(error) = sqlx::query("SELECT pg_terminate_backend($1)")
                         .bind(stale)
                         .execute(&mut conn)

@@ -47,6 +47,16 @@ fn acquired(outcome: AcquireOutcome) -> FencingToken {
     }
 }
 
+/// Releases `name` held by `owner` and expects it released.
+async fn release_ours(b: &dyn LeaseBackend, name: &LeaseName, owner: &Owner) {
+    assert_eq!(
+        b.release(name, &owner.token, Duration::ZERO)
+            .await
+            .expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
 /// The ShedLock pitfall: the lock statement runs inside a transaction that began long
 /// before. With `now()` (transaction start) the new lease would already be expired when
 /// the transaction commits, and an expired lease would still look held. With
@@ -365,12 +375,7 @@ async fn one_statement_per_primitive() {
     assert_one_round_trip("acquire (held, with holder)", &counts.take());
     b.inspect(&n).await.expect("inspect");
     assert_one_round_trip("inspect", &counts.take());
-    assert_eq!(
-        b.release(&n, &a.token, Duration::ZERO)
-            .await
-            .expect("release"),
-        ReleaseOutcome::Released
-    );
+    release_ours(&b, &n, &a).await;
     assert_one_round_trip("release", &counts.take());
 
     // The largest batch the heartbeat sends in one call (`max_renew_batch`, 10,000),
@@ -976,12 +981,7 @@ async fn advisory_connect_opens_the_sessions_of_the_first_lease() {
         opened,
         "the first acquire and renewal opened or closed sessions"
     );
-    assert_eq!(
-        b.release(&n, &a.token, Duration::ZERO)
-            .await
-            .expect("release"),
-        ReleaseOutcome::Released
-    );
+    release_ours(&b, &n, &a).await;
 }
 
 /// A pool of one connection is enough: `connect` opens the first lock's session outside
@@ -1008,12 +1008,7 @@ async fn advisory_connects_with_a_pool_of_one() {
             .expect("renew"),
         vec![RenewOutcome::Renewed]
     );
-    assert_eq!(
-        b.release(&n, &a.token, Duration::ZERO)
-            .await
-            .expect("release"),
-        ReleaseOutcome::Released
-    );
+    release_ours(&b, &n, &a).await;
 }
 
 /// An attempt on a kept session takes the lock, and its reply is lost where the server
@@ -1040,12 +1035,7 @@ async fn advisory_lock_taken_by_a_session_given_up_on_is_taken_again() {
             .expect("acquire"),
     );
     let kept = b.holder_pid(&warm, &w.token).expect("pid");
-    assert_eq!(
-        b.release(&warm, &w.token, Duration::ZERO)
-            .await
-            .expect("release"),
-        ReleaseOutcome::Released
-    );
+    release_ours(&b, &warm, &w).await;
     let (n, a) = (name("given-up"), owner("a"));
     proxy.set(ProxyFault::LoseNextReplyServerUnaware);
     let outcome = b.acquire(&n, &a, Duration::from_secs(30)).await;
@@ -1069,12 +1059,7 @@ async fn advisory_lock_taken_by_a_session_given_up_on_is_taken_again() {
     .await
     .expect("pg_locks");
     assert_eq!(holders, vec![pid]);
-    assert_eq!(
-        b.release(&n, &a.token, Duration::ZERO)
-            .await
-            .expect("release"),
-        ReleaseOutcome::Released
-    );
+    release_ours(&b, &n, &a).await;
 }
 
 /// The advisory mode keeps a released lease's connection for the next attempt (opening
@@ -1089,12 +1074,7 @@ async fn advisory_reuses_released_connections() {
     let (n1, a) = (name("reuse-1"), owner("a"));
     acquired(b.acquire(&n1, &a, ttl).await.expect("acquire"));
     let first_pid = b.holder_pid(&n1, &a.token).expect("pid");
-    assert_eq!(
-        b.release(&n1, &a.token, Duration::ZERO)
-            .await
-            .expect("release"),
-        ReleaseOutcome::Released
-    );
+    release_ours(&b, &n1, &a).await;
     // A different lease, on the same session: it holds no lock any more.
     let (n2, c) = (name("reuse-2"), owner("c"));
     acquired(b.acquire(&n2, &c, ttl).await.expect("acquire"));
@@ -1109,12 +1089,7 @@ async fn advisory_reuses_released_connections() {
         .release(&n1, &d.token, Duration::ZERO)
         .await
         .expect("release");
-    assert_eq!(
-        b.release(&n2, &c.token, Duration::ZERO)
-            .await
-            .expect("release"),
-        ReleaseOutcome::Released
-    );
+    release_ours(&b, &n2, &c).await;
 
     // The kept session is ended by an operator; the next attempt uses a fresh one.
     let mut admin = PgConnection::connect(&db.url()).await.expect("connect");
@@ -1143,12 +1118,7 @@ async fn advisory_reuses_released_connections() {
     acquired(b.acquire(&n1, &e, ttl).await.expect("acquire"));
     let pid = b.holder_pid(&n1, &e.token).expect("pid");
     assert_ne!(pid, first_pid);
-    assert_eq!(
-        b.release(&n1, &e.token, Duration::ZERO)
-            .await
-            .expect("release"),
-        ReleaseOutcome::Released
-    );
+    release_ours(&b, &n1, &e).await;
 }
 
 /// A batch renewal stays fast when the renew statement's cached plan was made from
