@@ -85,9 +85,12 @@ impl TryFrom<&str> for LeaseName {
 pub struct OwnerToken(uuid::Uuid);
 
 impl OwnerToken {
-    /// A fresh random token.
+    /// A fresh random token: 122 random bits from the thread's cryptographic generator
+    /// (ChaCha12, seeded from the operating system), reseeded on its thread's first token
+    /// and in a child process after `fork`, so that a forked child never repeats its
+    /// parent's tokens.
     pub fn random() -> Self {
-        OwnerToken(uuid::Uuid::new_v4())
+        OwnerToken(uuid::Builder::from_random_bytes(random_bytes()).into_uuid())
     }
 
     /// Rebuilds a token from its 16 bytes (as stored by a backend).
@@ -684,5 +687,60 @@ impl LeaseOptionsBuilder {
             call_timeout,
             safety_margin,
         })
+    }
+}
+
+thread_local! {
+    /// The process whose generator state this thread's last token came from (0: none yet).
+    static TOKENS_PID: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
+}
+
+/// 16 random bytes for an owner token, without a system call for the randomness itself:
+/// the operating system's generator (`getrandom`) was one system call per acquire, the
+/// largest kernel cost of a client running many acquires at once. The thread's generator
+/// is reseeded from the operating system when its process id is not the one it was
+/// seeded in (a thread's first token, or a child after `fork`, whose copy of the state
+/// would otherwise repeat its parent's tokens); reading the process id is a system call
+/// too, but half the cost. If reseeding fails the bytes come from the operating system.
+fn random_bytes() -> [u8; 16] {
+    use rand::Rng as _;
+    let mut bytes = [0u8; 16];
+    let pid = std::process::id();
+    let mut rng = rand::rng();
+    if TOKENS_PID.with(|p| p.get()) != pid {
+        if rng.reseed().is_err() {
+            return *uuid::Uuid::new_v4().as_bytes();
+        }
+        TOKENS_PID.with(|p| p.set(pid));
+    }
+    rng.fill_bytes(&mut bytes);
+    bytes
+}
+
+#[cfg(test)]
+mod token_tests {
+    use super::OwnerToken;
+    use std::collections::HashSet;
+
+    #[test]
+    fn owner_tokens_are_random_v4_uuids_never_repeated() {
+        let per_thread = 20_000;
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                std::thread::spawn(move || {
+                    (0..per_thread)
+                        .map(|_| OwnerToken::random())
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let mut seen = HashSet::new();
+        for t in threads {
+            for token in t.join().unwrap_or_default() {
+                assert_eq!(token.0.get_version_num(), 4, "{}", token.0);
+                assert!(seen.insert(token), "token {} repeated", token.0);
+            }
+        }
+        assert_eq!(seen.len(), 4 * per_thread);
     }
 }
