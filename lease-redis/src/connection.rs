@@ -425,7 +425,14 @@ impl RedisBackend {
             // connection, within the same time budget.
             self.inner.up.store(false, Ordering::Relaxed);
             tracing::debug!(operation, error = %first, "redis server is not a writable primary; connecting again");
-            match tokio::time::timeout_at(deadline, self.reconnect(conn.generation, &first)).await {
+            // Boxed, as the retry below: rare paths, kept out of the size of every call's
+            // future (which is moved into the trait's box on every call).
+            match tokio::time::timeout_at(
+                deadline,
+                Box::pin(self.reconnect(conn.generation, &first)),
+            )
+            .await
+            {
                 Ok(Ok(next)) => next,
                 Ok(Err(e)) => {
                     tracing::debug!(operation, error = %e, "redis: no new connection");
@@ -443,7 +450,7 @@ impl RedisBackend {
             }
             return Err(convert(operation, cfg.request_timeout, first));
         };
-        match tokio::time::timeout_at(deadline, call(retry_on.cm.clone())).await {
+        match tokio::time::timeout_at(deadline, Box::pin(call(retry_on.cm.clone()))).await {
             Ok(Ok(v)) => {
                 self.inner.up.store(true, Ordering::Relaxed);
                 Ok(Reply {
