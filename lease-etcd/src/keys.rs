@@ -3,15 +3,24 @@
 //! **Keys.** A name `N` under the prefix `P` is stored at
 //!
 //! ```text
-//! P/l/<hex(N)>.
+//! P/l/<enc(N)>#
 //! ```
 //!
-//! where `hex(N)` is the lowercase hex of the name's bytes and `.` a terminator. Hex is
-//! injective, so two names never share a key. The terminator is not a hex digit, so no
-//! name's key is a proper prefix of another name's key: a prefix range (`get --prefix`,
-//! a prefix watch) on one name's key can never reach another name. Every key lies under
-//! `P/l/`, whatever bytes the name contains (slashes, `..`, non-UTF-8), so no name can
-//! escape the prefix either.
+//! where `enc(N)` is the name's bytes with every ASCII byte other than
+//! `A-Z a-z 0-9 - _ . : /` written as `%XX` (so `%` itself becomes `%25`), and `#` a
+//! terminator. Bytes of 0x80 and above (UTF-8 beyond ASCII: a Korean syllable stays 3
+//! bytes, where hex made it 6 and `%XX` would make it 9) stand for themselves, as the
+//! listed ASCII bytes do; etcd keys are bytes. The encoding is injective (it decodes
+//! back, since `%` is always escaped). The terminator never occurs in `enc(N)`, so no name's key is a proper prefix
+//! of another name's key: a prefix range (`get --prefix`, a prefix watch) on one name's
+//! key can never reach another name. Every key lies under `P/l/`, whatever bytes the name
+//! contains (slashes, `..`, non-UTF-8), so no name can escape the prefix either.
+//!
+//! Common names stay as they are (`lease/l/nightly-report#`), half the length of the hex
+//! layout this replaced. Length matters on the wire: an acquire's transaction carries the
+//! key three times, and a gRPC request of 256 bytes or more is written with a system call
+//! of its own (h2 sends such a payload apart instead of copying it into its write
+//! buffer), where smaller requests of concurrent callers share one.
 //!
 //! **Values.** `lease1\n<state>\n<owner token>\n<holder label>`, where `state` is `held`
 //! or `released` (released with keep-for: still taken, never renewable). Labels contain no
@@ -46,6 +55,15 @@ pub(crate) fn validate_prefix(prefix: &str) -> Result<(), InvalidInput> {
     Ok(())
 }
 
+/// Ends every key; never produced by the encoding (plain bytes and `%XX`).
+const TERMINATOR: u8 = b'#';
+
+/// Whether `b` stands for itself in a key (anything else is `%XX`): never `%` or the
+/// terminator, so that keys decode back and no key is a prefix of another.
+fn plain(b: u8) -> bool {
+    b >= 0x80 || b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':' | b'/')
+}
+
 /// The key layout of one backend (one prefix).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Layout {
@@ -68,14 +86,24 @@ impl Layout {
 
     /// The key of a name.
     pub(crate) fn key(&self, name: &[u8]) -> Vec<u8> {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let mut key = Vec::with_capacity(self.range.len() + name.len() * 2 + 1);
+        const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
+        let escaped = name.iter().filter(|&&b| !plain(b)).count();
+        let mut key = Vec::with_capacity(self.range.len() + name.len() + 2 * escaped + 1);
         key.extend_from_slice(&self.range);
-        for b in name {
-            key.push(DIGITS[usize::from(b >> 4)]);
-            key.push(DIGITS[usize::from(b & 0x0f)]);
+        if escaped == 0 {
+            key.extend_from_slice(name);
+        } else {
+            for &b in name {
+                if plain(b) {
+                    key.push(b);
+                } else {
+                    key.push(b'%');
+                    key.push(DIGITS[usize::from(b >> 4)]);
+                    key.push(DIGITS[usize::from(b & 0x0f)]);
+                }
+            }
         }
-        key.push(b'.');
+        key.push(TERMINATOR);
         key
     }
 }
@@ -137,7 +165,7 @@ mod tests {
     fn names() -> Vec<Vec<u8>> {
         let mut v: Vec<Vec<u8>> = [
             "a", "a.", "a/", "a/b", "ab", "b", ".", "..", "/", "a:", "{a}", "*", "잠금", "a\n",
-            "61", "6", "x.y",
+            "61", "6", "x.y", "#", "%", "%25", "a#", "a%23", "a%",
         ]
         .iter()
         .map(|s| s.as_bytes().to_vec())
@@ -157,7 +185,8 @@ mod tests {
         let keys: Vec<Vec<u8>> = names.iter().map(|n| layout.key(n)).collect();
         for (i, a) in keys.iter().enumerate() {
             assert!(a.starts_with(b"lease/l/"));
-            assert!(a.ends_with(b"."));
+            assert!(a.ends_with(b"#"));
+            assert_eq!(a.iter().filter(|&&c| c == b'#').count(), 1, "{a:?}");
             for (j, b) in keys.iter().enumerate() {
                 if i != j {
                     assert_ne!(a, b, "{:?} and {:?} share a key", names[i], names[j]);
@@ -173,11 +202,57 @@ mod tests {
     }
 
     #[test]
-    fn key_is_hex_with_terminator() {
+    fn key_is_the_escaped_name_with_terminator() {
         let layout = Layout::new("app/x");
-        assert_eq!(layout.key(b"a/b"), b"app/x/l/612f62.".to_vec());
-        assert_eq!(layout.key(&[0x00, 0xff]), b"app/x/l/00ff.".to_vec());
+        assert_eq!(layout.key(b"a/b"), b"app/x/l/a/b#".to_vec());
+        assert_eq!(
+            layout.key(b"nightly-report.v2:eu_1"),
+            b"app/x/l/nightly-report.v2:eu_1#".to_vec()
+        );
+        assert_eq!(layout.key(&[0x00, 0xff]), b"app/x/l/%00\xff#".to_vec());
+        assert_eq!(layout.key(b"50% #1"), b"app/x/l/50%25%20%231#".to_vec());
+        assert_eq!(
+            layout.key("잠금".as_bytes()),
+            "app/x/l/잠금#".as_bytes().to_vec()
+        );
         assert_eq!(layout.range_prefix(), b"app/x/l/");
+    }
+
+    #[test]
+    fn neither_escape_nor_terminator_stands_for_itself() {
+        for b in 0..=255u8 {
+            if plain(b) {
+                assert!(b != b'%' && b != TERMINATOR, "{b:#x}");
+            }
+        }
+        assert!(plain(0x80) && plain(0xff) && !plain(b' ') && !plain(0x7f));
+    }
+
+    /// Decodes `enc(N)#` back to `N`: the encoding loses nothing.
+    fn decode(key: &[u8]) -> Vec<u8> {
+        let body = &key[..key.len() - 1];
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < body.len() {
+            if body[i] == b'%' {
+                let hex = std::str::from_utf8(&body[i + 1..i + 3]).unwrap_or("zz");
+                out.push(u8::from_str_radix(hex, 16).unwrap_or_default());
+                i += 3;
+            } else {
+                out.push(body[i]);
+                i += 1;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn keys_decode_back_to_their_names() {
+        let layout = Layout::new("p");
+        for name in names() {
+            let key = layout.key(&name);
+            assert_eq!(decode(&key[b"p/l/".len()..]), name, "{key:?}");
+        }
     }
 
     #[test]
@@ -186,7 +261,7 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for a in 0..=255u8 {
             assert!(seen.insert(layout.key(&[a])));
-            for b in [0u8, 0x2e, 0x2f, 0x30, 0x61, 0xff] {
+            for b in [0u8, b'#', b'%', 0x2e, 0x2f, 0x30, 0x61, 0xff] {
                 assert!(seen.insert(layout.key(&[a, b])));
             }
         }
