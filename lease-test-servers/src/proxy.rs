@@ -37,6 +37,12 @@ pub enum ProxyFault {
     LoseNextReplyServerUnaware,
     /// Read what the client sends and forward nothing either way (a black hole).
     Blackhole,
+    /// Accept new connections and read what their clients send, but never connect them
+    /// to the server, for as long as they live (also after another fault is set); open
+    /// connections are forwarded as under `Pass`. A server that accepts a connection
+    /// while it starts and never answers on it, as ZooKeeper 3.8 does with some of the
+    /// connections made in the moment it starts listening.
+    SwallowNew,
     /// Hold every chunk this long, both ways.
     Delay(Duration),
     /// Cut every connection at once, and new ones as they come.
@@ -185,21 +191,43 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
         let Ok((client, _)) = listener.accept().await else {
             continue;
         };
+        // What the proxy does to this connection is settled when it is accepted (counted
+        // after, so that a caller who sees the count knows which fault it got).
+        let at_accept = {
+            let st = shared.state();
+            (st.target, st.fault, st.generation)
+        };
         shared.connections.fetch_add(1, Ordering::SeqCst);
-        tokio::spawn(connection(client, shared.clone()));
+        tokio::spawn(connection(client, shared.clone(), at_accept));
     }
 }
 
 /// One client connection: a pump each way until either side closes or the connection
-/// is cut.
-async fn connection(client: TcpStream, shared: Arc<Shared>) {
-    let (target, fault, generation) = {
-        let st = shared.state();
-        (st.target, st.fault, st.generation)
-    };
+/// is cut. `at_accept`: the target, fault and generation when it was accepted.
+async fn connection(
+    client: TcpStream,
+    shared: Arc<Shared>,
+    at_accept: (SocketAddr, ProxyFault, u64),
+) {
+    let (target, fault, generation) = at_accept;
     if fault == ProxyFault::Reset {
         let _ = client.set_zero_linger();
         return;
+    }
+    if fault == ProxyFault::SwallowNew {
+        let mut cut = shared.cut.subscribe();
+        let mut client = client;
+        let mut buf = vec![0u8; 4096];
+        loop {
+            tokio::select! {
+                read = client.read(&mut buf) => {
+                    if matches!(read, Ok(0) | Err(_)) {
+                        return;
+                    }
+                }
+                _ = cut.wait_for(|g| *g > generation) => return,
+            }
+        }
     }
     let Ok(server) = TcpStream::connect(target).await else {
         return;
@@ -269,6 +297,7 @@ async fn pump(
             ProxyFault::Delay(d) => tokio::time::sleep(d).await,
             ProxyFault::Reset => return Ended::Closed,
             ProxyFault::Pass
+            | ProxyFault::SwallowNew
             | ProxyFault::LoseNextReply
             | ProxyFault::LoseNextReplyThenReset
             | ProxyFault::LoseNextReplyServerUnaware => {}
@@ -307,5 +336,58 @@ async fn pump(
         if to.write_all(&buf[..n]).await.is_err() {
             return Ended::Closed;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+    use super::*;
+
+    /// An echo server on a free loopback port.
+    async fn echo() -> SocketAddr {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            while let Ok((mut s, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 64];
+                    while let Ok(n @ 1..) = s.read(&mut buf).await {
+                        if s.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        addr
+    }
+
+    /// A connection made under `SwallowNew` is never answered, also after `Pass`; one
+    /// made after `Pass` is. The absence of an answer is the subject: 300 ms of silence
+    /// (the echo answers within a millisecond).
+    #[tokio::test]
+    async fn a_swallowed_connection_stays_swallowed() {
+        let proxy = FaultProxy::start(echo().await).await.unwrap();
+        proxy.set(ProxyFault::SwallowNew);
+        let mut swallowed = TcpStream::connect(proxy.addr()).await.unwrap();
+        swallowed.write_all(b"a").await.unwrap();
+        // Accepted (and its fault settled) before the fault changes.
+        while proxy.connections() == 0 {
+            tokio::task::yield_now().await;
+        }
+        proxy.set(ProxyFault::Pass);
+        swallowed.write_all(b"b").await.unwrap();
+        let mut buf = [0u8; 8];
+        let heard =
+            tokio::time::timeout(Duration::from_millis(300), swallowed.read(&mut buf)).await;
+        assert!(
+            heard.is_err(),
+            "a swallowed connection was answered: {heard:?}"
+        );
+        let mut passed = TcpStream::connect(proxy.addr()).await.unwrap();
+        passed.write_all(b"c").await.unwrap();
+        let n = passed.read(&mut buf).await.unwrap();
+        assert_eq!(&buf[..n], b"c");
     }
 }

@@ -190,9 +190,9 @@ struct Stalled {
     id: i64,
     /// When it was first found disconnected.
     since: Instant,
-    /// When the last attempt to resume it started, and whether it is still running.
+    /// When the last attempt to resume it started, and how many are still running.
     tried: Option<Instant>,
-    trying: bool,
+    trying: usize,
 }
 
 /// How long a session stays disconnected before the backend resumes it on a new
@@ -204,6 +204,17 @@ pub(crate) const RESUME_AFTER: Duration = Duration::from_secs(1);
 
 /// How often a disconnected session is tried on a new connection after [`RESUME_AFTER`].
 pub(crate) const RESUME_EVERY: Duration = Duration::from_millis(250);
+
+/// How long an attempt to resume a session runs before the next one starts beside it. A
+/// server answers a session's reattachment within milliseconds, but one that accepts a
+/// connection while it starts may never answer on it (ZooKeeper 3.8 leaves some of the
+/// connections made in the moment it starts listening unanswered, while it answers the
+/// next at once): an attempt waiting on such a connection until its bound (up to 2/5 of
+/// the session timeout) would hold the session's resumption back that long.
+pub(crate) const RESUME_UNANSWERED: Duration = Duration::from_secs(1);
+
+/// At most this many attempts to resume one session run at once.
+const RESUMES_AT_ONCE: usize = 3;
 
 impl Sessions {
     pub(crate) fn new(connect: String, config: crate::ZkConfig) -> Self {
@@ -452,6 +463,13 @@ impl Sessions {
     /// `ConnectionLoss`. A `SessionExpired` the old one reports once it gives up (7/5 of
     /// the session timeout without a server) does not end the session ([`Sessions::expired`]).
     ///
+    /// An attempt not yet answered after [`RESUME_UNANSWERED`] does not keep the next from
+    /// starting (at most [`RESUMES_AT_ONCE`] run at once, each bounded): a server may never
+    /// answer a connection it accepted while starting. Where two attempts both reattach
+    /// the session, the server keeps the later one's connection and closes the earlier's;
+    /// whichever client the backend then keeps reconnects once, at once (its requests then
+    /// in flight fail `ConnectionLoss`, retryable).
+    ///
     /// A server that answers that the session expired ends it here at once (its leases
     /// are reported lost on their next renewal, rather than at the client library's next
     /// attempt).
@@ -482,15 +500,21 @@ impl Sessions {
                     id,
                     since: now,
                     tried: None,
-                    trying: false,
+                    trying: 0,
                 });
-                if st.trying
+                // While an attempt runs, the next waits until it looks unanswered.
+                let pause = if st.trying == 0 {
+                    RESUME_EVERY
+                } else {
+                    RESUME_UNANSWERED
+                };
+                if st.trying >= RESUMES_AT_ONCE
                     || now < st.since + RESUME_AFTER
-                    || st.tried.is_some_and(|t| now < t + RESUME_EVERY)
+                    || st.tried.is_some_and(|t| now < t + pause)
                 {
                     continue;
                 }
-                st.trying = true;
+                st.trying += 1;
                 st.tried = Some(now);
                 start.push((*slot, c.session().clone(), c.session_timeout()));
             }
@@ -523,7 +547,7 @@ impl Sessions {
             .get_mut(&slot)
             .filter(|st| st.id == id)
         {
-            st.trying = false;
+            st.trying = st.trying.saturating_sub(1);
         }
         match opened {
             Ok(Ok(client)) => {

@@ -42,6 +42,19 @@ async fn behind_proxy() -> (FaultProxy, ZkBackend) {
     (proxy, b)
 }
 
+/// One renewal try, cut after 300 ms (a call on a disconnected session waits for the
+/// connection, up to the request timeout): Ok(true) renewed, Ok(false) no answer yet or a
+/// retryable error, Err lost or a final error.
+async fn renew_once(b: &ZkBackend, item: &[RenewItem], ttl: Duration) -> Result<bool, String> {
+    match tokio::time::timeout(Duration::from_millis(300), b.renew(item, ttl)).await {
+        Ok(Ok(v)) if v == [RenewOutcome::Renewed] => Ok(true),
+        Ok(Ok(v)) => Err(format!("lost: {v:?}")),
+        Ok(Err(e)) if e.is_retryable() => Ok(false),
+        Ok(Err(e)) => Err(format!("{e:?}")),
+        Err(_) => Ok(false),
+    }
+}
+
 fn owner(label: &str) -> Owner {
     Owner::new(HolderLabel::new(label).unwrap())
 }
@@ -153,17 +166,6 @@ async fn a_session_is_resumed_promptly_after_a_long_outage() {
         name: n.clone(),
         token: a.token,
     }];
-    // One renewal try, cut after 300 ms (a call on a disconnected session waits for the
-    // connection, up to the request timeout): Ok(true) renewed, Ok(false) no answer yet.
-    let renew = async || match tokio::time::timeout(Duration::from_millis(300), b.renew(&item, ttl))
-        .await
-    {
-        Ok(Ok(v)) if v == [RenewOutcome::Renewed] => Ok(true),
-        Ok(Ok(v)) => Err(format!("lost: {v:?}")),
-        Ok(Err(e)) if e.is_retryable() => Ok(false),
-        Ok(Err(e)) => Err(format!("{e:?}")),
-        Err(_) => Ok(false),
-    };
     server.kill().unwrap();
     let down = Instant::now();
     tokio::time::sleep(Duration::from_secs(7)).await;
@@ -174,7 +176,7 @@ async fn a_session_is_resumed_promptly_after_a_long_outage() {
         back - down,
         back - down - Duration::from_secs(7)
     );
-    while !renew().await.unwrap() {
+    while !renew_once(&b, &item, ttl).await.unwrap() {
         assert!(
             back.elapsed() < Duration::from_secs(10),
             "not renewed {:?} after the server was back",
@@ -190,11 +192,11 @@ async fn a_session_is_resumed_promptly_after_a_long_outage() {
     );
     // Past the client library's own next attempt (12.7 s after the cut, with jitter).
     while down.elapsed() < Duration::from_secs(15) {
-        renew().await.unwrap();
+        renew_once(&b, &item, ttl).await.unwrap();
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let start = Instant::now();
-    while !renew().await.unwrap() {
+    while !renew_once(&b, &item, ttl).await.unwrap() {
         assert!(
             start.elapsed() < Duration::from_secs(3),
             "no renewal after the old connection ended"
@@ -202,6 +204,62 @@ async fn a_session_is_resumed_promptly_after_a_long_outage() {
     }
     let info = b.inspect(&n).await.unwrap().expect("held");
     assert_eq!(info.fencing, Some(fencing));
+    assert_eq!(
+        b.release(&n, &a.token, Duration::ZERO).await.unwrap(),
+        lease_core::ReleaseOutcome::Released
+    );
+}
+
+/// A server that accepts a connection while it starts and never answers on it (ZooKeeper
+/// 3.8 does so with the first connection made in the moment it starts listening in 7 of
+/// 10 restarts, `scripts/zookeeper-restart-probe.py`, while it answers the next at once)
+/// must not hold up the session's resumption: an attempt unanswered for a second no
+/// longer keeps the next one from starting. Here the proxy refuses every connection past
+/// the client library's attempt about 6.3 s after the cut, swallows the connections made
+/// in the next 500 ms for good, then passes new ones: the lease must be renewed within
+/// 3 s of that, long before the client library's own next attempt (12.7 s after the
+/// cut). Before, the swallowed attempt held the session's resumption for its whole bound
+/// (8 s for this 20 s session): 3.2 s and failing, in 2 of 2 runs. The client library's
+/// schedule is the subject: sleeps.
+#[tokio::test]
+async fn a_resume_attempt_the_server_never_answers_does_not_hold_up_the_next() {
+    let (proxy, b) = behind_proxy().await;
+    let ttl = Duration::from_secs(20);
+    let n = name("swallowed");
+    let a = owner("a");
+    assert!(matches!(
+        b.acquire(&n, &a, ttl).await.unwrap(),
+        AcquireOutcome::Acquired { .. }
+    ));
+    let item = [RenewItem {
+        name: n.clone(),
+        token: a.token,
+    }];
+    proxy.set(ProxyFault::Reset);
+    let cut = Instant::now();
+    tokio::time::sleep_until(cut + Duration::from_millis(7000)).await;
+    let before = proxy.connections();
+    proxy.set(ProxyFault::SwallowNew);
+    tokio::time::sleep_until(cut + Duration::from_millis(7500)).await;
+    let swallowed = proxy.connections() - before;
+    proxy.set(ProxyFault::Pass);
+    let open = Instant::now();
+    assert!(
+        swallowed > 0,
+        "no connection was made while new ones were swallowed"
+    );
+    while !renew_once(&b, &item, ttl).await.unwrap() {
+        assert!(
+            open.elapsed() < Duration::from_secs(3),
+            "not renewed {:?} after new connections were passed again ({swallowed} swallowed)",
+            open.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!(
+        "renewed {:?} after new connections were passed again ({swallowed} swallowed)",
+        open.elapsed()
+    );
     assert_eq!(
         b.release(&n, &a.token, Duration::ZERO).await.unwrap(),
         lease_core::ReleaseOutcome::Released
