@@ -7,12 +7,15 @@
 #
 #   bash scripts/client-instructions.sh [N] [STORE ...]     (N default 1000; redis etcd;
 #                                                            postgres on request)
+#   TASKS=32 bash scripts/client-instructions.sh 3200 redis  (N cycles over 32 concurrent
+#                                                            tasks on the one connection)
 #
 # Needs valgrind, redis-server, etcd and python3 (Debian: valgrind redis-server
 # etcd-server python3), and for postgres Debian's postgresql.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-1000}
+tasks=${TASKS:-1}
 shift || true
 stores=("$@")
 [ ${#stores[@]} -gt 0 ] || stores=(redis etcd)
@@ -104,8 +107,8 @@ for store in "${stores[@]}"; do
     *) echo "client-instructions: unknown store $store" >&2; exit 64 ;;
   esac
   for c in "${cases[@]}"; do
-    one=$(count "$store" "$url" "$c" "$n")
-    two=$(count "$store" "$url" "$c" $((2 * n)))
-    echo "$store $c: $(( (two - one) / n )) instructions per cycle ($one for $n cycles, $two for $((2 * n)))"
+    one=$(count "$store" "$url" "$c" "$n" "$tasks")
+    two=$(count "$store" "$url" "$c" $((2 * n)) "$tasks")
+    echo "$store $c, $tasks task(s): $(( (two - one) / n )) instructions per cycle ($one for $n cycles, $two for $((2 * n)))"
   done
 done

@@ -128,6 +128,17 @@ pub fn tree_cpu(pid: u32) -> Duration {
     Duration::from_millis(total * 1000 / USER_HZ)
 }
 
+/// CPU time of process `pid` itself (`utime` + `stime`, all its threads, in clock ticks of
+/// 10 ms), without its children.
+pub fn process_cpu(pid: u32) -> Option<Duration> {
+    let f = stat_fields(pid)?;
+    // utime and stime: fields 14 and 15 of stat, 11 and 12 after the name.
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
+    Some(Duration::from_millis(
+        (ticks(11)? + ticks(12)?) * 1000 / USER_HZ,
+    ))
+}
+
 /// The fields of `/proc/PID/stat` after the process name (which may hold spaces): `[0]`
 /// is the state, `[1]` the parent's pid.
 fn stat_fields(pid: u32) -> Option<Vec<String>> {

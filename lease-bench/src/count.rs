@@ -1,5 +1,6 @@
-//! `lease-bench count-cycles STORE URL CASE N`: N acquire + release cycles of one case,
-//! with one connection, on a current-thread runtime, and nothing else: the program that
+//! `lease-bench count-cycles STORE URL CASE N [TASKS]`: N acquire + release cycles of one
+//! case, with one connection, on a current-thread runtime (spread over TASKS concurrent
+//! tasks, default 1), and nothing else: the program that
 //! `scripts/client-instructions.sh` runs under callgrind twice (N and 2N cycles), so that
 //! the difference is the client's instructions for N cycles, without start-up and
 //! connection set-up. Instructions are counted, not timed, so the figure repeats on a
@@ -12,13 +13,70 @@ use lease_core::LeaseBackend;
 
 use crate::cycles::{self, Case};
 
-/// Builds the case and runs `warm_up` cycles, then `n`, on the caller's runtime.
-pub async fn run(store: &str, url: &str, case: &str, n: usize) -> Result<(), String> {
+/// Builds the case and runs 200 warm-up cycles, then `n`, on the caller's runtime, the `n`
+/// spread over `tasks` concurrent tasks (`n / tasks` each). Prints to standard error what
+/// the `n` cycles cost this process per cycle: read and write system calls (`syscr`,
+/// `syscw` of `/proc/self/io`) and CPU time (`/proc/self/stat`), which on Linux repeat
+/// far better than a rate and show how well concurrent requests share system calls.
+pub async fn run(store: &str, url: &str, case: &str, n: usize, tasks: usize) -> Result<(), String> {
     let case = build(store, url, case).await?;
-    // The same warm-up in both runs: it cancels out of the difference.
-    (case.run)("count-warm".into(), 200).await;
-    (case.run)(format!("count-{}", uuid::Uuid::new_v4().simple()), n).await;
+    let tasks = tasks.max(1);
+    let prefix = format!("count-{}", uuid::Uuid::new_v4().simple());
+    // Every task's loop goes over up to 64 names of its own. The warm-up takes each of
+    // them once (a name's first acquisition does more: a Redis fencing counter is
+    // seeded), so the counted cycles find their names as the benchmark's rounds do, and
+    // the same warm-up in both runs cancels out of the difference.
+    let spread = |per_task: usize| {
+        let run = case.run.clone();
+        let prefix = prefix.clone();
+        async move {
+            let handles: Vec<_> = (0..tasks)
+                .map(|t| tokio::spawn(run(format!("{prefix}-{t}"), per_task)))
+                .collect();
+            for h in handles {
+                h.await.map_err(|e| e.to_string())?;
+            }
+            Ok::<(), String>(())
+        }
+    };
+    spread(200).await?;
+    let before = Usage::read();
+    spread(n / tasks).await?;
+    let cycles = n / tasks * tasks;
+    if let (Some(a), Some(b)) = (before, Usage::read()) {
+        let per = |x: u64, y: u64| y.saturating_sub(x) as f64 / cycles.max(1) as f64;
+        eprintln!(
+            "per cycle ({cycles} cycles, {tasks} task(s)): {:.3} read syscalls, {:.3} write syscalls, {:.1} us CPU",
+            per(a.syscr, b.syscr),
+            per(a.syscw, b.syscw),
+            b.cpu.saturating_sub(a.cpu).as_secs_f64() * 1e6 / cycles.max(1) as f64,
+        );
+    }
     Ok(())
+}
+
+/// This process's read and write system calls and CPU time so far, on Linux.
+#[derive(Clone, Copy)]
+struct Usage {
+    syscr: u64,
+    syscw: u64,
+    cpu: Duration,
+}
+
+impl Usage {
+    fn read() -> Option<Usage> {
+        let io = std::fs::read_to_string("/proc/self/io").ok()?;
+        let field = |name: &str| {
+            io.lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        Some(Usage {
+            syscr: field("syscr:")?,
+            syscw: field("syscw:")?,
+            cpu: crate::cost::process_cpu(std::process::id())?,
+        })
+    }
 }
 
 /// The case named `case` on `store`: `bare`, `backend`, `client`, `peer` (rslock; etcd's
@@ -107,18 +165,24 @@ fn shared<B: LeaseBackend + 'static>(
         .map_err(|e| e.to_string())
 }
 
-/// Parses `STORE URL CASE N` and runs it on a current-thread runtime.
+/// Parses `STORE URL CASE N [TASKS]` and runs it on a current-thread runtime.
 pub fn main(args: &[String]) -> Result<(), String> {
-    let [store, url, case, n] = args else {
-        return Err("count-cycles needs STORE URL CASE N".into());
+    let (store, url, case, n, tasks) = match args {
+        [store, url, case, n] => (store, url, case, n, None),
+        [store, url, case, n, tasks] => (store, url, case, n, Some(tasks)),
+        _ => return Err("count-cycles needs STORE URL CASE N [TASKS]".into()),
     };
     let n: usize = n.parse().map_err(|e| format!("N: {e}"))?;
+    let tasks: usize = match tasks {
+        Some(t) => t.parse().map_err(|e| format!("TASKS: {e}"))?,
+        None => 1,
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| e.to_string())?;
     rt.block_on(async {
-        tokio::time::timeout(Duration::from_secs(3600), run(store, url, case, n))
+        tokio::time::timeout(Duration::from_secs(3600), run(store, url, case, n, tasks))
             .await
             .map_err(|_| "timed out".to_owned())?
     })

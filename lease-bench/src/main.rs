@@ -7,7 +7,7 @@
 //!     [--notes docs/benchmark-notes.md] [--only redis,postgres,etcd,mysql,zookeeper] [--quick]
 //! ```
 //!
-//! `lease-bench count-cycles STORE URL CASE N` runs N cycles of one case and nothing else,
+//! `lease-bench count-cycles STORE URL CASE N [TASKS]` runs N cycles of one case and nothing else,
 //! for `scripts/client-instructions.sh` (instructions per cycle under callgrind).
 //!
 //! `lease-bench renew-at-scale STORE N [TICKS]` holds N leases (TTL 30 s) on a throwaway
@@ -53,7 +53,7 @@ struct Args {
 }
 
 const USAGE: &str = "usage: lease-bench [--out FILE] [--svg FILE] [--notes FILE] \
-                     [--only redis,postgres,etcd,mysql,zookeeper] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS\n       lease-bench renew-at-scale redis|redis-cluster|etcd|postgres|mysql|zookeeper N [TICKS]\n       lease-bench count-cycles redis|etcd|postgres URL bare|backend|client|peer|raw|shedlock|advisory N";
+                     [--only redis,postgres,etcd,mysql,zookeeper] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS\n       lease-bench renew-at-scale redis|redis-cluster|etcd|postgres|mysql|zookeeper N [TICKS]\n       lease-bench count-cycles redis|etcd|postgres URL bare|backend|client|peer|raw|shedlock|advisory N [TASKS]";
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let mut a = Args {

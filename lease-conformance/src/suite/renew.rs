@@ -191,7 +191,9 @@ pub async fn heartbeat_batches_renewals(backend: Arc<dyn LeaseBackend>) {
         match c
             .try_acquire(name(&ns, &format!("lease-{i}")), &options)
             .await
-            .expect("acquire")
+            // Which one: the first of a TTL also opens what the store needs for it (a
+            // ZooKeeper session, a pooled connection), within the same call timeout.
+            .unwrap_or_else(|e| panic!("acquire {i} of {count}: {e:?}"))
         {
             TryAcquire::Acquired(g) => guards.push(g),
             TryAcquire::Held(by) => panic!("held by {by}"),
