@@ -70,7 +70,10 @@ pub enum MissedFirings {
     /// Run once, late, by the first instance that finds it missed (at its start, or
     /// after it came to a firing too late or could not reach the store), if that is
     /// before the next firing comes near. Only the latest missed firing is run, once
-    /// across all instances, with [`LeaseContext::firing`] saying which it was.
+    /// across all instances, with [`LeaseContext::firing`] saying which it was. A
+    /// recovery try that meets a retryable store error (the store not answering yet at
+    /// the instance's start, say) is made again 0.25 s later, then after pauses doubling
+    /// up to 8 s, until it runs, finds the firing taken, or the next firing is near.
     ///
     /// The instance that runs a firing (under either policy) keeps the firing's lease
     /// until shortly before the next firing, so that a recovering instance can tell a
@@ -182,6 +185,12 @@ struct Instants {
 const HOLD_MARGIN: Duration = Duration::from_millis(500);
 /// The fewest slot names a job's firings cycle through.
 const MIN_SLOTS: u64 = 8;
+/// Under [`MissedFirings::RunOnce`], how long after a recovery try that met a retryable
+/// store error the next try is made; doubled after each such try, up to
+/// [`RECOVERY_RETRY_MAX`].
+const RECOVERY_RETRY: Duration = Duration::from_millis(250);
+/// The longest pause between recovery tries.
+const RECOVERY_RETRY_MAX: Duration = Duration::from_secs(8);
 
 impl ScheduledJob {
     /// A job named `name` run every `period` with the given lease options. The options'
@@ -522,6 +531,8 @@ impl ScheduledJob {
                 // Under RunOnce: when to look for a firing that nobody ran (at the start,
                 // and once every instance has tried a firing this one could not run).
                 let mut check_at = recover.then(|| self.wall_now());
+                // The pause before the next recovery try after a store error.
+                let mut retry = RECOVERY_RETRY;
                 let mut next = i.schedule.next_after(self.wall_now());
                 while let Some(firing) = next {
                     if let Some(at) = check_at.take().filter(|at| *at < firing) {
@@ -537,8 +548,18 @@ impl ScheduledJob {
                                 if !matches!(run, JobRun::Skipped(_)) {
                                     stats.count(&run);
                                 }
+                                // The store did not answer (not there yet, or down): try
+                                // again while the firing may still be recovered (`recover`
+                                // answers `None` once the next firing is near).
+                                if matches!(&run, JobRun::StoreError(e) if e.is_retryable()) {
+                                    tracing::debug!(lease = %self.name, ?retry, "missed-firing recovery: store error, trying again");
+                                    check_at = Some(self.wall_now() + retry);
+                                    retry = retry.saturating_mul(2).min(RECOVERY_RETRY_MAX);
+                                } else {
+                                    retry = RECOVERY_RETRY;
+                                }
                             }
-                            Some(None) => {}
+                            Some(None) => retry = RECOVERY_RETRY,
                             None => return stats,
                         }
                         next = i.schedule.next_after(self.wall_now().max(at));

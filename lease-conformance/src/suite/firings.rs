@@ -10,6 +10,7 @@ use lease_core::{
     CancellationToken, JobStats, LeaseBackend, LeaseOptions, MissedFirings, Schedule, ScheduledJob,
 };
 
+use crate::faulty::{Fault, FaultyBackend, Op};
 use crate::not_applicable::{Needs, applies};
 
 use super::support::*;
@@ -268,10 +269,12 @@ pub async fn firing_after_a_dropped_run_runs_elsewhere(backend: Arc<dyn LeaseBac
 }
 
 /// Under [`MissedFirings::RunOnce`], a firing that no instance was up for runs once, late,
-/// when instances come back: two that start together run it once between them, one that
-/// starts after them does not run it again, one with the default policy
-/// ([`MissedFirings::Skip`]) does not run it, and the next firing runs once as usual and
-/// is not run again by an instance that starts after every instance has tried it.
+/// when instances come back: two that start together, and whose first tries fail with a
+/// store error (they start before the store answers them), run it once between them
+/// when the store answers again, one that starts after them does not run it again, one
+/// with the default policy ([`MissedFirings::Skip`]) does not run it, and the next firing
+/// runs once as usual and is not run again by an instance that starts after every
+/// instance has tried it.
 ///
 /// The instances' clocks are shifted together so that they start 1.2 s after a firing of
 /// a fixed rate whose period leaves room for the recovery on this store (its TTL
@@ -311,9 +314,12 @@ pub async fn missed_firing_runs_once_on_recovery(backend: Arc<dyn LeaseBackend>)
     let runs: Arc<Mutex<Vec<(SystemTime, usize)>>> = Arc::default();
     let ran = Arc::new(tokio::sync::Notify::new());
     let shutdown = CancellationToken::new();
-    let start = |i: usize, policy: MissedFirings| {
+    // The two that start together reach the store through this one.
+    let faulty = Arc::new(FaultyBackend::new(backend.clone()));
+    let unreachable: Arc<dyn LeaseBackend> = faulty.clone();
+    let start = |i: usize, policy: MissedFirings, through: &Arc<dyn LeaseBackend>| {
         let job = ScheduledJob::on(
-            client(&backend, &format!("instance-{i}")),
+            client(through, &format!("instance-{i}")),
             &name,
             schedule.clone(),
             opts.clone(),
@@ -358,14 +364,24 @@ pub async fn missed_firing_runs_once_on_recovery(backend: Arc<dyn LeaseBackend>)
             }
         }
     };
+    // Their first tries fail, as when the store does not answer yet (a session or a
+    // connection still being opened); they try again once it answers.
+    faulty.set(Op::Acquire, Fault::Fail);
     let mut tasks = vec![
-        start(0, MissedFirings::RunOnce),
-        start(1, MissedFirings::RunOnce),
-        start(2, MissedFirings::Skip),
+        start(0, MissedFirings::RunOnce, &unreachable),
+        start(1, MissedFirings::RunOnce, &unreachable),
+        start(2, MissedFirings::Skip, &backend),
     ];
+    tokio::time::timeout(
+        Duration::from_secs(2),
+        faulty.wait_for_calls(Op::Acquire, 2),
+    )
+    .await
+    .expect("the two recovering instances tried within 2 s of their start");
+    faulty.set(Op::Acquire, Fault::Pass);
     wait_for(missed, Duration::from_secs(3)).await;
     // After the recovery ran: a late starter finds the firing taken.
-    tasks.push(start(3, MissedFirings::RunOnce));
+    tasks.push(start(3, MissedFirings::RunOnce, &backend));
     wait_for(following, period + Duration::from_secs(3)).await;
     // The next firing ran at its instant; an instance that starts once every instance has
     // tried it finds it taken and does not recover it.
@@ -374,7 +390,7 @@ pub async fn missed_firing_runs_once_on_recovery(backend: Arc<dyn LeaseBackend>)
     if let Ok(wait) = settled.duration_since(shifted_now) {
         tokio::time::sleep(wait).await;
     }
-    tasks.push(start(4, MissedFirings::RunOnce));
+    tasks.push(start(4, MissedFirings::RunOnce, &backend));
     // Room for a second run of either firing, were there one.
     tokio::time::sleep(Duration::from_millis(500)).await;
     shutdown.cancel();
