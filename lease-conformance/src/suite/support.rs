@@ -32,6 +32,33 @@ pub fn base_ttl(backend: &dyn LeaseBackend) -> Duration {
         .effective_ttl(Duration::from_millis(600))
 }
 
+/// Every TTL the checks give their leases on this backend (each once, shortest first),
+/// for a fixture whose store opens something per TTL: a ZooKeeper backend opens a session
+/// per TTL at the first acquire that uses it, within that acquire's call timeout (a third
+/// of the TTL), which a loaded machine can exceed (TCP, TLS, the session handshake). A
+/// fixture opens them ahead, as an application whose TTLs are known does at start
+/// (`ZkBackend::prepare`), so that the checks test what they are about.
+pub fn ttls(backend: &dyn LeaseBackend) -> Vec<Duration> {
+    let base = base_ttl(backend);
+    let caps = backend.capabilities();
+    let mut ttls: Vec<Duration> = [
+        base,
+        base * 2,
+        base * 5,
+        base * 10,
+        // Scheduled jobs on instants (firings.rs).
+        base.max(Duration::from_secs(2)),
+        // Leases that outlast a check (failure.rs).
+        Duration::from_secs(60),
+    ]
+    .into_iter()
+    .map(|t| caps.effective_ttl(t))
+    .collect();
+    ttls.sort();
+    ttls.dedup();
+    ttls
+}
+
 pub(crate) fn opts(ttl: Duration) -> LeaseOptions {
     LeaseOptions::new(ttl).expect("valid options")
 }
