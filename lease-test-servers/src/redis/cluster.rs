@@ -139,6 +139,12 @@ impl RedisCluster {
                 port.to_string(),
                 "--bind".to_owned(),
                 "127.0.0.1".to_owned(),
+                // Keep the command line (with --dir) as it is, so the cleanup watcher
+                // finds the node by its directory when the test binary exits (the shared
+                // cluster is never dropped); with the default title the command line is
+                // `redis-server 127.0.0.1:PORT [cluster]` and the node outlived the binary.
+                "--set-proc-title".to_owned(),
+                "no".to_owned(),
                 "--dir".to_owned(),
                 node_dir.display().to_string(),
             ]
