@@ -6,12 +6,14 @@
 # set-up.
 #
 #   bash scripts/client-instructions.sh [N] [STORE ...]     (N default 1000; redis etcd;
-#                                                            postgres on request)
+#                                                            postgres, zookeeper on
+#                                                            request)
 #   TASKS=32 bash scripts/client-instructions.sh 3200 redis  (N cycles over 32 concurrent
 #                                                            tasks on the one connection)
 #
 # Needs valgrind, redis-server, etcd and python3 (Debian: valgrind redis-server
-# etcd-server python3), and for postgres Debian's postgresql.
+# etcd-server python3), for postgres Debian's postgresql, for zookeeper Debian's
+# zookeeper (and its JRE).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-1000}
@@ -103,6 +105,22 @@ for store in "${stores[@]}"; do
       wait_port "$port"
       url="postgres://postgres@127.0.0.1:$port/postgres"
       cases=(bare backend client shedlock advisory peer)
+      ;;
+    zookeeper)
+      # A throwaway standalone server (Debian's zookeeper package), data in the work
+      # directory; the JVM is not counted, only the client.
+      [ -f /usr/share/java/zookeeper.jar ] || { echo "client-instructions: no ZooKeeper (Debian: zookeeper)" >&2; exit 1; }
+      read -r port < <(free_ports 1)
+      mkdir -p "$work/zk"
+      printf 'tickTime=200\nmaxSessionTimeout=600000\ndataDir=%s\nclientPort=%s\nclientPortAddress=127.0.0.1\nadmin.enableServer=false\nextendedTypesEnabled=true\n' \
+        "$work/zk" "$port" >"$work/zoo.cfg"
+      java -cp /etc/zookeeper/conf:/usr/share/java/zookeeper.jar:/usr/share/java/netty-codec.jar \
+        -Xmx256m -Dzookeeper.forceSync=no -Dzookeeper.log.dir="$work" org.apache.zookeeper.server.ZooKeeperServerMain \
+        "$work/zoo.cfg" >"$work/zk.log" 2>&1 &
+      pids+=($!)
+      wait_port "$port"
+      url="zk://127.0.0.1:$port/bench"
+      cases=(bare raw backend client peer)
       ;;
     *) echo "client-instructions: unknown store $store" >&2; exit 64 ;;
   esac

@@ -82,7 +82,9 @@ impl Usage {
 /// The case named `case` on `store`: `bare`, `backend`, `client`, `peer` (rslock; etcd's
 /// lock service), and on Redis `raw` (the library's commands sent with the bare floor's
 /// client code); on PostgreSQL also `shedlock` (ShedLock's statements), `advisory` (the
-/// advisory-lock mode's backend) and `peer` (sqlx's `PgAdvisoryLock`).
+/// advisory-lock mode's backend) and `peer` (sqlx's `PgAdvisoryLock`); on ZooKeeper
+/// `raw` (the library's requests sent with the bare floor's client code) and `peer`
+/// (Curator's `InterProcessMutex` recipe sent raw).
 async fn build(store: &str, url: &str, case: &str) -> Result<Case, String> {
     match store {
         "redis" => {
@@ -150,8 +152,38 @@ async fn build(store: &str, url: &str, case: &str) -> Result<Case, String> {
                 other => return Err(format!("unknown case {other:?} on postgres")),
             })
         }
+        "zookeeper" => {
+            use lease_zookeeper::zookeeper_client as zk;
+            let address = url
+                .trim_start_matches("zk://")
+                .split('/')
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            let bare = zk::Client::connector()
+                .with_session_timeout(Duration::from_secs(30))
+                .connect(&address)
+                .await
+                .map_err(|e| e.to_string())?;
+            let opts = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+            for dir in ["/bench-bare", "/bench-curator", "/bench-raw"] {
+                match bare.create(dir, b"", &opts).await {
+                    Ok(_) | Err(zk::Error::NodeExists) => {}
+                    Err(e) => return Err(format!("{dir}: {e}")),
+                }
+            }
+            let backend = || async { shared(lease_zookeeper::ZkBackend::connect(url).await) };
+            Ok(match case {
+                "bare" => cycles::zk_bare(bare),
+                "raw" => cycles::zk_library_raw(bare),
+                "backend" => cycles::backend_case("backend", backend().await?),
+                "client" => cycles::client_case("client", backend().await?),
+                "peer" => cycles::zk_curator(bare),
+                other => return Err(format!("unknown case {other:?} on zookeeper")),
+            })
+        }
         other => Err(format!(
-            "count-cycles runs on redis, etcd or postgres, not {other:?}"
+            "count-cycles runs on redis, etcd, postgres or zookeeper, not {other:?}"
         )),
     }
 }

@@ -637,6 +637,69 @@ pub fn zk_bare(client: zk::Client) -> Case {
     })
 }
 
+/// The library's own requests, sent with the bare floor's client code (no library code
+/// around them): acquire is one `multi` of the ephemeral holder node's create and the
+/// name node's `setData` (state, owner token, label: its `mzxid` is the fencing token,
+/// its version what the release names), release one `multi` of the name node's
+/// `setData` at that version and the holder node's delete. The name node is made once
+/// per name, as the library's is. Splits the library's cost into the server's (two
+/// writes per request instead of one) and the client's. A diagnostic, not a way to use
+/// ZooKeeper.
+pub fn zk_library_raw(client: zk::Client) -> Case {
+    Case::new(
+        "diagnostic: the library's requests sent raw",
+        move |prefix, n| {
+            let client = client.clone();
+            async move {
+                let eph = zk::CreateMode::Ephemeral.with_acls(zk::Acls::anyone_all());
+                let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+                for i in 0..n {
+                    let path = format!("/bench-raw/{prefix}-{}", i % 64);
+                    let holder = format!("{path}/holder");
+                    // The library's name node data: format, state, owner token, label.
+                    let token = uuid::Uuid::new_v4();
+                    let mut held = vec![1u8, 1];
+                    held.extend_from_slice(token.as_bytes());
+                    held.extend_from_slice(b"bench");
+                    let version = loop {
+                        let mut multi = client.new_multi_writer();
+                        multi.add_create(&holder, b"", &eph).expect("multi create");
+                        multi.add_set_data(&path, &held, None).expect("multi set");
+                        match multi.commit().await {
+                            Ok(results) => {
+                                break results
+                                    .into_iter()
+                                    .find_map(|r| match r {
+                                        zk::MultiWriteResult::SetData { stat } => {
+                                            Some(stat.version)
+                                        }
+                                        _ => None,
+                                    })
+                                    .expect("the name node's stat");
+                            }
+                            Err(zk::MultiWriteError::OperationFailed {
+                                source: zk::Error::NoNode,
+                                ..
+                            }) => match client.create(&path, b"", &persistent).await {
+                                Ok(_) | Err(zk::Error::NodeExists) => {}
+                                Err(e) => panic!("name node: {e}"),
+                            },
+                            Err(e) => panic!("acquire multi: {e}"),
+                        }
+                    };
+                    held[1] = 2;
+                    let mut multi = client.new_multi_writer();
+                    multi
+                        .add_set_data(&path, &held, Some(version))
+                        .expect("multi set");
+                    multi.add_delete(&holder, None).expect("multi delete");
+                    multi.commit().await.expect("release multi");
+                }
+            }
+        },
+    )
+}
+
 /// Apache Curator's `InterProcessMutex`, uncontended, sent raw: create a protected
 /// ephemeral-sequential node under the lock's path (its parent made once per name, as
 /// Curator's `creatingParentContainersIfNeeded` does), list the children to see that it

@@ -53,7 +53,7 @@ struct Args {
 }
 
 const USAGE: &str = "usage: lease-bench [--out FILE] [--svg FILE] [--notes FILE] \
-                     [--only redis,postgres,etcd,mysql,zookeeper] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS\n       lease-bench renew-at-scale redis|redis-cluster|etcd|postgres|mysql|zookeeper N [TICKS]\n       lease-bench count-cycles redis|etcd|postgres URL bare|backend|client|peer|raw|shedlock|advisory N [TASKS]";
+                     [--only redis,postgres,etcd,mysql,zookeeper] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS\n       lease-bench renew-at-scale redis|redis-cluster|etcd|postgres|mysql|zookeeper N [TICKS]\n       lease-bench count-cycles redis|etcd|postgres|zookeeper URL bare|backend|client|peer|raw|shedlock|advisory N [TASKS]";
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let mut a = Args {
@@ -513,7 +513,7 @@ async fn zookeeper_store(mode: Mode) -> StoreResult {
         .expect("zookeeper client");
     let opts = lease_zookeeper::zookeeper_client::CreateMode::Persistent
         .with_acls(lease_zookeeper::zookeeper_client::Acls::anyone_all());
-    for dir in ["/bench-bare", "/bench-curator"] {
+    for dir in ["/bench-bare", "/bench-curator", "/bench-raw"] {
         bare.mkdir(dir, &opts).await.expect("bench dirs");
     }
     // Renewing 100,000 leases is 100 multiReads in one tick: more than the default 5 s
@@ -532,6 +532,7 @@ async fn zookeeper_store(mode: Mode) -> StoreResult {
         cycles::backend_case("library backend acquire + release", backend.clone()),
         cycles::client_case("library LeaseClient try_acquire + release", backend.clone()),
         cycles::zk_curator(bare.clone()),
+        cycles::zk_library_raw(bare.clone()),
         cycles::semaphore_case(SEMAPHORE_ROW, backend.clone()),
         metered::client_case(METRICS_ROW, backend.clone()),
     ];
