@@ -372,7 +372,7 @@ impl ZkBackend {
                     self.inner
                         .sessions
                         .records()
-                        .put(key.clone(), held(Some(stat.version), fencing, sent));
+                        .confirm(&key, held(Some(stat.version), fencing, sent));
                     return Ok(AcquireOutcome::Acquired {
                         fencing: FencingToken(fencing),
                         ttl,
@@ -698,47 +698,56 @@ impl ZkBackend {
         let path = self.inner.layout.name_node(name);
         let key = Self::record_key(&path, token);
         let holder = holder_node(&path);
-        let rec = self.inner.sessions.records().by_key.get(&key).cloned();
-        let (version, label, fencing, rest) =
-            match rec.as_ref().and_then(|r| r.version.map(|v| (v, r))) {
-                Some((v, r)) => (
-                    v,
-                    r.label.clone(),
-                    r.fencing,
-                    keep_for.saturating_sub(r.acquired_at.elapsed()),
-                ),
-                None => {
-                    // Not acquired through this backend (or its reply was lost): read the name.
-                    let found = self
-                        .read_pair(&self.main().await?, &path, "release", Fresh::Ordered)
-                        .await?;
-                    let (Some((nd, nstat)), Some((_, hstat))) = (found.name, found.holder) else {
-                        self.inner.sessions.records().remove(&key);
-                        return Ok(ReleaseOutcome::NotOwner);
-                    };
-                    if nd.state != HELD
-                        || nd.token != *token
-                        || !matches!(nodes::kind(hstat.ephemeral_owner), Kind::Ephemeral(_))
-                        || hstat.czxid != nstat.mzxid
-                    {
-                        self.inner.sessions.records().remove(&key);
-                        return Ok(ReleaseOutcome::NotOwner);
-                    }
-                    let rest = if keep_for.is_zero() {
-                        Duration::ZERO
-                    } else {
-                        let now = self.server_now_ms("release").await?;
-                        let elapsed = u64::try_from(now.saturating_sub(nstat.mtime)).unwrap_or(0);
-                        keep_for.saturating_sub(Duration::from_millis(elapsed))
-                    };
-                    (
-                        nstat.version,
-                        nd.label,
-                        u64::try_from(hstat.czxid).unwrap_or(0),
-                        rest,
-                    )
+        // What the release needs of the record (not the whole record: one copy less).
+        let known = self
+            .inner
+            .sessions
+            .records()
+            .by_key
+            .get(&key)
+            .and_then(|r| {
+                r.version
+                    .map(|v| (v, r.label.clone(), r.fencing, r.acquired_at))
+            });
+        let (version, label, fencing, rest) = match known {
+            Some((v, label, fencing, acquired_at)) => (
+                v,
+                label,
+                fencing,
+                keep_for.saturating_sub(acquired_at.elapsed()),
+            ),
+            None => {
+                // Not acquired through this backend (or its reply was lost): read the name.
+                let found = self
+                    .read_pair(&self.main().await?, &path, "release", Fresh::Ordered)
+                    .await?;
+                let (Some((nd, nstat)), Some((_, hstat))) = (found.name, found.holder) else {
+                    self.inner.sessions.records().remove(&key);
+                    return Ok(ReleaseOutcome::NotOwner);
+                };
+                if nd.state != HELD
+                    || nd.token != *token
+                    || !matches!(nodes::kind(hstat.ephemeral_owner), Kind::Ephemeral(_))
+                    || hstat.czxid != nstat.mzxid
+                {
+                    self.inner.sessions.records().remove(&key);
+                    return Ok(ReleaseOutcome::NotOwner);
                 }
-            };
+                let rest = if keep_for.is_zero() {
+                    Duration::ZERO
+                } else {
+                    let now = self.server_now_ms("release").await?;
+                    let elapsed = u64::try_from(now.saturating_sub(nstat.mtime)).unwrap_or(0);
+                    keep_for.saturating_sub(Duration::from_millis(elapsed))
+                };
+                (
+                    nstat.version,
+                    nd.label,
+                    u64::try_from(hstat.czxid).unwrap_or(0),
+                    rest,
+                )
+            }
+        };
         let released = encode_name(RELEASED, token, &label);
         let rest_ms = u64::try_from(rest.as_millis()).unwrap_or(u64::MAX);
         let keep = encode_keep(rest_ms, fencing);

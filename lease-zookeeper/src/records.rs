@@ -25,9 +25,11 @@ pub(crate) struct Record {
 
 pub(crate) type Key = (String, OwnerToken);
 
+/// Keys are hashed with foldhash (seeded at random per process), not SipHash: a lookup
+/// is on every acquire and release, and this map holds only this process's own leases.
 #[derive(Default)]
 pub(crate) struct Records {
-    pub(crate) by_key: HashMap<Key, Record>,
+    pub(crate) by_key: HashMap<Key, Record, foldhash::fast::RandomState>,
     by_deadline: BTreeSet<(Instant, String, [u8; 16])>,
 }
 
@@ -40,6 +42,17 @@ impl Records {
         self.by_deadline
             .insert((rec.deadline, key.0.clone(), *key.1.as_bytes()));
         self.by_key.insert(key, rec);
+    }
+
+    /// Puts `rec` in place of `key`'s record: in place where the deadline is the same
+    /// (the acquire's answer to the record made before it was sent), else as [`put`].
+    ///
+    /// [`put`]: Records::put
+    pub(crate) fn confirm(&mut self, key: &Key, rec: Record) {
+        match self.by_key.get_mut(key) {
+            Some(old) if old.deadline == rec.deadline => *old = rec,
+            _ => self.put(key.clone(), rec),
+        }
     }
 
     /// Puts `rec` back unless `key` has a record again (the owner acquired it anew).
