@@ -21,7 +21,7 @@ use crate::nodes::{
     encode_name, holder_node,
 };
 use crate::records::Record;
-use crate::sessions::{Sessions, after_barrier, barrier, io_runtime};
+use crate::sessions::{Sessions, after_barrier, barrier, runtime_of};
 use crate::sweep::sweep;
 
 /// The timeout asked for the session that reads, watches and forces releases (the server
@@ -130,7 +130,7 @@ impl ZkBackend {
                 Err(e) => return Err(convert("connect", t, e)),
             }
         }
-        let sweeper = io_runtime()?.spawn(sweep(Arc::downgrade(&sessions)));
+        let sweeper = runtime_of(&sessions.config)?.spawn(sweep(Arc::downgrade(&sessions)));
         tracing::debug!(servers, prefix = layout.prefix(), "connected to zookeeper");
         Ok(ZkBackend {
             inner: Arc::new(Inner {
@@ -506,6 +506,8 @@ impl ZkBackend {
         leases: &[RenewItem],
         ttl: Duration,
     ) -> Result<Vec<RenewOutcome>> {
+        // Renewals use the sessions they find (no opening): checked here.
+        self.inner.sessions.check_runtime()?;
         if leases.is_empty() {
             return Ok(Vec::new());
         }

@@ -39,6 +39,15 @@ pub(crate) fn io_runtime() -> Result<&'static tokio::runtime::Handle> {
     }
 }
 
+/// The runtime the sessions' tasks run on: [`ZkConfig::runtime`](crate::ZkConfig::runtime)
+/// where it is set, else the crate's own I/O runtime ([`io_runtime`]).
+pub(crate) fn runtime_of(c: &crate::ZkConfig) -> Result<tokio::runtime::Handle> {
+    match &c.runtime {
+        Some(handle) => Ok(handle.clone()),
+        None => io_runtime().cloned(),
+    }
+}
+
 /// `connector` with TLS from `files` (the CA required; a client identity where given).
 #[cfg(feature = "_tls")]
 fn with_tls(connector: zk::Connector, files: &lease_core::TlsFiles) -> Result<zk::Connector> {
@@ -139,7 +148,7 @@ async fn open_client(
         connector = with_tls(connector, files)?;
     }
     let servers = servers.to_owned();
-    io_runtime()?
+    runtime_of(c)?
         .spawn(async move {
             tokio::time::timeout(limit, async move {
                 #[cfg(feature = "_tls")]
@@ -182,6 +191,10 @@ pub(crate) struct Sessions {
     /// The connections [`Sessions::resume_stalled`] replaced, by session id, until they
     /// end: requests queued on one while it was disconnected are sent when it reconnects.
     retired: Mutex<Vec<(i64, zk::StateWatcher)>>,
+    /// Where [`ZkConfig::runtime`](crate::ZkConfig::runtime) is set: alive while a task
+    /// parked on that runtime for good holds its `Arc`, that is, until the runtime shuts
+    /// down (its tasks, the sessions' among them, are dropped then).
+    runtime_alive: Option<std::sync::Weak<()>>,
 }
 
 /// A session found disconnected by [`Sessions::resume_stalled`].
@@ -218,7 +231,17 @@ const RESUMES_AT_ONCE: usize = 3;
 
 impl Sessions {
     pub(crate) fn new(connect: String, config: crate::ZkConfig) -> Self {
+        let runtime_alive = config.runtime.as_ref().map(|handle| {
+            let alive = Arc::new(());
+            let weak = Arc::downgrade(&alive);
+            handle.spawn(async move {
+                let _alive = alive;
+                std::future::pending::<()>().await
+            });
+            weak
+        });
         Sessions {
+            runtime_alive,
             connect,
             config,
             map: Mutex::new(HashMap::new()),
@@ -226,6 +249,21 @@ impl Sessions {
             records: Mutex::new(Records::default()),
             stalled: Mutex::new(HashMap::new()),
             retired: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Refuses every call once the runtime given as `ZkConfig::runtime` has shut down: the
+    /// sessions' tasks ended with it, and no call on this backend can succeed again.
+    pub(crate) fn check_runtime(&self) -> Result<()> {
+        match &self.runtime_alive {
+            Some(alive) if alive.strong_count() == 0 => Err(Error::Backend {
+                backend: crate::error::BACKEND,
+                retryable: false,
+                source: "the runtime given as ZkConfig::runtime has shut down, and the \
+                         backend's sessions with it: make a new backend"
+                    .into(),
+            }),
+            _ => Ok(()),
         }
     }
 
@@ -381,6 +419,7 @@ impl Sessions {
     /// caller that gives up (its call timeout) leaves it to finish, and the next call
     /// finds the session ready.
     async fn open(self: &Arc<Self>, slot: u64, timeout: Duration) -> Result<zk::Client> {
+        self.check_runtime()?;
         if let Some(c) = self.current(slot) {
             return Ok(c);
         }
@@ -396,7 +435,7 @@ impl Sessions {
             return Ok(c); // opened while this call waited at the gate
         }
         let this = self.clone();
-        io_runtime()?
+        runtime_of(&self.config)?
             .spawn(async move {
                 let _opening = guard;
                 let client = this.connect(timeout).await?;
@@ -520,7 +559,9 @@ impl Sessions {
             }
         }
         drop(sessions);
-        let Ok(rt) = io_runtime() else { return };
+        let Ok(rt) = runtime_of(&self.config) else {
+            return;
+        };
         for (slot, info, timeout) in start {
             rt.spawn(self.clone().resume(slot, info, timeout));
         }
@@ -650,7 +691,9 @@ impl Drop for Sessions {
             .drain()
             .map(|(_, c)| c)
             .collect();
-        let Ok(rt) = io_runtime() else { return };
+        let Ok(rt) = runtime_of(&self.config) else {
+            return;
+        };
         for c in clients {
             if c.state().is_terminated() {
                 continue;

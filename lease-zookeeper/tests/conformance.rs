@@ -47,6 +47,25 @@ async fn prepared(backend: ZkBackend) -> Fixture {
 
 lease_conformance::conformance_suite!(single);
 
+/// The same checks with the sessions on the calling test's runtime
+/// (`ZkConfig::with_runtime`) instead of the crate's own I/O thread.
+mod caller_runtime {
+    use super::*;
+
+    async fn on_callers_runtime() -> Fixture {
+        let servers = ZooKeeperServer::shared()
+            .await
+            .expect("zookeeper test server");
+        let config = config().with_runtime(tokio::runtime::Handle::current());
+        let backend = ZkBackend::connect_with(&servers, config)
+            .await
+            .expect("connect");
+        prepared(backend).await
+    }
+
+    lease_conformance::conformance_suite!(on_callers_runtime);
+}
+
 mod ensemble {
     use super::*;
     use lease_test_servers::ZooKeeperEnsemble;

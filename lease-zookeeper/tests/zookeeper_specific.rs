@@ -558,3 +558,77 @@ async fn an_acquire_whose_connection_is_given_up_is_sent_again_within_the_reques
         lease_core::ReleaseOutcome::Released
     );
 }
+
+/// With `ZkConfig::with_runtime` the sessions live on the given runtime: the backend
+/// works while that runtime runs; once it has shut down, a call fails at once with a
+/// typed, non-retryable error that says why (no wait for the request timeout), and the
+/// leases it held are freed by the server within their TTL.
+#[tokio::test]
+async fn sessions_on_a_given_runtime_end_with_it() {
+    let servers = ZooKeeperServer::shared().await.unwrap();
+    let side = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let a = ZkBackend::connect_with(&servers, config().with_runtime(side.handle().clone()))
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(3);
+    let held = name("given-runtime");
+    let o = owner("a");
+    assert!(matches!(
+        a.acquire(&held, &o, ttl).await.unwrap(),
+        AcquireOutcome::Acquired { .. }
+    ));
+    let item = [RenewItem {
+        name: held.clone(),
+        token: o.token,
+    }];
+    assert_eq!(a.renew(&item, ttl).await.unwrap(), [RenewOutcome::Renewed]);
+    // Shut down, its worker thread joined (every task on it dropped).
+    tokio::task::spawn_blocking(move || side.shutdown_timeout(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let e = a
+        .acquire(&name("after-shutdown"), &owner("a"), ttl)
+        .await
+        .unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_millis(500),
+        "the call waited {:?}",
+        start.elapsed()
+    );
+    let says = |e: &Error| {
+        assert!(!e.is_retryable(), "{e:?}");
+        assert!(
+            e.to_string().contains("ZkConfig::runtime has shut down"),
+            "{e}"
+        );
+    };
+    says(&e);
+    says(&a.renew(&item, ttl).await.unwrap_err());
+    says(
+        &a.release(&held, &o.token, Duration::ZERO)
+            .await
+            .unwrap_err(),
+    );
+    // Another backend gets the name once the session's timeout has passed on the server
+    // (tolerance: the server checks sessions every tick, 200 ms, and a few polls).
+    let b = ZkBackend::connect_with(&servers, config()).await.unwrap();
+    loop {
+        match b.acquire(&held, &owner("b"), ttl).await.unwrap() {
+            AcquireOutcome::Acquired { .. } => break,
+            AcquireOutcome::Held(_) => {
+                assert!(
+                    start.elapsed() < ttl + Duration::from_secs(2),
+                    "still held {:?} after the runtime ended (ttl {ttl:?})",
+                    start.elapsed()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+    eprintln!("free {:?} after the runtime ended", start.elapsed());
+}
