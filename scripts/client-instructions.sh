@@ -120,7 +120,7 @@ for store in "${stores[@]}"; do
       pids+=($!)
       wait_port "$port"
       url="zk://127.0.0.1:$port/bench"
-      cases=(bare raw backend client peer)
+      cases=(bare raw backend client backend-rt client-rt peer)
       ;;
     *) echo "client-instructions: unknown store $store" >&2; exit 64 ;;
   esac

@@ -83,8 +83,9 @@ impl Usage {
 /// lock service), and on Redis `raw` (the library's commands sent with the bare floor's
 /// client code); on PostgreSQL also `shedlock` (ShedLock's statements), `advisory` (the
 /// advisory-lock mode's backend) and `peer` (sqlx's `PgAdvisoryLock`); on ZooKeeper
-/// `raw` (the library's requests sent with the bare floor's client code) and `peer`
-/// (Curator's `InterProcessMutex` recipe sent raw).
+/// `raw` (the library's requests sent with the bare floor's client code), `backend-rt`
+/// and `client-rt` (the sessions on the calling runtime: `ZkConfig::with_runtime`) and
+/// `peer` (Curator's `InterProcessMutex` recipe sent raw).
 async fn build(store: &str, url: &str, case: &str) -> Result<Case, String> {
     match store {
         "redis" => {
@@ -173,11 +174,20 @@ async fn build(store: &str, url: &str, case: &str) -> Result<Case, String> {
                 }
             }
             let backend = || async { shared(lease_zookeeper::ZkBackend::connect(url).await) };
+            // Sessions on this runtime (`ZkConfig::with_runtime`) instead of the backend's
+            // own I/O thread.
+            let on_this_runtime = || async {
+                let config = lease_zookeeper::ZkConfig::default()
+                    .with_runtime(tokio::runtime::Handle::current());
+                shared(lease_zookeeper::ZkBackend::connect_url_with(url, config).await)
+            };
             Ok(match case {
                 "bare" => cycles::zk_bare(bare),
                 "raw" => cycles::zk_library_raw(bare),
                 "backend" => cycles::backend_case("backend", backend().await?),
                 "client" => cycles::client_case("client", backend().await?),
+                "backend-rt" => cycles::backend_case("backend-rt", on_this_runtime().await?),
+                "client-rt" => cycles::client_case("client-rt", on_this_runtime().await?),
                 "peer" => cycles::zk_curator(bare),
                 other => return Err(format!("unknown case {other:?} on zookeeper")),
             })

@@ -53,7 +53,7 @@ struct Args {
 }
 
 const USAGE: &str = "usage: lease-bench [--out FILE] [--svg FILE] [--notes FILE] \
-                     [--only redis,postgres,etcd,mysql,zookeeper] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS\n       lease-bench renew-at-scale redis|redis-cluster|etcd|postgres|mysql|zookeeper N [TICKS]\n       lease-bench count-cycles redis|etcd|postgres|zookeeper URL bare|backend|client|peer|raw|shedlock|advisory N [TASKS]";
+                     [--only redis,postgres,etcd,mysql,zookeeper] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS\n       lease-bench renew-at-scale redis|redis-cluster|etcd|postgres|mysql|zookeeper N [TICKS]\n       lease-bench count-cycles redis|etcd|postgres|zookeeper URL bare|backend|client|peer|raw|shedlock|advisory|backend-rt|client-rt N [TASKS]";
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let mut a = Args {
@@ -527,12 +527,27 @@ async fn zookeeper_store(mode: Mode) -> StoreResult {
         .expect("zookeeper backend"),
     );
     let backend: Arc<dyn LeaseBackend> = zk.clone();
+    // The same backend with its sessions on this runtime instead of its own I/O thread.
+    let on_this_runtime: Arc<dyn LeaseBackend> = Arc::new(
+        ZkBackend::connect_url_with(
+            &url,
+            lease_zookeeper::ZkConfig::default()
+                .with_request_timeout(Duration::from_secs(30))
+                .with_runtime(tokio::runtime::Handle::current()),
+        )
+        .await
+        .expect("zookeeper backend"),
+    );
     let cases = vec![
         cycles::zk_bare(bare.clone()),
         cycles::backend_case("library backend acquire + release", backend.clone()),
         cycles::client_case("library LeaseClient try_acquire + release", backend.clone()),
         cycles::zk_curator(bare.clone()),
         cycles::zk_library_raw(bare.clone()),
+        cycles::backend_case(
+            "library backend acquire + release, sessions on the caller's runtime (ZkConfig::with_runtime)",
+            on_this_runtime,
+        ),
         cycles::semaphore_case(SEMAPHORE_ROW, backend.clone()),
         metered::client_case(METRICS_ROW, backend.clone()),
     ];
