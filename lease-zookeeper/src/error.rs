@@ -72,13 +72,21 @@ pub(crate) fn unexpected(operation: &'static str, detail: impl std::fmt::Display
     Error::unexpected(BACKEND, format!("{operation}: {detail}"))
 }
 
-/// `fut` bounded by `timeout`: a [`Error::Timeout`] when it ran out.
+/// `fut` bounded by `timeout`: a [`Error::Timeout`] when it ran out. Where the caller
+/// drops the call no later anyway ([`LeaseClient`](lease_core::LeaseClient)'s own call
+/// timeout), no timer of the backend's own is set
+/// ([`caller_bounds`](lease_core::raw::deadline::caller_bounds)): one timer per request
+/// either way.
 pub(crate) async fn bounded<T, E>(
     operation: &'static str,
     timeout: Duration,
     fut: impl std::future::Future<Output = Result<T, E>>,
 ) -> Result<Result<T, E>, Error> {
-    tokio::time::timeout(timeout, fut)
+    let own = tokio::time::Instant::now() + timeout;
+    if lease_core::raw::deadline::caller_bounds(own) {
+        return Ok(fut.await);
+    }
+    tokio::time::timeout_at(own, fut)
         .await
         .map_err(|_| Error::Timeout {
             operation,
