@@ -166,13 +166,7 @@ async fn build(store: &str, url: &str, case: &str) -> Result<Case, String> {
                 .connect(&address)
                 .await
                 .map_err(|e| e.to_string())?;
-            let opts = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-            for dir in ["/bench-bare", "/bench-curator", "/bench-raw"] {
-                match bare.create(dir, b"", &opts).await {
-                    Ok(_) | Err(zk::Error::NodeExists) => {}
-                    Err(e) => return Err(format!("{dir}: {e}")),
-                }
-            }
+            cycles::zk_case_dirs(&bare).await?;
             let backend = || async { shared(lease_zookeeper::ZkBackend::connect(url).await) };
             // Sessions on this runtime (`ZkConfig::with_runtime`) instead of the backend's
             // own I/O thread.

@@ -620,6 +620,19 @@ pub fn etcd_lock_service(client: etcd_client::Client, lease: i64) -> Case {
 
 use lease_zookeeper::zookeeper_client as zk;
 
+/// The parent nodes of the ZooKeeper cases' nodes (bare, Curator's recipe, the library's
+/// requests sent raw), made where missing.
+pub async fn zk_case_dirs(client: &zk::Client) -> Result<(), String> {
+    let opts = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    for dir in ["/bench-bare", "/bench-curator", "/bench-raw"] {
+        match client.create(dir, b"", &opts).await {
+            Ok(_) | Err(zk::Error::NodeExists) => {}
+            Err(e) => return Err(format!("{dir}: {e}")),
+        }
+    }
+    Ok(())
+}
+
 /// The least a lock on ZooKeeper takes: create an ephemeral node at the name's path
 /// (`NodeExists` = held) and delete it. No fencing token read back, no holder label, no
 /// owner check on release.

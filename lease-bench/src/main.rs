@@ -511,11 +511,9 @@ async fn zookeeper_store(mode: Mode) -> StoreResult {
         .connect(&server.address())
         .await
         .expect("zookeeper client");
-    let opts = lease_zookeeper::zookeeper_client::CreateMode::Persistent
-        .with_acls(lease_zookeeper::zookeeper_client::Acls::anyone_all());
-    for dir in ["/bench-bare", "/bench-curator", "/bench-raw"] {
-        bare.mkdir(dir, &opts).await.expect("bench dirs");
-    }
+    cycles::zk_case_dirs(&bare)
+        .await
+        .unwrap_or_else(|e| panic!("bench dirs: {e}"));
     // Renewing 100,000 leases is 100 multiReads in one tick: more than the default 5 s
     // call timeout may pass on this machine.
     let zk = Arc::new(

@@ -381,23 +381,35 @@ async fn dropping_the_backend_frees_its_leases_at_once() {
     drop(a);
     let b = ZkBackend::connect_with(&servers, cfg).await.unwrap();
     let start = Instant::now();
+    taken_by_within(
+        &b,
+        &name("dropped"),
+        ttl,
+        start + Duration::from_secs(5),
+        "the holder's backend was dropped",
+    )
+    .await;
+    eprintln!(
+        "free {:?} after the holder's backend was dropped",
+        start.elapsed()
+    );
+}
+
+/// Tries `n` with `b` every 20 ms until it is acquired; fails the test if it is still
+/// held at `limit` (`after` says since what).
+async fn taken_by_within(b: &ZkBackend, n: &LeaseName, ttl: Duration, limit: Instant, after: &str) {
     loop {
-        match b.acquire(&name("dropped"), &owner("b"), ttl).await.unwrap() {
-            AcquireOutcome::Acquired { .. } => break,
+        match b.acquire(n, &owner("b"), ttl).await.unwrap() {
+            AcquireOutcome::Acquired { .. } => return,
             AcquireOutcome::Held(_) => {
                 assert!(
-                    start.elapsed() < Duration::from_secs(5),
-                    "still held {:?} after the holder's backend was dropped (ttl {ttl:?})",
-                    start.elapsed()
+                    Instant::now() < limit,
+                    "{n} still held at the limit after {after} (ttl {ttl:?})"
                 );
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
     }
-    eprintln!(
-        "free {:?} after the holder's backend was dropped",
-        start.elapsed()
-    );
 }
 
 /// With digest credentials the backend's nodes are its user's only (`auth` ACL): a
@@ -617,18 +629,13 @@ async fn sessions_on_a_given_runtime_end_with_it() {
     // Another backend gets the name once the session's timeout has passed on the server
     // (tolerance: the server checks sessions every tick, 200 ms, and a few polls).
     let b = ZkBackend::connect_with(&servers, config()).await.unwrap();
-    loop {
-        match b.acquire(&held, &owner("b"), ttl).await.unwrap() {
-            AcquireOutcome::Acquired { .. } => break,
-            AcquireOutcome::Held(_) => {
-                assert!(
-                    start.elapsed() < ttl + Duration::from_secs(2),
-                    "still held {:?} after the runtime ended (ttl {ttl:?})",
-                    start.elapsed()
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
+    taken_by_within(
+        &b,
+        &held,
+        ttl,
+        start + ttl + Duration::from_secs(2),
+        "the runtime ended",
+    )
+    .await;
     eprintln!("free {:?} after the runtime ended", start.elapsed());
 }
