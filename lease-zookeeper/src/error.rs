@@ -75,20 +75,16 @@ pub(crate) fn unexpected(operation: &'static str, detail: impl std::fmt::Display
 /// `fut` bounded by `timeout`: a [`Error::Timeout`] when it ran out. Where the caller
 /// drops the call no later anyway ([`LeaseClient`](lease_core::LeaseClient)'s own call
 /// timeout), no timer of the backend's own is set
-/// ([`caller_bounds`](lease_core::raw::deadline::caller_bounds)): one timer per request
-/// either way.
+/// ([`within`](lease_core::raw::deadline::within), as the etcd backend's requests use):
+/// one timer per request either way.
 pub(crate) async fn bounded<T, E>(
     operation: &'static str,
     timeout: Duration,
     fut: impl std::future::Future<Output = Result<T, E>>,
 ) -> Result<Result<T, E>, Error> {
-    let own = tokio::time::Instant::now() + timeout;
-    if lease_core::raw::deadline::caller_bounds(own) {
-        return Ok(fut.await);
-    }
-    tokio::time::timeout_at(own, fut)
+    lease_core::raw::deadline::within(tokio::time::Instant::now() + timeout, fut)
         .await
-        .map_err(|_| Error::Timeout {
+        .ok_or(Error::Timeout {
             operation,
             after: timeout,
         })
