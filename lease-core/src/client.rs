@@ -279,7 +279,12 @@ impl LeaseClient {
     /// Tries once to take `name`; does not wait if it is held.
     ///
     /// Errors: a typed [`Error`] when the store fails or does not answer within the call
-    /// timeout ([`Error::is_retryable`] says whether to try again later).
+    /// timeout ([`Error::is_retryable`] says whether to try again later). A lease granted
+    /// but answered after its safety deadline (send time + granted TTL - safety margin:
+    /// the store granted less than the answer took, or a stalled runtime let a late
+    /// answer through) is released and reported as [`Error::Timeout`] (retryable), with
+    /// the time the answer had (granted TTL - margin) as `after`: the store could give
+    /// such a lease away at any moment.
     ///
     /// Cancel safety: cancel-safe. If the future is dropped before it returns (a
     /// `timeout`, a `select!`, a request handler whose client hung up), whatever the
@@ -337,11 +342,31 @@ impl LeaseClient {
                     Ok(TryAcquire::Held(by))
                 }
                 Ok(AcquireOutcome::Acquired { fencing, ttl }) => {
+                    let ttl = ttl.min(opts.ttl());
+                    // The answer came after the lease's safety deadline (the store granted
+                    // less time than the answer took, or this runtime or the store stalled
+                    // past the call timeout and the answer won the race with the timer):
+                    // the store may give the lease away at any moment, so it is no lease
+                    // to work under. It is released as a timed-out acquire's is
+                    // (`cleanup` stays armed) and the call reports a timeout.
+                    let usable_for = ttl.saturating_sub(opts.safety_margin());
+                    if sent_at.elapsed() >= usable_for {
+                        tracing::warn!(
+                            fencing = fencing.get(),
+                            took = ?sent_at.elapsed(),
+                            granted = ?ttl,
+                            "acquire answered after the lease's safety deadline; releasing it"
+                        );
+                        return Err(Error::Timeout {
+                            operation: "acquire",
+                            after: usable_for,
+                        });
+                    }
                     let granted = Granted {
                         name,
                         owner: &owner,
                         fencing,
-                        ttl: ttl.min(opts.ttl()),
+                        ttl,
                         sent_at,
                     };
                     let guard = self.register(hb, &granted, opts)?;
