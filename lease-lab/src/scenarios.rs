@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use lease_core::{
     AcquireOutcome, CancellationToken, HolderLabel, JobStats, LeaseBackend, LeaseClient, LeaseName,
-    LeaseOptions, Owner, RunOutcome, ScheduledJob, Semaphore, TryAcquire, TryPermit,
+    LeaseOptions, LossReason, Owner, RunOutcome, ScheduledJob, Semaphore, TryAcquire, TryPermit,
 };
 use tokio::time::Instant;
 
@@ -155,38 +155,51 @@ pub struct HoldersResult {
     /// Holders whose guard reported the lease lost mid-work (the watchdog's renewals
     /// did not land in time); each stopped working when told, as a caller must.
     pub lost: usize,
+    /// The first loss a holder heard: why, and how long after its acquire returned
+    /// (what a failed check prints, to tell a store's answer from a renewal that came
+    /// too late).
+    pub first_loss: Option<(LossReason, Duration)>,
 }
 
+/// The seed's TTL for [`fixed_ttl_vs_watchdog`]: 100 ms (1,000 threads, 1 s of work).
+pub const SEED_004_TTL: Duration = Duration::from_millis(100);
+
 /// Seed 004: `tasks` tasks start spread over the first holder's work time; each tries once; the one
-/// that gets the lease works for `work`. With a fixed TTL shorter than the work and no
+/// that gets the lease works for ten TTLs. With a fixed TTL shorter than the work and no
 /// watchdog (`watchdog == false`) the lease lapses mid-work and others get in; with the
 /// watchdog it is renewed and nobody else does.
+///
+/// `ttl` is what the tasks ask for ([`SEED_004_TTL`] in the seed; the store may round it
+/// up to its shortest). The watchdog keeps the lease only while each renewal's round
+/// trip, on a machine shared by 1,000 contenders, fits in about half the TTL: the
+/// renewal is due a third of the way in, and the safety deadline is at nine tenths.
 pub async fn fixed_ttl_vs_watchdog(
     backend: Arc<dyn LeaseBackend>,
     tasks: usize,
+    ttl: Duration,
     watchdog: bool,
 ) -> HoldersResult {
-    let ttl = backend
-        .capabilities()
-        .effective_ttl(Duration::from_millis(100));
+    let ttl = backend.capabilities().effective_ttl(ttl);
     let work = ttl * 10;
     let name = LeaseName::new(unique("fixed-ttl")).expect("name");
     let inside = Arc::new(AtomicUsize::new(0));
     let max_inside = Arc::new(AtomicUsize::new(0));
     let acquired = Arc::new(AtomicUsize::new(0));
     let lost = Arc::new(AtomicUsize::new(0));
+    let first_loss = Arc::new(std::sync::OnceLock::new());
     let client = LeaseClient::with_label(backend.clone(), label("worker"));
     let opts = LeaseOptions::new(ttl).expect("options");
     let start = Instant::now();
     let mut handles = Vec::new();
     for i in 0..tasks {
-        let (backend, name, inside, max_inside, acquired, lost, client, opts) = (
+        let (backend, name, inside, max_inside, acquired, lost, first_loss, client, opts) = (
             backend.clone(),
             name.clone(),
             inside.clone(),
             max_inside.clone(),
             acquired.clone(),
             lost.clone(),
+            first_loss.clone(),
             client.clone(),
             opts.clone(),
         );
@@ -204,12 +217,14 @@ pub async fn fixed_ttl_vs_watchdog(
             if watchdog {
                 if let Ok(TryAcquire::Acquired(g)) = client.try_acquire(&name, &opts).await {
                     enter();
+                    let held_from = Instant::now();
                     // The work stops when the guard says the lease is lost, as a caller
                     // must: the guard says so before another holder can take it.
                     tokio::select! {
                         () = tokio::time::sleep(work) => {}
-                        _ = g.lost() => {
+                        reason = g.lost() => {
                             lost.fetch_add(1, Ordering::SeqCst);
+                            let _ = first_loss.set((reason, held_from.elapsed()));
                         }
                     }
                     inside.fetch_sub(1, Ordering::SeqCst);
@@ -235,6 +250,7 @@ pub async fn fixed_ttl_vs_watchdog(
         acquired: acquired.load(Ordering::SeqCst),
         max_concurrent: max_inside.load(Ordering::SeqCst),
         lost: lost.load(Ordering::SeqCst),
+        first_loss: first_loss.get().copied(),
     }
 }
 

@@ -5,8 +5,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lease_core::{LeaseBackend, MemoryBackend};
-use lease_lab::scenarios::{self, DilemmaMode};
+use lease_lab::scenarios::{self, DilemmaMode, SEED_004_TTL};
 use lease_test_servers::RedisServer;
+
+/// The heartbeat's warnings (a lease lost, a renewal failed, with the store's error) in
+/// the output of a failed test; `RUST_LOG` chooses others.
+fn logs() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("lease_core::heartbeat=warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
 
 async fn redis() -> (RedisServer, Arc<dyn LeaseBackend>) {
     let server = RedisServer::start().await.unwrap_or_else(|e| panic!("{e}"));
@@ -46,10 +57,11 @@ async fn room_capacity() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixed_ttl_without_watchdog_duplicates_and_watchdog_does_not() {
+    logs();
     let (_server, backend) = redis().await;
-    let fixed = scenarios::fixed_ttl_vs_watchdog(backend.clone(), 1000, false).await;
+    let fixed = scenarios::fixed_ttl_vs_watchdog(backend.clone(), 1000, SEED_004_TTL, false).await;
     assert!(fixed.acquired > 1 && fixed.max_concurrent > 1, "{fixed:?}");
-    let watchdog = scenarios::fixed_ttl_vs_watchdog(backend, 1000, true).await;
+    let watchdog = scenarios::fixed_ttl_vs_watchdog(backend, 1000, SEED_004_TTL, true).await;
     assert_eq!(watchdog.acquired, 1, "{watchdog:?}");
     assert_eq!(watchdog.max_concurrent, 1);
     eprintln!("1000 tasks, 100 ms ttl, 1 s work: fixed ttl {fixed:?}; watchdog {watchdog:?}");
@@ -104,8 +116,21 @@ mod postgres {
     use lease_postgres::AdvisoryLockBackend;
     use lease_test_servers::PostgresServer;
 
+    /// The seed's 1,000 contenders on PostgreSQL with 300 ms leases, not the seed's 100 ms.
+    /// With 100 ms the renewal has about 57 ms for its round trip, and a PostgreSQL round
+    /// trip shares the two cores with a backend process per pooled connection (ten of
+    /// them busy with the contenders' attempts) and, in CI, with the other lane's tests.
+    /// Beside four busy loops, 100 ms leases were lost in 3 of 3 runs (renewal round trips
+    /// of 34 to 76 ms, then one past the deadline; most attempts timed out at their 33 ms
+    /// call timeout); 200 and 300 ms kept them in 3 of 3 each. Beside the CI's other lane, 300 ms
+    /// kept them in 3 of 3; with 100 ms the holder lost the lease in 2 of 3 (once 35 µs
+    /// after its acquire returned) and nobody acquired at all in the third. Redis keeps
+    /// the seed's figure.
+    const PG_TTL: Duration = Duration::from_millis(300);
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn postgres_scenarios() {
+        logs();
         let db = PostgresServer::shared()
             .await
             .unwrap_or_else(|e| panic!("{e}"));
@@ -114,9 +139,9 @@ mod postgres {
         assert_eq!(room.joined, 3);
         let (seats, _) = scenarios::room_with_semaphore(backend.clone(), 30, 3).await;
         assert_eq!(seats.joined, 3);
-        let fixed = scenarios::fixed_ttl_vs_watchdog(backend.clone(), 1000, false).await;
+        let fixed = scenarios::fixed_ttl_vs_watchdog(backend.clone(), 1000, PG_TTL, false).await;
         assert!(fixed.max_concurrent > 1, "{fixed:?}");
-        let watchdog = scenarios::fixed_ttl_vs_watchdog(backend.clone(), 1000, true).await;
+        let watchdog = scenarios::fixed_ttl_vs_watchdog(backend.clone(), 1000, PG_TTL, true).await;
         assert_eq!(
             (watchdog.acquired, watchdog.max_concurrent),
             (1, 1),
@@ -169,13 +194,15 @@ mod etcd {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn etcd_room_and_watchdog() {
+        logs();
         let (_server, backend) = etcd().await;
         let room = scenarios::room_with_lease(backend.clone(), 30, 3).await;
         assert_eq!(room.joined, 3);
         // Timings scale with etcd's 1 s TTL granularity.
-        let fixed = scenarios::fixed_ttl_vs_watchdog(backend.clone(), 1000, false).await;
+        let fixed =
+            scenarios::fixed_ttl_vs_watchdog(backend.clone(), 1000, SEED_004_TTL, false).await;
         assert!(fixed.max_concurrent > 1, "{fixed:?}");
-        let watchdog = scenarios::fixed_ttl_vs_watchdog(backend, 1000, true).await;
+        let watchdog = scenarios::fixed_ttl_vs_watchdog(backend, 1000, SEED_004_TTL, true).await;
         assert_eq!(
             (watchdog.acquired, watchdog.max_concurrent),
             (1, 1),
@@ -207,10 +234,20 @@ mod zookeeper {
     use super::*;
     use lease_test_servers::ZooKeeperServer;
 
+    /// The seed's contenders on ZooKeeper with 1 s leases (the shortest session is 400 ms).
+    /// With 400 ms, the holder heard "lost" once in a CI run beside the other lane
+    /// (`HoldersResult { acquired: 2, max_concurrent: 1, lost: 1 }`, the reason not
+    /// recorded then; the check now prints it). Not reproduced here in 22 runs beside that
+    /// lane, where renewals were at most 151 ms apart against a 360 ms deadline: a renewal
+    /// sent a third of the TTL in must be answered by nine tenths: 227 ms with 400 ms
+    /// leases, 567 ms with 1 s ones.
+    const ZK_TTL: Duration = Duration::from_secs(1);
+
     /// The scenarios on a standalone ZooKeeper (shortest session 400 ms: the 500 ms TTL of
     /// the scenarios fits; keep-for leaves the minimum TTL below the period).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn zookeeper_scenarios() {
+        logs();
         let servers = ZooKeeperServer::shared()
             .await
             .unwrap_or_else(|e| panic!("{e}"));
@@ -220,7 +257,7 @@ mod zookeeper {
             .unwrap();
         let room = scenarios::room_with_lease(backend.clone(), 30, 3).await;
         assert_eq!(room.joined, 3);
-        let watchdog = scenarios::fixed_ttl_vs_watchdog(backend.clone(), 1000, true).await;
+        let watchdog = scenarios::fixed_ttl_vs_watchdog(backend.clone(), 1000, ZK_TTL, true).await;
         assert_eq!(
             (watchdog.acquired, watchdog.max_concurrent),
             (1, 1),

@@ -211,12 +211,15 @@ async fn store_column(kind: &'static str, m: &Matrix) -> Column {
     let b = backend.clone();
     col.cells.push((
         "fixed-ttl",
-        cell(scenarios::fixed_ttl_vs_watchdog(b, 1000, true), |r| {
-            format!(
-                "{} acquired, at most {} at once",
-                r.acquired, r.max_concurrent
-            )
-        })
+        cell(
+            scenarios::fixed_ttl_vs_watchdog(b, 1000, scenarios::SEED_004_TTL, true),
+            |r| {
+                format!(
+                    "{} acquired, at most {} at once",
+                    r.acquired, r.max_concurrent
+                )
+            },
+        )
         .await,
     ));
     let b = backend.clone();
@@ -424,12 +427,15 @@ async fn fixed_ttl_cells(col: &mut Column, backend: Arc<dyn LeaseBackend>, l: Fi
     let b = backend.clone();
     col.cells.push((
         "fixed-ttl",
-        cell(scenarios::fixed_ttl_vs_watchdog(b, 1000, false), move |r| {
-            format!(
-                "{}: **{} acquired, {} at once**",
-                l.fixed, r.acquired, r.max_concurrent
-            )
-        })
+        cell(
+            scenarios::fixed_ttl_vs_watchdog(b, 1000, scenarios::SEED_004_TTL, false),
+            move |r| {
+                format!(
+                    "{}: **{} acquired, {} at once**",
+                    l.fixed, r.acquired, r.max_concurrent
+                )
+            },
+        )
         .await,
     ));
     let (b1, b2) = (backend.clone(), backend.clone());
