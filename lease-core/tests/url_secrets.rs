@@ -57,14 +57,32 @@ fn query_password() -> impl Strategy<Value = String> {
 }
 
 /// `text` shows part of `secret`: 4 characters of it in a row that are not elsewhere in
-/// `url` (the URL with the secret taken out).
-fn shows(text: &str, secret: &str, url: &str) -> Option<String> {
+/// `url` (the URL with the secret taken out) nor in the library's fixed wording, `fixed`
+/// (see [`fixed_wording`]): the hint of an ambiguous URL says "'#' as %23, '@' as %40",
+/// which is not a leak of the password "%23,/" (a case proptest found).
+fn shows(text: &str, secret: &str, url: &str, fixed: &[String]) -> Option<String> {
     let elsewhere = url.replace(secret, " ");
     let chars: Vec<char> = secret.chars().collect();
     chars
         .windows(4)
         .map(|w| w.iter().collect::<String>())
-        .find(|w| !elsewhere.contains(w.as_str()) && text.contains(w.as_str()))
+        .find(|w| {
+            !elsewhere.contains(w.as_str())
+                && !fixed.iter().any(|f| f.contains(w.as_str()))
+                && text.contains(w.as_str())
+        })
+}
+
+/// What the library prints for `url` with `secret` masked: each of its characters other
+/// than the delimiters `/ ? # @ :` replaced by `Q`, so that the same checks fail the same
+/// way and the texts hold the same fixed wording, but no 4 characters of the secret that
+/// the library could only have taken from it (a masked password shows as `Q`s).
+fn fixed_wording(url: &str, secret: &str) -> Vec<String> {
+    let masked: String = secret
+        .chars()
+        .map(|c| if "/?#@:".contains(c) { c } else { 'Q' })
+        .collect();
+    printed(&url.replace(secret, &masked))
 }
 
 /// Everything the library would print about `url`: its redacted form and the errors of
@@ -94,8 +112,9 @@ proptest! {
         tail in proptest::sample::select(&TAILS[..]),
     ) {
         let url = format!("{scheme}://{user}:{password}@{hosts}{tail}");
+        let fixed = fixed_wording(&url, &password);
         for text in printed(&url) {
-            let leak = shows(&text, &password, &url);
+            let leak = shows(&text, &password, &url, &fixed);
             prop_assert!(leak.is_none(), "{url}: {leak:?} shown in {text}");
         }
         // A URL accepted is one whose password is found exactly; one refused is one
@@ -116,7 +135,7 @@ proptest! {
     ) {
         let url = format!("{before}{key}={password}{after}");
         let shown = redact_url(&url);
-        let leak = shows(&shown, &password, &url);
+        let leak = shows(&shown, &password, &url, &[]);
         prop_assert!(leak.is_none(), "{url}: {leak:?} shown in {shown}");
     }
 
@@ -127,9 +146,10 @@ proptest! {
         second in query_password(),
     ) {
         let url = format!("{scheme}://u:{first}@h1:1,h2:2/db?password={second}&sslmode=disable");
+        let fixed = [fixed_wording(&url, &first), fixed_wording(&url, &second)];
         for text in printed(&url) {
-            for secret in [&first, &second] {
-                let leak = shows(&text, secret, &url);
+            for (secret, fixed) in [&first, &second].into_iter().zip(&fixed) {
+                let leak = shows(&text, secret, &url, fixed);
                 prop_assert!(leak.is_none(), "{url}: {leak:?} shown in {text}");
             }
         }
