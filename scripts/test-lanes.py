@@ -29,9 +29,18 @@ import sys
 EXCLUDED_PACKAGES = {"lease-bench"}
 
 # The long, mostly idle binaries (seconds in 2026-11-27's runs, on two machines): lease-lab's
-# container_faults (184 to 279), cron_firings (130), lost_reply (101), scenarios (77),
-# fault_matrix (40) and lease-cli's cli (98).
-IDLE = ["container_faults", "cron_firings", "lost_reply", "scenarios", "fault_matrix", "cli"]
+# container_faults (184 to 279), cron_firings (130), lost_reply (101), fault_matrix (40)
+# and lease-cli's cli (98).
+#
+# lease-lab's scenarios (77 to 96 s) is long but not idle: 1,000 contenders at once on
+# each store, and its watchdog checks hold only while a renewal's round trip fits in about
+# half a 100 to 1,000 ms lease. In this lane it ran beside the conformance suites, and
+# each slowed the other past their bounds: the clean-clone runs of 2026-11-29 failed the
+# scenarios' watchdog check on PostgreSQL (twice) and ZooKeeper (once, in the project's
+# CI), and the second PostgreSQL failure's run also timed out a 200 ms release and a
+# 200 ms acquire in two conformance suites. It runs in the rest lane, one binary at a
+# time, beside the idle ones only (about 90 s more on the rest lane, 90 s less here).
+IDLE = ["container_faults", "cron_firings", "lost_reply", "fault_matrix", "cli"]
 
 
 def test_targets():
