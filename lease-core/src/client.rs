@@ -342,33 +342,32 @@ impl LeaseClient {
                     Ok(TryAcquire::Held(by))
                 }
                 Ok(AcquireOutcome::Acquired { fencing, ttl }) => {
-                    let ttl = ttl.min(opts.ttl());
+                    let granted = Granted {
+                        name,
+                        owner: &owner,
+                        fencing,
+                        ttl: ttl.min(opts.ttl()),
+                        sent_at,
+                    };
                     // The answer came after the lease's safety deadline (the store granted
                     // less time than the answer took, or this runtime or the store stalled
                     // past the call timeout and the answer won the race with the timer):
                     // the store may give the lease away at any moment, so it is no lease
                     // to work under. It is released as a timed-out acquire's is
                     // (`cleanup` stays armed) and the call reports a timeout.
-                    let usable_for = ttl.saturating_sub(opts.safety_margin());
-                    if sent_at.elapsed() >= usable_for {
+                    let deadline = granted.deadline(opts);
+                    if Instant::now() >= deadline {
                         tracing::warn!(
                             fencing = fencing.get(),
                             took = ?sent_at.elapsed(),
-                            granted = ?ttl,
+                            granted = ?granted.ttl,
                             "acquire answered after the lease's safety deadline; releasing it"
                         );
                         return Err(Error::Timeout {
                             operation: "acquire",
-                            after: usable_for,
+                            after: deadline - sent_at,
                         });
                     }
-                    let granted = Granted {
-                        name,
-                        owner: &owner,
-                        fencing,
-                        ttl,
-                        sent_at,
-                    };
                     let guard = self.register(hb, &granted, opts)?;
                     cleanup.disarm();
                     tracing::info!(fencing = fencing.get(), "acquired");
@@ -398,7 +397,7 @@ impl LeaseClient {
                 granted.owner.label.clone(),
                 inner.epoch,
             ));
-            let first_deadline = granted.sent_at + granted.ttl.saturating_sub(opts.safety_margin());
+            let first_deadline = granted.deadline(opts);
             shared.set_deadline(first_deadline);
             let reg = Registration {
                 id,
@@ -637,6 +636,13 @@ struct Granted<'a> {
     /// The TTL the store granted, at most the one asked for.
     ttl: Duration,
     sent_at: Instant,
+}
+
+impl Granted<'_> {
+    /// The local safety deadline of the grant: send time + granted TTL - margin.
+    fn deadline(&self, opts: &LeaseOptions) -> Instant {
+        self.sent_at + self.ttl.saturating_sub(opts.safety_margin())
+    }
 }
 
 /// Runs `work` under `guard`, cancelling it when the lease is lost, then releases.
