@@ -591,6 +591,35 @@ pub fn etcd_bare(client: etcd_client::Client, lease: i64) -> Case {
     )
 }
 
+/// Diagnostic: the bare floor's put-if-absent transaction, freed by a plain `DeleteRange`
+/// with no owner check (what etcd's lock service's `Unlock` sends for its key of one
+/// lease), to tell the compare-and-delete transaction's cost from the rest.
+pub fn etcd_plain_delete(client: etcd_client::Client, lease: i64) -> Case {
+    Case::new(
+        "diagnostic: txn put-if-absent + plain delete (no owner check)",
+        move |prefix, n| {
+            let mut client = client.clone();
+            async move {
+                for i in 0..n {
+                    let key = format!("plain/{prefix}/{}", i % 64);
+                    let value = uuid::Uuid::new_v4().to_string();
+                    let txn = Txn::new()
+                        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                        .and_then([TxnOp::put(
+                            key.clone(),
+                            value,
+                            Some(PutOptions::new().with_lease(lease)),
+                        )])
+                        .or_else([TxnOp::get(key.clone(), None)]);
+                    let r = client.txn(txn).await.expect("txn acquire");
+                    assert!(r.succeeded(), "{key} taken");
+                    client.delete(key, None).await.expect("delete");
+                }
+            }
+        },
+    )
+}
+
 /// etcd's lock service through `etcd-client` (`Lock` + `Unlock` RPCs, with a lease
 /// granted once, as in the bare floor).
 pub fn etcd_lock_service(client: etcd_client::Client, lease: i64) -> Case {

@@ -458,6 +458,7 @@ async fn etcd_store(mode: Mode) -> StoreResult {
         cycles::backend_case("library backend acquire + release", backend.clone()),
         cycles::client_case("library LeaseClient try_acquire + release", backend.clone()),
         cycles::etcd_lock_service(bare.clone(), lease),
+        cycles::etcd_plain_delete(bare.clone(), lease),
         cycles::semaphore_case(SEMAPHORE_ROW, backend.clone()),
         // The LeaseClient row's cycle with its metrics recorded (last).
         metered::client_case(METRICS_ROW, backend.clone()),
