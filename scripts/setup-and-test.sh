@@ -76,16 +76,8 @@ else
   echo "setup-and-test: clippy is not installed; skipping the lint check" >&2
 fi
 RUSTDOCFLAGS=-Dwarnings step cargo doc --workspace --no-deps --all-features
-
-df -h . | sed 's/^/setup-and-test: disk before the tests: /'
-# The test binaries are built first as a step of their own, so that the run shows the
-# build's time apart from the tests'.
-step cargo test --workspace --exclude lease-bench --no-run
-
 # Every published crate packages, and its packaged sources build on their own (the test
-# and comparison crates are publish = false). After the test build: cargo builds the
-# packaged sources in this workspace's build directory, so that dependencies the test
-# build compiled with the same features are not compiled again.
+# and comparison crates are publish = false).
 # Cargo verifies each package against the others through a local overlay of the registry,
 # whose sources it unpacks under $CARGO_HOME/registry/src once per name and version and
 # then reuses: a second run with changed sources but the same version would build the
@@ -100,20 +92,21 @@ step cargo package --workspace --exclude lease-test-servers --exclude lease-lab 
 # Every test server prints one "lease test server: ..." line naming its source; the run
 # ends with how many servers and tests came from each (scripts/count-test-servers.sh).
 # --no-fail-fast: a failure in one test binary does not hide the results of the others.
+df -h . | sed 's/^/setup-and-test: disk before the tests: /'
+# The test binaries are built first as a step of their own, so that the run shows the
+# build's time apart from the tests'.
+step cargo test --workspace --exclude lease-bench --no-run
+
 # The tests, in two lanes at once (scripts/test-lanes.py says why and which): the long,
-# mostly idle binaries beside the rest, each lane two tests at a time (the conformance
-# suites four); then the doc tests.
+# mostly idle binaries beside the rest, each lane two tests at a time; then the doc tests.
 # Together they run exactly what `cargo test --workspace --exclude lease-bench` runs, from
 # the build above. The idle lane's output follows the rest's.
 ws=(--workspace --exclude lease-bench --no-fail-fast)
 # (Assigned first, so that a failure of the helper stops the run under `set -e`: an empty
 # target list would make a lane run every test.)
 idle_targets=$(python3 scripts/test-lanes.py idle)
-suite_targets=$(python3 scripts/test-lanes.py suites)
-suite_threads=$(python3 scripts/test-lanes.py suite-threads)
 rest_targets=$(python3 scripts/test-lanes.py rest)
 read -r -a idle <<< "$idle_targets"
-read -r -a suites <<< "$suite_targets"
 read -r -a rest <<< "$rest_targets"
 log=$(mktemp)
 idle_log=$(mktemp)
@@ -127,14 +120,8 @@ tests=$SECONDS
   exit "$s"
 ) &
 idle_pid=$!
-# The rest lane: the conformance suites' binaries with more checks at a time (they mostly
-# wait; test-lanes.py gives the figures), then the other binaries.
-cargo test "${ws[@]}" "${suites[@]}" -- --test-threads="$suite_threads" 2>&1 | tee "$log"
-suite_status=${PIPESTATUS[0]}
-echo "setup-and-test: the suites took $(since "$tests")"
-cargo test "${ws[@]}" "${rest[@]}" 2>&1 | tee -a "$log"
+cargo test "${ws[@]}" "${rest[@]}" 2>&1 | tee "$log"
 rest_status=${PIPESTATUS[0]}
-if [ "$rest_status" -eq 0 ]; then rest_status=$suite_status; fi
 echo "setup-and-test: the rest lane took $(since "$tests")"
 cargo test "${ws[@]}" --doc 2>&1 | tee -a "$log"
 doc_status=${PIPESTATUS[0]}

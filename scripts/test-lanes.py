@@ -2,9 +2,8 @@
 """Splits the workspace's test binaries into the two lanes that scripts/setup-and-test.sh
 runs at the same time, and prints one lane's cargo test target arguments.
 
-    python3 scripts/test-lanes.py idle     # --test container_faults --test cron_firings ...
-    python3 scripts/test-lanes.py suites   # --test conformance --test conformance_secure ...
-    python3 scripts/test-lanes.py rest     # --lib --bins --test <every other test target>
+    python3 scripts/test-lanes.py idle   # --test container_faults --test cron_firings ...
+    python3 scripts/test-lanes.py rest   # --lib --bins --test <every other test target>
 
 Why two lanes: the test binaries run one after another, and most of them leave the two
 cores nearly idle (sampled over a whole CI run: 1% to 39% of the machine per binary).
@@ -43,15 +42,16 @@ EXCLUDED_PACKAGES = {"lease-bench"}
 # time, beside the idle ones only (about 90 s more on the rest lane, 90 s less here).
 IDLE = ["container_faults", "cron_firings", "lost_reply", "fault_matrix", "cli"]
 
-# The conformance suites' binaries (every backend's `conformance` and `conformance_secure`,
-# lease-conformance's `memory`, lease-redis's `cluster`): 772 of the rest lane's 1,502 s on
-# 2026-11-29 (etcd's alone 194 + 97 s: its TTLs are whole seconds), with the whole machine
-# 19% busy while they ran beside the idle lane. Their checks wait on TTLs and servers, each
-# on names (and mostly servers) of its own, so the setup script runs these binaries first
-# in the rest lane with SUITE_THREADS checks at a time instead of the default two (the
-# number of cores); every other binary keeps the default.
-SUITES = ["conformance", "conformance_secure", "memory", "cluster"]
-SUITE_THREADS = 4
+# Tried and dropped (2026-11-29): the conformance suites' binaries (every backend's
+# `conformance` and `conformance_secure`, `memory`, Redis's `cluster`: 949 of the rest
+# lane's 1,502 s, etcd's 194 + 97 s of it) first in the rest lane with four checks at a
+# time instead of two. On this machine the test phase took 1,106 s instead of 1,502 and
+# passed once, with the machine 47 to 71% busy while the suites ran; the next clean-clone
+# run failed two PostgreSQL checks on timing: `advisory::heartbeat_runtime_dropped` (a
+# heartbeat's renewal missed its deadline) and `election_observer_sees_every_leadership_
+# in_order` (the observer missed one of six short leaderships). Per-package thread
+# counts would need the binaries run without `cargo test` (`--test conformance` selects
+# every package's target of that name).
 
 
 def test_targets():
@@ -72,24 +72,16 @@ def test_targets():
 
 
 def main():
-    if len(sys.argv) != 2 or sys.argv[1] not in ("idle", "suites", "rest", "suite-threads"):
-        sys.exit("usage: test-lanes.py idle|suites|rest|suite-threads")
-    if sys.argv[1] == "suite-threads":
-        print(SUITE_THREADS)
-        return
+    if len(sys.argv) != 2 or sys.argv[1] not in ("idle", "rest"):
+        sys.exit("usage: test-lanes.py idle|rest")
     names = test_targets()
     for name in IDLE:
         if names.count(name) != 1:
             sys.exit(f"test-lanes.py: {names.count(name)} test targets named {name!r} (need exactly 1)")
-    for name in SUITES:
-        if name not in names or name in IDLE:
-            sys.exit(f"test-lanes.py: no suite test target named {name!r} (or it is also in IDLE)")
     if sys.argv[1] == "idle":
         args = [a for name in IDLE for a in ("--test", name)]
-    elif sys.argv[1] == "suites":
-        args = [a for name in SUITES for a in ("--test", name)]
     else:
-        rest = sorted(set(names) - set(IDLE) - set(SUITES))
+        rest = sorted(set(names) - set(IDLE))
         args = ["--lib", "--bins"] + [a for name in rest for a in ("--test", name)]
     print(" ".join(args))
 
