@@ -560,6 +560,26 @@ pub fn postgres_sqlx_advisory(pool: PgPool) -> Case {
 // ---------------------------------------------------------------------------------------
 // etcd: the bare transactions and etcd's lock service.
 
+/// The bare floor's acquire: a put-if-absent transaction on `key` with `lease`; panics if
+/// the key was taken (each task cycles over names of its own).
+async fn etcd_put_if_absent(
+    client: &mut etcd_client::Client,
+    key: &str,
+    value: String,
+    lease: i64,
+) {
+    let txn = Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(
+            key,
+            value,
+            Some(PutOptions::new().with_lease(lease)),
+        )])
+        .or_else([TxnOp::get(key, None)]);
+    let r = client.txn(txn).await.expect("txn acquire");
+    assert!(r.succeeded(), "{key} taken");
+}
+
 /// Put-if-absent transaction (with a lease granted once) + compare-and-delete
 /// transaction.
 pub fn etcd_bare(client: etcd_client::Client, lease: i64) -> Case {
@@ -571,16 +591,7 @@ pub fn etcd_bare(client: etcd_client::Client, lease: i64) -> Case {
                 for i in 0..n {
                     let key = format!("bare/{prefix}/{}", i % 64);
                     let value = uuid::Uuid::new_v4().to_string();
-                    let txn = Txn::new()
-                        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                        .and_then([TxnOp::put(
-                            key.clone(),
-                            value.clone(),
-                            Some(PutOptions::new().with_lease(lease)),
-                        )])
-                        .or_else([TxnOp::get(key.clone(), None)]);
-                    let r = client.txn(txn).await.expect("txn acquire");
-                    assert!(r.succeeded(), "{key} taken");
+                    etcd_put_if_absent(&mut client, &key, value.clone(), lease).await;
                     let txn = Txn::new()
                         .when([Compare::value(key.clone(), CompareOp::Equal, value)])
                         .and_then([TxnOp::delete(key, None)]);
@@ -603,16 +614,7 @@ pub fn etcd_plain_delete(client: etcd_client::Client, lease: i64) -> Case {
                 for i in 0..n {
                     let key = format!("plain/{prefix}/{}", i % 64);
                     let value = uuid::Uuid::new_v4().to_string();
-                    let txn = Txn::new()
-                        .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                        .and_then([TxnOp::put(
-                            key.clone(),
-                            value,
-                            Some(PutOptions::new().with_lease(lease)),
-                        )])
-                        .or_else([TxnOp::get(key.clone(), None)]);
-                    let r = client.txn(txn).await.expect("txn acquire");
-                    assert!(r.succeeded(), "{key} taken");
+                    etcd_put_if_absent(&mut client, &key, value, lease).await;
                     client.delete(key, None).await.expect("delete");
                 }
             }
