@@ -187,7 +187,13 @@ impl ZkBackend {
         let t = self.timeout();
         let clock = self.inner.layout.clock();
         let main = self.main().await?;
-        match bounded(operation, t, main.set_data(&clock, b"", None)).await? {
+        let (main, clock) = (&main, &clock);
+        let answer = self
+            .resending(main, is_loss, move || {
+                bounded(operation, t, main.set_data(clock, b"", None))
+            })
+            .await?;
+        match answer {
             Ok(stat) => Ok(stat.mtime),
             Err(e) => Err(convert(operation, t, e)),
         }
@@ -209,14 +215,18 @@ impl ZkBackend {
     ) -> Result<Found> {
         let t = self.timeout();
         let holder = holder_node(path);
-        let mut reader = client.new_multi_reader();
-        reader
-            .add_get_data(path)
-            .and_then(|()| reader.add_get_data(&holder))
-            .map_err(|e| convert(op, t, e))?;
-        // The barrier is sent here, before the read (requests go out in call order).
-        let ordered = (fresh == Fresh::Ordered).then(|| barrier(client, nodes::parent(path)));
-        let results = match bounded(op, t, after_barrier(ordered, reader.commit())).await? {
+        let holder_path = holder.as_str();
+        let read = move || async move {
+            let mut reader = client.new_multi_reader();
+            reader
+                .add_get_data(path)
+                .and_then(|()| reader.add_get_data(holder_path))
+                .map_err(|e| convert(op, t, e))?;
+            // The barrier is sent here, before the read (requests go out in call order).
+            let ordered = (fresh == Fresh::Ordered).then(|| barrier(client, nodes::parent(path)));
+            bounded(op, t, after_barrier(ordered, reader.commit())).await
+        };
+        let results = match self.resending(client, is_loss, read).await? {
             Ok(r) => r,
             Err(e) => return Err(convert(op, t, e)),
         };
@@ -255,7 +265,9 @@ impl ZkBackend {
     async fn ensure_name_node(&self, client: &zk::Client, path: &str) -> Result<()> {
         let t = self.timeout();
         let opts = zk::CreateMode::Persistent.with_acls(self.inner.acls);
-        match bounded("acquire", t, client.create(path, &[], &opts)).await? {
+        let opts = &opts;
+        let create = move || bounded("acquire", t, client.create(path, &[], opts));
+        match self.resending(client, is_loss, create).await? {
             Ok(_) | Err(zk::Error::NodeExists) => Ok(()),
             Err(e) => Err(convert("acquire", t, e)),
         }
@@ -411,7 +423,19 @@ impl ZkBackend {
                 // owner's. A connection closed by the other end or not made at all
                 // (`ConnectionLoss`) fails the acquire at once: the server, or the way to
                 // it, is likely down, and the client library waits longer and longer
-                // between its attempts to connect again.
+                // between its attempts to connect again. Unless a retired connection of
+                // the session took it back (`Sessions::taken_back`): the client connects
+                // again at once, and the acquire is sent again as above.
+                zk::Error::ConnectionLoss
+                    if attempt < 3
+                        && Instant::now() < deadline
+                        && self.inner.sessions.taken_back(session) =>
+                {
+                    tracing::debug!(
+                        "connection taken back by a retired one of the session with the acquire in flight; sending it again"
+                    );
+                    continue;
+                }
                 e @ zk::Error::Custom(_) if attempt < 3 && Instant::now() < deadline => {
                     tracing::debug!(
                         error = %e,
@@ -708,16 +732,40 @@ impl ZkBackend {
             .by_key
             .get(&key)
             .and_then(|r| {
-                r.version
-                    .map(|v| (v, r.label.clone(), r.fencing, r.acquired_at))
+                r.version.map(|v| {
+                    (
+                        v,
+                        r.label.clone(),
+                        r.fencing,
+                        r.acquired_at,
+                        (r.ttl_ms, r.session),
+                    )
+                })
             });
+        // The release goes through the session the holder node is on where that session
+        // is current and connected: it answered the acquire and keeps the lease. The main
+        // session may still be reconnecting after a member was lost (each session's
+        // client library backs off on its own), and a release through it would fail
+        // `ConnectionLoss` while the lease's own session could send it. Otherwise (the
+        // lease's session disconnected, or not known here) through the main session.
+        let mut via = None;
         let (version, label, fencing, rest) = match known {
-            Some((v, label, fencing, acquired_at)) => (
-                v,
-                label,
-                fencing,
-                keep_for.saturating_sub(acquired_at.elapsed()),
-            ),
+            Some((v, label, fencing, acquired_at, (ttl_ms, session))) => {
+                // The lease's session is found without opening one: checked here.
+                self.inner.sessions.check_runtime()?;
+                via = self
+                    .inner
+                    .sessions
+                    .existing(ttl_ms, session)
+                    .await
+                    .filter(|c| c.state() == zk::SessionState::SyncConnected);
+                (
+                    v,
+                    label,
+                    fencing,
+                    keep_for.saturating_sub(acquired_at.elapsed()),
+                )
+            }
             None => {
                 // Not acquired through this backend (or its reply was lost): read the name.
                 let found = self
@@ -754,9 +802,16 @@ impl ZkBackend {
         let rest_ms = u64::try_from(rest.as_millis()).unwrap_or(u64::MAX);
         let keep = encode_keep(rest_ms, fencing);
         let mut ttl_nodes = true;
+        // Sent again once where a retired connection of the session took it back with the
+        // release in flight; the second run then finds the name node moved on if the first
+        // was applied, and the name node tells.
+        let mut resent = false;
         loop {
-            let main = self.main().await?;
-            let mut multi = main.new_multi_writer();
+            let client = match &via {
+                Some(c) => c.clone(),
+                None => self.main().await?,
+            };
+            let mut multi = client.new_multi_writer();
             let mut added = multi
                 .add_set_data(&path, &released, Some(version))
                 .and_then(|()| multi.add_delete(&holder, None));
@@ -791,8 +846,26 @@ impl ZkBackend {
                     source: zk::Error::BadVersion | zk::Error::NoNode,
                     ..
                 }) => {
+                    let ours = resent
+                        && self
+                            .read_pair(&client, &path, "release", Fresh::AfterOwnWrite)
+                            .await?
+                            .name
+                            .is_some_and(|(nd, _)| nd.state == RELEASED && nd.token == *token);
                     self.inner.sessions.records().remove(&key);
-                    return Ok(ReleaseOutcome::NotOwner);
+                    return Ok(if ours {
+                        ReleaseOutcome::Released
+                    } else {
+                        ReleaseOutcome::NotOwner
+                    });
+                }
+                Err(zk::MultiWriteError::RequestFailed {
+                    source: zk::Error::ConnectionLoss,
+                }) if !resent && self.inner.sessions.taken_back(client.session_id().0) => {
+                    tracing::debug!(
+                        "connection taken back by a retired one of the session with the release in flight; sending it again"
+                    );
+                    resent = true;
                 }
                 Err(zk::MultiWriteError::OperationFailed { source, .. })
                 | Err(zk::MultiWriteError::RequestFailed { source }) => {
@@ -801,6 +874,39 @@ impl ZkBackend {
             }
         }
     }
+
+    /// `send` (one request on `client`) and, where it failed with an error `lost` picks
+    /// out while a retired connection of the same session may have taken the session's
+    /// connection back ([`Sessions::taken_back`]), once more: the client connects again at
+    /// once and the second request waits for it. Only for requests that may run twice
+    /// with the same effect (reads, writes that change nothing the second time).
+    ///
+    /// [`Sessions::taken_back`]: crate::sessions::Sessions::taken_back
+    async fn resending<T, E, Fut>(
+        &self,
+        client: &zk::Client,
+        lost: fn(&E) -> bool,
+        mut send: impl FnMut() -> Fut,
+    ) -> Result<std::result::Result<T, E>>
+    where
+        Fut: std::future::Future<Output = Result<std::result::Result<T, E>>>,
+    {
+        match send().await? {
+            Err(e) if lost(&e) && self.inner.sessions.taken_back(client.session_id().0) => {
+                tracing::debug!(
+                    session = %client.session_id(),
+                    "connection taken back by a retired one of the session; the request sent again"
+                );
+                send().await
+            }
+            other => Ok(other),
+        }
+    }
+}
+
+/// Whether a request failed because its connection was lost with it in flight.
+fn is_loss(e: &zk::Error) -> bool {
+    matches!(e, zk::Error::ConnectionLoss)
 }
 
 #[async_trait]

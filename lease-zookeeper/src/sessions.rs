@@ -188,14 +188,39 @@ pub(crate) struct Sessions {
     pub(crate) records: Mutex<Records>,
     /// The sessions found disconnected, by slot: see [`Sessions::resume_stalled`].
     stalled: Mutex<HashMap<u64, Stalled>>,
-    /// The connections [`Sessions::resume_stalled`] replaced, by session id, until they
-    /// end: requests queued on one while it was disconnected are sent when it reconnects.
-    retired: Mutex<Vec<(i64, zk::StateWatcher)>>,
+    /// The connections [`Sessions::resume_stalled`] replaced, until [`TAKEN_BACK_FOR`]
+    /// after they were seen ended: see [`Retired`].
+    retired: Mutex<Vec<Retired>>,
     /// Where [`ZkConfig::runtime`](crate::ZkConfig::runtime) is set: alive while a task
     /// parked on that runtime for good holds its `Arc`, that is, until the runtime shuts
     /// down (its tasks, the sessions' among them, are dropped then).
     runtime_alive: Option<std::sync::Weak<()>>,
 }
+
+/// A connection [`Sessions::resume_stalled`] replaced. Until it ends, requests queued on
+/// it while it was disconnected are sent when it reconnects. It reconnects once (at the
+/// client library's next attempt, up to 7/5 of the session timeout after its last
+/// answer) and ends at once, since nothing holds it; but its reconnection moves the
+/// session to it. The current client's connection stays open and its pings are
+/// answered, but the server closes it at the next request that reaches the leader,
+/// which fails `ConnectionLoss` although the store is reachable (the client connects
+/// again at once). [`Sessions::settle`] sends that request as soon as the sweep sees the
+/// retired connection ended; a caller's request caught in the same moment is sent again
+/// ([`Sessions::taken_back`]).
+struct Retired {
+    /// The session's id.
+    id: i64,
+    state: zk::StateWatcher,
+    /// When it was first seen ended (the sweep looks every 100 ms).
+    ended: Option<Instant>,
+    /// Whether [`Sessions::settle`] was sent for it.
+    settled: bool,
+}
+
+/// How long after a retired connection was seen ended a `ConnectionLoss` on its session
+/// is still put down to it ([`Sessions::taken_back`]): [`Sessions::settle`], sent within
+/// a sweep (100 ms) of its end, closes the moved connection within a round trip.
+const TAKEN_BACK_FOR: Duration = Duration::from_secs(1);
 
 /// A session found disconnected by [`Sessions::resume_stalled`].
 struct Stalled {
@@ -493,9 +518,11 @@ impl Sessions {
     /// lost. A new client with the session's id and password (each server tried once,
     /// bounded) reattaches the session as soon as a server answers; it takes the old
     /// client's place, and the old one, dropped, ends when it next connects (it is
-    /// detached: it does not close the session). Its reconnection moves the session's
-    /// connection to it for a moment, so requests then in flight on the new connection
-    /// fail `ConnectionLoss` once (retryable) and are answered again on the next. A call
+    /// detached: it does not close the session). Its reconnection moves the session to
+    /// it for a moment, and the new client's next request through the leader fails
+    /// `ConnectionLoss` ([`Retired`]): [`Sessions::settle`] sends that request, and the
+    /// backend sends a caller's request caught in the same moment again
+    /// ([`Sessions::taken_back`]). A call
     /// still holding a copy of the old client (at most its request timeout; nothing here
     /// holds one longer) keeps it connected: until the copy is dropped the two clients
     /// take the connection from each other, and requests on either may fail
@@ -514,12 +541,26 @@ impl Sessions {
     /// attempt).
     pub(crate) fn resume_stalled(self: &Arc<Self>) {
         let now = Instant::now();
-        self.retired
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|(_, w)| !w.peek_state().is_terminated());
+        // Retired connections that reconnected (and so took their session back) since the
+        // last look: see [`Sessions::settle`].
+        let settle: Vec<i64> = self
+            .retired_now(now)
+            .iter_mut()
+            .filter(|r| {
+                !r.settled && r.ended.is_some() && r.state.peek_state() == zk::SessionState::Closed
+            })
+            .map(|r| {
+                r.settled = true;
+                r.id
+            })
+            .collect();
         let sessions: Vec<(u64, zk::Client)> =
             self.map().iter().map(|(k, c)| (*k, c.clone())).collect();
+        let settle: Vec<zk::Client> = sessions
+            .iter()
+            .filter(|(_, c)| settle.contains(&c.session_id().0))
+            .map(|(_, c)| c.clone())
+            .collect();
         let mut start = Vec::new();
         {
             let mut stalled = self.stalled.lock().unwrap_or_else(|p| p.into_inner());
@@ -565,6 +606,25 @@ impl Sessions {
         for (slot, info, timeout) in start {
             rt.spawn(self.clone().resume(slot, info, timeout));
         }
+        for client in settle {
+            rt.spawn(Self::settle(client, self.config.request_timeout));
+        }
+    }
+
+    /// Sends one request through the leader on `client`, whose session a retired
+    /// connection took back when it reconnected ([`Retired`]). The server keeps the
+    /// client's connection open and answers its pings, but closes it at the first request
+    /// that reaches the leader (the session has moved): that request fails
+    /// `ConnectionLoss`, and the client connects again at once. Sent here, this request
+    /// takes that failure instead of a caller's, which could come any time later; a
+    /// caller's request in flight meanwhile is sent again ([`Sessions::taken_back`]).
+    async fn settle(client: zk::Client, timeout: Duration) {
+        let answer = crate::error::bounded("settle", timeout, barrier(&client, "/")).await;
+        tracing::debug!(
+            session = %client.session_id(),
+            answer = ?answer,
+            "a retired connection took the session back; its connection settled"
+        );
     }
 
     /// One attempt to resume session `info` of `slot` on a new connection.
@@ -603,7 +663,12 @@ impl Sessions {
                         self.retired
                             .lock()
                             .unwrap_or_else(|p| p.into_inner())
-                            .push((id, old.state_watcher()));
+                            .push(Retired {
+                                id,
+                                state: old.state_watcher(),
+                                ended: None,
+                                settled: false,
+                            });
                     }
                     tracing::info!(
                         slot,
@@ -637,9 +702,30 @@ impl Sessions {
     /// ends when it next connects with no copy of it held, or at 7/5 of the session
     /// timeout after its last answer).
     pub(crate) fn replay_pending(&self, id: i64) -> bool {
+        self.retired_now(Instant::now())
+            .iter()
+            .any(|r| r.id == id && r.ended.is_none())
+    }
+
+    /// Whether a request on session `id` that failed `ConnectionLoss` may have lost its
+    /// connection to a retired one of the same session taking it back ([`Retired`]): one
+    /// is still alive, or was seen ended less than [`TAKEN_BACK_FOR`] ago. Such a request
+    /// may be sent again on the current client, which reconnects at once.
+    pub(crate) fn taken_back(&self, id: i64) -> bool {
+        self.retired_now(Instant::now()).iter().any(|r| r.id == id)
+    }
+
+    /// The retired connections, each marked ended where it has ended, without those
+    /// seen ended [`TAKEN_BACK_FOR`] ago or longer.
+    fn retired_now(&self, now: Instant) -> MutexGuard<'_, Vec<Retired>> {
         let mut retired = self.retired.lock().unwrap_or_else(|p| p.into_inner());
-        retired.retain(|(_, w)| !w.peek_state().is_terminated());
-        retired.iter().any(|(r, _)| *r == id)
+        for r in retired.iter_mut() {
+            if r.ended.is_none() && r.state.peek_state().is_terminated() {
+                r.ended = Some(now);
+            }
+        }
+        retired.retain(|r| r.ended.is_none_or(|e| now < e + TAKEN_BACK_FOR));
+        retired
     }
 
     /// Drops the session `id`: a request on it failed with `SessionExpired`. Ignored while

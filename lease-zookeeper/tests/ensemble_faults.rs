@@ -1,20 +1,31 @@
 //! A 3-member ensemble whose leader is SIGKILLed while 20 leases are held: no lease the
 //! store kept is reported lost, no fencing token is handed out twice, and the takeover
 //! figures are printed (`cargo test -p lease-zookeeper --test ensemble_faults --
-//! --nocapture`).
+//! --nocapture`; `RUST_LOG=lease_zookeeper=debug,zookeeper_client=debug` for the
+//! sessions' reconnections).
+//!
+//! While the members elect a new leader, every session is disconnected and the backend
+//! resumes each on a new connection after a second; the connection it replaced reconnects
+//! once when its own next attempt comes, and moves the session to itself. Before the
+//! backend settled that (`Sessions::settle`, `Sessions::taken_back`), a release or an
+//! inspect on the healthy ensemble failed `ConnectionLoss` in 5 of 62 runs of this test.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::{LeaseBackend, LeaseClient, LeaseOptions, TryAcquire};
+use lease_core::{LeaseBackend, LeaseClient, LeaseOptions, ReleaseOutcome, TryAcquire};
 use lease_test_servers::ZooKeeperEnsemble;
 use lease_zookeeper::{ZkBackend, ZkConfig};
 use tokio::time::Instant;
 
 #[tokio::test]
 async fn leader_killed_while_twenty_leases_are_held() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let mut ensemble = ZooKeeperEnsemble::start(3).await.unwrap();
     let config = ZkConfig::default()
         .with_prefix("/leader-kill")
@@ -63,7 +74,9 @@ async fn leader_killed_while_twenty_leases_are_held() {
             && let Ok(TryAcquire::Acquired(g)) = client.try_acquire("probe", &probe_opts).await
         {
             first_acquire = Some(killed.elapsed());
-            g.release().await.unwrap();
+            // The ensemble is back: the release must not fail although a connection the
+            // backend replaced while the members were down may take its session back now.
+            assert_eq!(g.release().await.unwrap(), ReleaseOutcome::Released);
         }
         if all_renewed.is_none() && guards.iter().zip(&before).all(|(g, b)| g.deadline() > *b) {
             all_renewed = Some(killed.elapsed());
@@ -98,7 +111,7 @@ async fn leader_killed_while_twenty_leases_are_held() {
 
     // Released and taken again, by another client: every token new and above the old.
     for g in guards {
-        g.release().await.unwrap();
+        assert_eq!(g.release().await.unwrap(), ReleaseOutcome::Released);
     }
     let other = LeaseClient::new(backend.clone());
     let mut again = BTreeSet::new();
