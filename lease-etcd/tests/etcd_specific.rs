@@ -619,3 +619,112 @@ async fn an_unrenewed_key_whose_delete_failed_is_deleted_by_a_later_renewal() {
         start.elapsed()
     );
 }
+
+/// Each acquisition stores its record at the name's key followed by its owner token, and
+/// its release is a plain delete of that key: another owner's record of the same name is
+/// never touched, and a record of the earlier layout (at the name's key itself, owner
+/// token in the value) is a holder to this one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquisition_has_a_key_of_its_own() {
+    let server = EtcdServer::start().await.expect("etcd");
+    let cfg = config();
+    let b = backend(&server.endpoints(), &cfg).await;
+    let mut raw = etcd_client::Client::connect(server.endpoints(), None)
+        .await
+        .unwrap();
+    let name = LeaseName::new("report:eu").unwrap();
+    let name_key = format!("{}/l/report:eu#", cfg.key_prefix);
+    let ttl = Duration::from_secs(5);
+
+    // The record is at the name's key followed by the 32 hex digits of the owner token.
+    let first = Owner::new(HolderLabel::new("first").unwrap());
+    let AcquireOutcome::Acquired { fencing, .. } = b.acquire(&name, &first, ttl).await.unwrap()
+    else {
+        panic!("not acquired")
+    };
+    let own_key = format!("{name_key}{}", first.token.to_string().replace('-', ""));
+    let found = raw
+        .get(
+            name_key.clone(),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    let keys: Vec<&[u8]> = found.kvs().iter().map(|kv| kv.key()).collect();
+    assert_eq!(keys, vec![own_key.as_bytes()]);
+    assert_eq!(found.kvs()[0].value(), b"lease2\nheld\nfirst");
+    assert_eq!(found.kvs()[0].create_revision(), fencing.get() as i64);
+
+    // Held by it: a second owner's acquire puts nothing and names the holder.
+    let second = Owner::new(HolderLabel::new("second").unwrap());
+    match b.acquire(&name, &second, ttl).await.unwrap() {
+        AcquireOutcome::Held(by) => assert_eq!(by.holder.as_deref(), Some("first")),
+        AcquireOutcome::Acquired { .. } => panic!("acquired while held"),
+    }
+    let count = |raw: &mut etcd_client::Client| {
+        let mut raw = raw.clone();
+        let key = name_key.clone();
+        async move {
+            raw.get(
+                key,
+                Some(
+                    etcd_client::GetOptions::new()
+                        .with_prefix()
+                        .with_count_only(),
+                ),
+            )
+            .await
+            .unwrap()
+            .count()
+        }
+    };
+    assert_eq!(count(&mut raw).await, 1);
+    // The second owner's release touches nothing; the holder's removes its key.
+    assert_eq!(
+        b.release(&name, &second.token, Duration::ZERO)
+            .await
+            .unwrap(),
+        ReleaseOutcome::NotOwner
+    );
+    assert_eq!(count(&mut raw).await, 1);
+    assert_eq!(
+        b.release(&name, &first.token, Duration::ZERO)
+            .await
+            .unwrap(),
+        ReleaseOutcome::Released
+    );
+    assert_eq!(count(&mut raw).await, 0);
+
+    // A record of the earlier layout holds the name.
+    let old_owner = lease_core::OwnerToken::random();
+    raw.put(
+        name_key.clone(),
+        format!("lease1\nheld\n{old_owner}\nold-host:7"),
+        None,
+    )
+    .await
+    .unwrap();
+    match b.acquire(&name, &second, ttl).await.unwrap() {
+        AcquireOutcome::Held(by) => assert_eq!(by.holder.as_deref(), Some("old-host:7")),
+        AcquireOutcome::Acquired { .. } => panic!("acquired over a record of the earlier layout"),
+    }
+    let info = b
+        .inspect(&name)
+        .await
+        .unwrap()
+        .expect("inspect sees the record");
+    assert_eq!(info.holder.as_deref(), Some("old-host:7"));
+    // A force release clears every key of the name, whichever layout wrote it.
+    assert!(b.force_release(&name).await.unwrap());
+    assert_eq!(count(&mut raw).await, 0);
+    assert!(matches!(
+        b.acquire(&name, &second, ttl).await.unwrap(),
+        AcquireOutcome::Acquired { .. }
+    ));
+    assert_eq!(
+        b.release(&name, &second.token, Duration::ZERO)
+            .await
+            .unwrap(),
+        ReleaseOutcome::Released
+    );
+}
