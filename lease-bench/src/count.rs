@@ -21,9 +21,7 @@ use crate::cycles::{self, Case};
 pub async fn run(store: &str, url: &str, case: &str, n: usize, tasks: usize) -> Result<(), String> {
     let case = build(store, url, case).await?;
     let tasks = tasks.max(1);
-    // Names of about 16 bytes, as in the benchmark's rounds (see `cycles::run`).
-    let mut prefix = uuid::Uuid::new_v4().simple().to_string();
-    prefix.truncate(8);
+    let prefix = format!("count-{}", uuid::Uuid::new_v4().simple());
     // Every task's loop goes over up to 64 names of its own. The warm-up takes each of
     // them once (a name's first acquisition does more: a Redis fencing counter is
     // seeded), so the counted cycles find their names as the benchmark's rounds do, and

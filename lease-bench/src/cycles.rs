@@ -116,13 +116,7 @@ const SLICES: [usize; 2] = [8, 4];
 /// over the sum of its slices' times, its ratio is taken within the round, and the median
 /// over rounds is reported.
 pub async fn run(cases: &[Case], plan: Plan) -> Vec<Row> {
-    // Names are `<run id>-<case>-<mode>-<task>:<i>`, about 16 bytes, the length of the
-    // names users give their jobs ("nightly-report", "settlement:eu"). A run id of 8 hex
-    // digits keeps runs apart; with the whole 32-digit uuid (names of about 42 bytes)
-    // the etcd backend's acquire crossed h2's 256-byte threshold above which a request
-    // is written with a system call of its own (docs/benchmark-notes.md, etcd).
-    let mut run_id = uuid::Uuid::new_v4().simple().to_string();
-    run_id.truncate(8);
+    let run_id = uuid::Uuid::new_v4().simple().to_string();
     let k = cases.len();
     // rates[case][mode][round]
     let mut rates = vec![[Vec::new(), Vec::new()]; k];

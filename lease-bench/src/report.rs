@@ -91,7 +91,7 @@ pub fn markdown(results: &[StoreResult], machine: &str, command: &str, notes: &s
          taken *within* each round (case / floor of the same round); tables show the median \
          over the rounds and, in brackets, the lowest and highest round. One task means one connection (Redis: one multiplexed \
          connection; PostgreSQL: one pooled connection at a time; etcd: one gRPC channel). \
-         Each task cycles over names of its own (up to 64; a slice's cycles start again at the first; names of about 16 bytes, `<run id>-<case>-<mode>-<task>:<i>`), so tasks never contend for a lease, and uses the same names in every round (so PostgreSQL cycles update existing rows, as a lock table does once its names exist).\n",
+         Each task cycles over names of its own (up to 64; a slice's cycles start again at the first), so tasks never contend for a lease, and uses the same names in every round (so PostgreSQL cycles update existing rows, as a lock table does once its names exist).\n",
         tasks = results.first().map_or(32, |r| r.plan.tasks)
     );
 

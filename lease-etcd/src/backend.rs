@@ -151,8 +151,7 @@ impl LeaseBackend for EtcdBackend {
         let t = inner.timeout();
         let secs = ttl_secs(ttl);
         let key = inner.layout.key(name.as_bytes());
-        let own = owned_key(&key, &owner.token);
-        let value = encode_value(owner.label.as_str(), false);
+        let value = encode_value(&owner.token, owner.label.as_str(), false);
         let started = Instant::now();
         let mut retried = false;
         loop {
@@ -167,21 +166,14 @@ impl LeaseBackend for EtcdBackend {
                 owner.token,
                 session.id,
             );
-            // Free when no key of the name exists (whoever's acquisition it is); then
-            // this acquisition's own key goes in, else the holder's record is read.
-            let end = range_end(&key);
             let txn = Txn::new()
-                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)
-                    .with_range(end.clone())])
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
                 .and_then([TxnOp::put(
-                    own.clone(),
+                    key.clone(),
                     value.clone(),
                     Some(PutOptions::new().with_lease(session.id)),
                 )])
-                .or_else([TxnOp::get(
-                    key.clone(),
-                    Some(GetOptions::new().with_range(end).with_limit(1)),
-                )]);
+                .or_else([TxnOp::get(key.clone(), None)]);
             let reply = inner
                 .rpc("acquire", || {
                     let mut kv = inner.client.kv_client();
@@ -333,7 +325,7 @@ impl LeaseBackend for EtcdBackend {
                             // missing from it is lost, one in it was ours at `floor`. Keys
                             // put after `floor` may be missing from it without being lost.
                             if h.lease == check.id && h.rev <= floor {
-                                if attached.keys.contains(&owned_key(key, &h.token)) {
+                                if attached.keys.contains(key) {
                                     h.known_rev = h.known_rev.max(floor);
                                 } else {
                                     h.lost = true;
@@ -435,7 +427,6 @@ impl LeaseBackend for EtcdBackend {
     ) -> Result<ReleaseOutcome> {
         let inner = &*self.inner;
         let key = inner.layout.key(name.as_bytes());
-        let own = owned_key(&key, token);
         let local = {
             let mut st = inner.shared.lock();
             match st.held(&key) {
@@ -457,16 +448,15 @@ impl LeaseBackend for EtcdBackend {
                 let resp = inner
                     .call("release", || {
                         let mut kv = inner.client.kv_client();
-                        let own = own.clone();
-                        async move { kv.get(own, None).await }
+                        let key = key.clone();
+                        async move { kv.get(key, None).await }
                     })
                     .await?;
                 let Some(kv) = resp.kvs().first() else {
                     return Ok(ReleaseOutcome::NotOwner);
                 };
                 match decode_value(kv.value()) {
-                    // The key is this token's own: its record is ours unless released.
-                    Ok(s) if !s.released => (kv.mod_revision(), None, s.label),
+                    Ok(s) if s.token == *token && !s.released => (kv.mod_revision(), None, s.label),
                     _ => return Ok(ReleaseOutcome::NotOwner),
                 }
             }
@@ -479,7 +469,7 @@ impl LeaseBackend for EtcdBackend {
             }),
             None => keep_for,
         };
-        let owned = Compare::mod_revision(own.clone(), CompareOp::Equal, rev);
+        let owned = Compare::mod_revision(key.clone(), CompareOp::Equal, rev);
         let txn_call = |txn: Txn| {
             inner.call("release", move || {
                 let mut kv = inner.client.kv_client();
@@ -487,24 +477,10 @@ impl LeaseBackend for EtcdBackend {
                 async move { kv.txn(txn).await }
             })
         };
-        let succeeded = if keep.is_zero() && locked_at.is_some() {
-            // The key is this acquisition's alone (its owner token is in it) and this
-            // instance put it at `rev` and never wrote it since: deleting it removes our
-            // record or, if it expired or was deleted meanwhile, nothing.
-            let resp = inner
-                .call("release", || {
-                    let mut kv = inner.client.kv_client();
-                    let own = own.clone();
-                    async move { kv.delete(own, None).await }
-                })
-                .await?;
-            resp.deleted() > 0
-        } else if keep.is_zero() {
-            // Acquired elsewhere and read above: deleted only while still at the revision
-            // read (a keep-for release through another instance may have rewritten it).
+        let succeeded = if keep.is_zero() {
             let txn = Txn::new()
                 .when([owned])
-                .and_then([TxnOp::delete(own.clone(), None)]);
+                .and_then([TxnOp::delete(key.clone(), None)]);
             txn_call(txn).await?.succeeded()
         } else {
             // A lease of its own, never renewed: the key expires by itself, rounded up to
@@ -523,8 +499,8 @@ impl LeaseBackend for EtcdBackend {
                 ));
             }
             let txn = Txn::new().when([owned]).and_then([TxnOp::put(
-                own.clone(),
-                encode_value(&label, true),
+                key.clone(),
+                encode_value(token, &label, true),
                 Some(PutOptions::new().with_lease(grant.id())),
             )]);
             // On an error the transaction may have been applied (its reply was lost, the
@@ -554,8 +530,7 @@ impl LeaseBackend for EtcdBackend {
             .call("inspect", || {
                 let mut kv = inner.client.kv_client();
                 let key = key.clone();
-                let opts = GetOptions::new().with_range(range_end(&key)).with_limit(1);
-                async move { kv.get(key, Some(opts)).await }
+                async move { kv.get(key, None).await }
             })
             .await?;
         let Some(kv) = resp.take_kvs().into_iter().next() else {
@@ -583,8 +558,7 @@ impl LeaseBackend for EtcdBackend {
             .call("force_release", || {
                 let mut kv = inner.client.kv_client();
                 let key = key.clone();
-                let opts = DeleteOptions::new().with_range(range_end(&key));
-                async move { kv.delete(key, Some(opts)).await }
+                async move { kv.delete(key, None).await }
             })
             .await?;
         let rev = resp.header().map_or(i64::MAX, |h| h.revision());
@@ -618,10 +592,7 @@ impl LeaseBackend for EtcdBackend {
                 .call("wait_released", || {
                     let mut kv = inner.client.kv_client();
                     let key = key.clone();
-                    let opts = GetOptions::new()
-                        .with_range(range_end(&key))
-                        .with_count_only();
-                    async move { kv.get(key, Some(opts)).await }
+                    async move { kv.get(key, Some(GetOptions::new().with_count_only())).await }
                 })
                 .await?;
             if resp.count() == 0 {

@@ -18,24 +18,12 @@
 //!
 //! Common names stay as they are (`lease/l/nightly-report#`), half the length of the hex
 //! layout this replaced. Length matters on the wire: an acquire's transaction carries the
-//! key five times, and a gRPC request of 256 bytes or more is written with a system call
+//! key three times, and a gRPC request of 256 bytes or more is written with a system call
 //! of its own (h2 sends such a payload apart instead of copying it into its write
 //! buffer), where smaller requests of concurrent callers share one.
 //!
-//! **An acquisition's own key.** The record of one acquisition is stored at the name's
-//! key followed by its owner token in 32 lowercase hex digits ([`owned_key`]), as etcd's
-//! lock service keys each lock by its session lease. The name is free while the range
-//! `[key, range_end(key))` is empty; that range holds exactly the keys starting with the
-//! name's key, since no other name's key does. Nobody but the acquisition writes its own
-//! key, so its release is a plain delete, where a shared key needed an owner-checked
-//! transaction (in the benchmark of 2026-11-29 on etcd 3.4, a cycle whose release was a
-//! plain delete cost the server 558 µs of CPU, one with the owner-checked delete 658 µs;
-//! BENCHMARKS.md).
-//!
-//! **Values.** `lease2\n<state>\n<holder label>`, where `state` is `held`
-//! or `released` (released with keep-for: still taken, never renewable). The owner token
-//! is in the key. A record of the earlier layout (`lease1\n<state>\n<owner
-//! token>\n<holder label>` at the name's key) is still read, as a holder. Labels contain no
+//! **Values.** `lease1\n<state>\n<owner token>\n<holder label>`, where `state` is `held`
+//! or `released` (released with keep-for: still taken, never renewable). Labels contain no
 //! control characters, so the newline split is unambiguous. Anything else under the
 //! prefix is reported as an unexpected reply, never mistaken for a lease.
 
@@ -44,11 +32,7 @@ use lease_core::{InvalidInput, OwnerToken};
 /// Longest accepted key prefix, in bytes.
 pub(crate) const MAX_PREFIX_LEN: usize = 256;
 
-/// The value's first line: `lease2` for a record of an acquisition's own key (the owner
-/// token is in the key), `lease1` for a record of the earlier layout (the token in the
-/// value, the key the name's key), which is still read so that such a holder is seen.
-const MAGIC: &str = "lease2";
-const MAGIC_V1: &str = "lease1";
+const MAGIC: &str = "lease1";
 const HELD: &str = "held";
 const RELEASED: &str = "released";
 
@@ -122,98 +106,46 @@ impl Layout {
         key.push(TERMINATOR);
         key
     }
-
-    /// The name key (see [`Layout::key`]) of `stored`, a key under this layout's range:
-    /// everything up to and including its first terminator. `None` for a key that has
-    /// none (not a lease key).
-    pub(crate) fn name_key_of<'a>(&self, stored: &'a [u8]) -> Option<&'a [u8]> {
-        name_key_of(&self.range, stored)
-    }
-}
-
-/// [`Layout::name_key_of`] for the layout whose [`Layout::range_prefix`] is `range`.
-pub(crate) fn name_key_of<'a>(range: &[u8], stored: &'a [u8]) -> Option<&'a [u8]> {
-    let rest = stored.strip_prefix(range)?;
-    let end = rest.iter().position(|&b| b == TERMINATOR)?;
-    stored.get(..range.len() + end + 1)
-}
-
-/// The key one acquisition of a name is stored at: the name's key (see [`Layout::key`])
-/// followed by the acquisition's owner token in 32 lowercase hex digits. No other
-/// acquisition ever writes it, so releasing it needs no comparison: a plain delete of it
-/// removes this acquisition's record or nothing.
-pub(crate) fn owned_key(name_key: &[u8], token: &OwnerToken) -> Vec<u8> {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut key = Vec::with_capacity(name_key.len() + 32);
-    key.extend_from_slice(name_key);
-    for &b in token.as_bytes() {
-        key.push(DIGITS[usize::from(b >> 4)]);
-        key.push(DIGITS[usize::from(b & 0x0f)]);
-    }
-    key
-}
-
-/// The end of the range that holds every key stored for the name whose key is
-/// `name_key`: the key with its terminator raised by one, so that `[name_key, end)` is
-/// exactly the keys that start with `name_key` (no other name's key does, see
-/// [`Layout::key`]).
-pub(crate) fn range_end(name_key: &[u8]) -> Vec<u8> {
-    let mut end = name_key.to_vec();
-    if let Some(last) = end.last_mut() {
-        *last = TERMINATOR + 1;
-    }
-    end
 }
 
 /// A decoded value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Stored {
+    pub(crate) token: OwnerToken,
     pub(crate) released: bool,
     pub(crate) label: String,
 }
 
-/// Encodes the value of a held (or, with `released`, a released-with-keep-for) lease. The
-/// owner token is not in it: it is in the key ([`owned_key`]).
-pub(crate) fn encode_value(label: &str, released: bool) -> Vec<u8> {
+/// Encodes the value of a held (or, with `released`, a released-with-keep-for) lease.
+pub(crate) fn encode_value(token: &OwnerToken, label: &str, released: bool) -> Vec<u8> {
     let state = if released { RELEASED } else { HELD };
-    let mut value = Vec::with_capacity(MAGIC.len() + state.len() + label.len() + 2);
-    for (i, part) in [MAGIC, state, label].into_iter().enumerate() {
-        if i > 0 {
-            value.push(b'\n');
-        }
-        value.extend_from_slice(part.as_bytes());
-    }
-    value
+    format!("{MAGIC}\n{state}\n{token}\n{label}").into_bytes()
 }
 
 /// Decodes a value; `Err` with a short reason for anything that is not ours.
 pub(crate) fn decode_value(value: &[u8]) -> Result<Stored, String> {
     let text = std::str::from_utf8(value).map_err(|_| "value is not UTF-8".to_owned())?;
-    let not_ours = || format!("value {:?} is not a lease record", preview(text));
-    let (state, label) = match text.split_once('\n') {
-        Some((MAGIC, rest)) => rest.split_once('\n').ok_or_else(not_ours)?,
-        Some((MAGIC_V1, rest)) => {
-            let mut parts = rest.splitn(3, '\n');
-            let (Some(state), Some(token), Some(label)) =
-                (parts.next(), parts.next(), parts.next())
-            else {
-                return Err(not_ours());
-            };
-            OwnerToken::parse(token)
-                .map_err(|_| format!("malformed owner token {:?}", preview(token)))?;
-            (state, label)
-        }
-        _ => return Err(not_ours()),
+    let mut parts = text.splitn(4, '\n');
+    let (Some(magic), Some(state), Some(token), Some(label)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(format!("value {:?} is not a lease record", preview(text)));
     };
+    if magic != MAGIC {
+        return Err(format!("value {:?} is not a lease record", preview(text)));
+    }
     let released = match state {
         HELD => false,
         RELEASED => true,
         other => return Err(format!("unknown lease state {:?}", preview(other))),
     };
+    let token = OwnerToken::parse(token)
+        .map_err(|_| format!("malformed owner token {:?}", preview(token)))?;
     if label.is_empty() || label.chars().any(char::is_control) {
         return Err(format!("malformed holder label {:?}", preview(label)));
     }
     Ok(Stored {
+        token,
         released,
         label: label.to_owned(),
     })
@@ -337,59 +269,14 @@ mod tests {
 
     #[test]
     fn values_round_trip() {
+        let token = OwnerToken::random();
         for released in [false, true] {
-            let v = encode_value("host:42 with spaces", released);
-            let state = if released { "released" } else { "held" };
-            assert_eq!(
-                v,
-                format!("lease2\n{state}\nhost:42 with spaces").into_bytes()
-            );
+            let v = encode_value(&token, "host:42 with spaces", released);
             let d = decode_value(&v).expect("decode");
+            assert_eq!(d.token, token);
             assert_eq!(d.released, released);
             assert_eq!(d.label, "host:42 with spaces");
         }
-    }
-
-    #[test]
-    fn records_of_the_earlier_layout_are_read() {
-        let token = OwnerToken::random();
-        let d =
-            decode_value(format!("lease1\nheld\n{token}\nold-host:7").as_bytes()).expect("decode");
-        assert!(!d.released);
-        assert_eq!(d.label, "old-host:7");
-    }
-
-    #[test]
-    fn an_acquisitions_key_lies_in_its_names_range_and_no_other() {
-        // The prefix may hold a terminator itself: the name part starts after it.
-        let layout = Layout::new("a#b");
-        let names = names();
-        let keys: Vec<Vec<u8>> = names.iter().map(|n| layout.key(n)).collect();
-        for (i, key) in keys.iter().enumerate() {
-            let token = OwnerToken::random();
-            let own = owned_key(key, &token);
-            assert_eq!(own.len(), key.len() + 32);
-            assert_eq!(
-                &own[key.len()..],
-                token.to_string().replace('-', "").as_bytes()
-            );
-            assert_eq!(layout.name_key_of(&own), Some(key.as_slice()));
-            assert_eq!(layout.name_key_of(key), Some(key.as_slice()));
-            for (j, other) in keys.iter().enumerate() {
-                let end = range_end(other);
-                let inside = own.as_slice() >= other.as_slice() && own.as_slice() < end.as_slice();
-                assert_eq!(
-                    inside,
-                    i == j,
-                    "{:?} in the range of {:?}",
-                    names[i],
-                    names[j]
-                );
-            }
-        }
-        assert_eq!(layout.name_key_of(b"a#b/l/no-terminator"), None);
-        assert_eq!(layout.name_key_of(b"elsewhere/l/x#"), None);
-        assert_eq!(range_end(b"p/l/x#"), b"p/l/x$".to_vec());
     }
 
     #[test]
@@ -399,11 +286,6 @@ mod tests {
             b"".to_vec(),
             b"hello".to_vec(),
             vec![0xff, 0x00],
-            b"lease3\nheld\nx".to_vec(),
-            b"lease2\nheld".to_vec(),
-            b"lease2\nmaybe\nx".to_vec(),
-            b"lease2\nheld\n".to_vec(),
-            b"lease2\nheld\na\nb".to_vec(),
             format!("lease2\nheld\n{token}\nx").into_bytes(),
             format!("lease1\nmaybe\n{token}\nx").into_bytes(),
             b"lease1\nheld\nnot-a-uuid\nx".to_vec(),

@@ -55,11 +55,9 @@ pub(crate) struct State {
 /// length (the protobuf field's tag and length).
 pub(crate) const KEY_OVERHEAD: usize = 4;
 
-/// The bytes an acquisition of the name whose key is `key` adds to etcd's list of the
-/// keys attached to its lease: its own key is the name's key followed by the 32 hex
-/// digits of the owner token (see [`crate::keys::owned_key`]).
+/// The bytes `key` adds to etcd's list of the keys attached to its lease.
 pub(crate) fn key_bytes(key: &[u8]) -> usize {
-    key.len() + 32 + KEY_OVERHEAD
+    key.len() + KEY_OVERHEAD
 }
 
 /// How many key bytes one session lease carries at most. `renew` may ask etcd for the
@@ -91,9 +89,8 @@ pub(crate) struct Orphan {
 /// How an [`Orphan`]'s delete knows the key is still the one to delete.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Ours {
-    /// The exact value the acquire put, at the acquisition's own key (which holds its
-    /// owner token): deleted only while that key still has this value (not a keep-for
-    /// release's) and the orphan's lease.
+    /// The exact value the acquire put (it holds the acquisition's owner token, unique to
+    /// it): deleted only while the key still has this value and the orphan's lease.
     Value(Vec<u8>),
     /// The revision of a held key's put: deleted only while the key is still at it.
     Revision(i64),
