@@ -26,9 +26,10 @@ use std::time::Duration;
 
 /// What to run.
 pub(crate) struct Spec {
-    /// The official image (tried first), the project's own (built from Debian's packages
-    /// by `scripts/build-test-images.sh`, tried when the official one does not start),
-    /// and the environment variable that names the one image to use instead of both.
+    /// The official image, the project's own (built from Debian's packages by
+    /// `scripts/build-test-images.sh`), and the environment variable that names the one
+    /// image to use instead of both. The one the engine has is tried first (the official
+    /// one if it has both or neither), the other when it does not start.
     pub(crate) images: &'static super::engine::Images,
     pub(crate) port: u16,
     /// Lines the server prints when it is ready, and whether each goes to stderr (all
@@ -89,10 +90,17 @@ pub(crate) async fn try_start(spec: Spec) -> Option<Running> {
     let _ = tokio::task::spawn_blocking(super::engine::remove_stale).await;
     let candidates: Vec<String> = match std::env::var(spec.images.var) {
         Ok(image) if !image.trim().is_empty() => vec![image.trim().to_owned()],
-        _ => vec![
-            spec.images.official.to_owned(),
-            spec.images.local.to_owned(),
-        ],
+        _ => {
+            // The image the engine has first (official, else the project's build); the
+            // other one if that does not start.
+            let first = super::engine::image_for(spec.images).await;
+            let other = if first == spec.images.official {
+                spec.images.local
+            } else {
+                spec.images.official
+            };
+            vec![first, other.to_owned()]
+        }
     };
     for image in candidates {
         if let Some(running) = try_image(&spec, &image).await {

@@ -31,7 +31,7 @@ use super::HarnessError;
 pub use super::engine::{CALL_BOUND, available, remove_stale, remove_stale_now};
 use super::engine::{
     Cleanup, ETCD_IMAGES, Images, MARIADB_IMAGES, POSTGRES_IMAGES, REDIS_IMAGES, docker,
-    docker_blocking, labels, strings,
+    docker_blocking, image_for, labels, strings,
 };
 use super::etcd::{CLUSTER_TIMING, SINGLE_TIMING};
 
@@ -333,26 +333,6 @@ impl DockerContainer {
     pub fn remove(mut self) {
         self.cleanup.run_now();
     }
-}
-
-/// The image to run for a store: the variable's; else the official one if the engine has
-/// it; else the project's build if the engine has it; else the official one (pulled by
-/// the start).
-pub(crate) async fn image_for(images: &Images) -> String {
-    if let Some(v) = super::env_nonempty(images.var) {
-        return v.trim().to_owned();
-    }
-    for candidate in [images.official, images.local] {
-        if docker(strings(&[
-            "image", "inspect", "--format", "{{.Id}}", candidate,
-        ]))
-        .await
-        .is_ok()
-        {
-            return candidate.to_owned();
-        }
-    }
-    images.official.to_owned()
 }
 
 /// An image that can run `binary` (mounted read-only): the shared libraries it links, at

@@ -59,6 +59,28 @@ pub(crate) const MARIADB_IMAGES: Images = Images {
     var: "LEASE_TEST_MYSQL_IMAGE",
 };
 
+/// The image to run for a store: the variable's; else the official one if the engine has
+/// it; else the project's build if the engine has it; else the official one (pulled by
+/// the start). Asking the engine first spares a machine without a registry a failed pull
+/// (a name lookup that fails, and a misleading line in the test output) when the
+/// project's build is there.
+pub(crate) async fn image_for(images: &Images) -> String {
+    if let Some(v) = super::env_nonempty(images.var) {
+        return v.trim().to_owned();
+    }
+    for candidate in [images.official, images.local] {
+        if docker(strings(&[
+            "image", "inspect", "--format", "{{.Id}}", candidate,
+        ]))
+        .await
+        .is_ok()
+        {
+            return candidate.to_owned();
+        }
+    }
+    images.official.to_owned()
+}
+
 /// Whether a Docker engine answers the command line (asked once per process).
 pub fn available() -> Result<(), String> {
     static ANSWER: OnceLock<Result<(), String>> = OnceLock::new();

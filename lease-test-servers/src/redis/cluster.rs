@@ -194,7 +194,7 @@ impl RedisCluster {
         check_shape(primaries, replicas)?;
         cli_binary()?;
         let network = DockerNetwork::create().await?;
-        let image = crate::docker::image_for(&crate::engine::REDIS_IMAGES).await;
+        let image = crate::engine::image_for(&crate::engine::REDIS_IMAGES).await;
         let count = primaries * (1 + replicas);
         let mut ports = Vec::with_capacity(count);
         let mut hosts = Vec::with_capacity(count);
