@@ -158,7 +158,9 @@ impl LeaseBackend for EtcdBackend {
             // Reserves the key's bytes on the session; `pending` gives them back.
             let session = inner.session(secs, key_bytes(&key), "acquire").await?;
             // Until the store answers, the key may be put without this call hearing so:
-            // dropped unsettled, `pending` records it for `renew` to delete.
+            // dropped unsettled, `pending` records it for `renew` to delete. It also
+            // chooses the record's key: the session's, or a key of this acquisition's own
+            // while this instance has another record of the name (see `Pending::new`).
             let mut pending = Pending::new(
                 inner.shared.clone(),
                 key.clone(),
@@ -166,14 +168,22 @@ impl LeaseBackend for EtcdBackend {
                 owner.token,
                 session.id,
             );
+            let own = pending.own().to_vec();
+            // Free when no key of the name exists (whoever's acquisition it is); then
+            // the record goes in at its key, else the holder's record is read.
+            let end = range_end(&key);
             let txn = Txn::new()
-                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)
+                    .with_range(end.clone())])
                 .and_then([TxnOp::put(
-                    key.clone(),
+                    own.clone(),
                     value.clone(),
                     Some(PutOptions::new().with_lease(session.id)),
                 )])
-                .or_else([TxnOp::get(key.clone(), None)]);
+                .or_else([TxnOp::get(
+                    key.clone(),
+                    Some(GetOptions::new().with_range(end).with_limit(1)),
+                )]);
             let reply = inner
                 .rpc("acquire", || {
                     let mut kv = inner.client.kv_client();
@@ -214,6 +224,7 @@ impl LeaseBackend for EtcdBackend {
                         &key,
                         Held {
                             token: owner.token,
+                            own,
                             label: owner.label.as_str().to_owned(),
                             lease: session.id,
                             granted: session.granted,
@@ -319,13 +330,13 @@ impl LeaseBackend for EtcdBackend {
                     }
                 }
                 if let Some(attached) = &check.keys {
-                    for (key, k) in st.keys.iter_mut() {
+                    for k in st.keys.values_mut() {
                         if let Some(h) = &mut k.held {
                             // The list holds at `floor` or later: a key put by then and
                             // missing from it is lost, one in it was ours at `floor`. Keys
                             // put after `floor` may be missing from it without being lost.
                             if h.lease == check.id && h.rev <= floor {
-                                if attached.keys.contains(key) {
+                                if attached.keys.contains(&h.own) {
                                     h.known_rev = h.known_rev.max(floor);
                                 } else {
                                     h.lost = true;
@@ -378,6 +389,7 @@ impl LeaseBackend for EtcdBackend {
                         // lease alive send the delete again until one is answered.
                         sweep.push(Orphan {
                             key: key.clone(),
+                            own: h.own.clone(),
                             ours: Ours::Revision(h.rev),
                             token: h.token,
                             lease: h.lease,
@@ -437,26 +449,38 @@ impl LeaseBackend for EtcdBackend {
                     st.forget_held(&key, rev);
                     None
                 }
-                Some(h) if h.token == *token => Some((h.rev, Some(h.locked_at), h.label.clone())),
+                Some(h) if h.token == *token => {
+                    Some((h.rev, Some(h.locked_at), h.label.clone(), h.own.clone()))
+                }
                 _ => None,
             }
         };
-        let (rev, locked_at, label) = match local {
+        // Marks a release in flight on the local path from here until its answer (see
+        // `Releasing`): an acquisition of the name meanwhile takes a key of its own.
+        let mut releasing = local
+            .as_ref()
+            .map(|_| Releasing::new(inner.shared.clone(), key.clone(), inner.timeout()));
+        let (rev, locked_at, label, own) = match local {
             Some(found) => found,
             None => {
-                // Not acquired through this instance (or lost): ask the store.
+                // Not acquired through this instance (or lost): ask the store. The
+                // name's range holds at most one record (an acquire puts one only into
+                // an empty range).
                 let resp = inner
                     .call("release", || {
                         let mut kv = inner.client.kv_client();
                         let key = key.clone();
-                        async move { kv.get(key, None).await }
+                        let opts = GetOptions::new().with_range(range_end(&key)).with_limit(1);
+                        async move { kv.get(key, Some(opts)).await }
                     })
                     .await?;
                 let Some(kv) = resp.kvs().first() else {
                     return Ok(ReleaseOutcome::NotOwner);
                 };
                 match decode_value(kv.value()) {
-                    Ok(s) if s.token == *token && !s.released => (kv.mod_revision(), None, s.label),
+                    Ok(s) if s.token == *token && !s.released => {
+                        (kv.mod_revision(), None, s.label, kv.key().to_vec())
+                    }
                     _ => return Ok(ReleaseOutcome::NotOwner),
                 }
             }
@@ -469,7 +493,7 @@ impl LeaseBackend for EtcdBackend {
             }),
             None => keep_for,
         };
-        let owned = Compare::mod_revision(key.clone(), CompareOp::Equal, rev);
+        let owned = Compare::mod_revision(own.clone(), CompareOp::Equal, rev);
         let txn_call = |txn: Txn| {
             inner.call("release", move || {
                 let mut kv = inner.client.kv_client();
@@ -477,12 +501,38 @@ impl LeaseBackend for EtcdBackend {
                 async move { kv.txn(txn).await }
             })
         };
-        let succeeded = if keep.is_zero() {
+        let succeeded = if keep.is_zero() && locked_at.is_some() {
+            // This instance put the record at `rev` and is the only writer of its key: no
+            // other acquisition of the name through this instance uses that key while
+            // this record is known or its release is in flight (`Pending::new`), and
+            // other instances write keys of their own etcd leases. Deleting it removes
+            // our record or, if it expired or was deleted meanwhile, nothing.
+            let resp = inner
+                .call("release", || {
+                    let mut kv = inner.client.kv_client();
+                    let own = own.clone();
+                    async move { kv.delete(own, None).await }
+                })
+                .await?;
+            if let Some(r) = &mut releasing {
+                r.done();
+            }
+            resp.deleted() > 0
+        } else if keep.is_zero() {
+            // Acquired elsewhere and read above: deleted only while still at the revision
+            // read (a keep-for release through another instance may have rewritten it).
+            if let Some(r) = &mut releasing {
+                r.done();
+            }
             let txn = Txn::new()
                 .when([owned])
-                .and_then([TxnOp::delete(key.clone(), None)]);
+                .and_then([TxnOp::delete(own.clone(), None)]);
             txn_call(txn).await?.succeeded()
         } else {
+            // Conditional on the revision of our put: it cannot overtake another put.
+            if let Some(r) = &mut releasing {
+                r.done();
+            }
             // A lease of its own, never renewed: the key expires by itself, rounded up to
             // whole seconds, and the `released` state stops any renewal.
             let secs = secs_i64(ttl_secs(keep));
@@ -499,7 +549,7 @@ impl LeaseBackend for EtcdBackend {
                 ));
             }
             let txn = Txn::new().when([owned]).and_then([TxnOp::put(
-                key.clone(),
+                own.clone(),
                 encode_value(token, &label, true),
                 Some(PutOptions::new().with_lease(grant.id())),
             )]);
@@ -515,6 +565,7 @@ impl LeaseBackend for EtcdBackend {
             succeeded
         };
         inner.shared.lock().forget_held(&key, rev);
+        drop(releasing);
         tracing::debug!(lease = %name, released = succeeded, keep_for = ?keep, "release");
         Ok(if succeeded {
             ReleaseOutcome::Released
@@ -530,7 +581,8 @@ impl LeaseBackend for EtcdBackend {
             .call("inspect", || {
                 let mut kv = inner.client.kv_client();
                 let key = key.clone();
-                async move { kv.get(key, None).await }
+                let opts = GetOptions::new().with_range(range_end(&key)).with_limit(1);
+                async move { kv.get(key, Some(opts)).await }
             })
             .await?;
         let Some(kv) = resp.take_kvs().into_iter().next() else {
@@ -558,7 +610,8 @@ impl LeaseBackend for EtcdBackend {
             .call("force_release", || {
                 let mut kv = inner.client.kv_client();
                 let key = key.clone();
-                async move { kv.delete(key, None).await }
+                let opts = DeleteOptions::new().with_range(range_end(&key));
+                async move { kv.delete(key, Some(opts)).await }
             })
             .await?;
         let rev = resp.header().map_or(i64::MAX, |h| h.revision());
@@ -592,7 +645,10 @@ impl LeaseBackend for EtcdBackend {
                 .call("wait_released", || {
                     let mut kv = inner.client.kv_client();
                     let key = key.clone();
-                    async move { kv.get(key, Some(GetOptions::new().with_count_only())).await }
+                    let opts = GetOptions::new()
+                        .with_range(range_end(&key))
+                        .with_count_only();
+                    async move { kv.get(key, Some(opts)).await }
                 })
                 .await?;
             if resp.count() == 0 {

@@ -18,9 +18,19 @@
 //!
 //! Common names stay as they are (`lease/l/nightly-report#`), half the length of the hex
 //! layout this replaced. Length matters on the wire: an acquire's transaction carries the
-//! key three times, and a gRPC request of 256 bytes or more is written with a system call
-//! of its own (h2 sends such a payload apart instead of copying it into its write
-//! buffer), where smaller requests of concurrent callers share one.
+//! name's key four times and the record's key once, and a gRPC request of 256 bytes or
+//! more is written with a system call of its own (h2 sends such a payload apart instead
+//! of copying it into its write buffer), where smaller requests of concurrent callers
+//! share one.
+//!
+//! **Record keys.** A name's key is not written itself: an acquisition stores its record
+//! at the name's key followed by the id of the etcd lease it is attached to
+//! ([`owned_key`]), as etcd's lock service keys each lock by its session lease. The name
+//! is free while the range `[key, range_end(key))` is empty; that range holds exactly the
+//! keys starting with the name's key, since no other name's key does. Only acquisitions
+//! through that etcd lease (one backend instance's session) ever write a record key, one
+//! after the other, so the instance that put a record may delete it without a
+//! comparison, where a shared key needed an owner-checked transaction.
 //!
 //! **Values.** `lease1\n<state>\n<owner token>\n<holder label>`, where `state` is `held`
 //! or `released` (released with keep-for: still taken, never renewable). Labels contain no
@@ -106,6 +116,58 @@ impl Layout {
         key.push(TERMINATOR);
         key
     }
+
+    /// The name key (see [`Layout::key`]) of `stored`, a key under this layout's range:
+    /// everything up to and including its first terminator. `None` for a key that has
+    /// none (not a lease key).
+    pub(crate) fn name_key_of<'a>(&self, stored: &'a [u8]) -> Option<&'a [u8]> {
+        name_key_of(&self.range, stored)
+    }
+}
+
+/// [`Layout::name_key_of`] for the layout whose [`Layout::range_prefix`] is `range`.
+pub(crate) fn name_key_of<'a>(range: &[u8], stored: &'a [u8]) -> Option<&'a [u8]> {
+    let rest = stored.strip_prefix(range)?;
+    let end = rest.iter().position(|&b| b == TERMINATOR)?;
+    stored.get(..range.len() + end + 1)
+}
+
+/// The key an acquisition through etcd lease `session` stores its record at: the name's
+/// key (see [`Layout::key`]) followed by the lease id in 16 lowercase hex digits, as
+/// etcd's lock service keys a lock by its session lease. Acquisitions of one name on one
+/// session reuse the key one after the other, so the name's range in etcd's index holds
+/// a key per session, not one per acquisition (a deleted key stays in the index until
+/// the history is compacted, and the acquire's comparison visits each). With `unique`,
+/// the owner token follows too (`.` and 32 hex digits): for an acquisition made while
+/// this instance still has a record of the name (see `EtcdBackend::acquire`).
+pub(crate) fn owned_key(name_key: &[u8], session: i64, unique: Option<&OwnerToken>) -> Vec<u8> {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut key = Vec::with_capacity(name_key.len() + 16 + 33);
+    key.extend_from_slice(name_key);
+    let hex = |key: &mut Vec<u8>, bytes: &[u8]| {
+        for &b in bytes {
+            key.push(DIGITS[usize::from(b >> 4)]);
+            key.push(DIGITS[usize::from(b & 0x0f)]);
+        }
+    };
+    hex(&mut key, &session.to_be_bytes());
+    if let Some(token) = unique {
+        key.push(b'.');
+        hex(&mut key, token.as_bytes());
+    }
+    key
+}
+
+/// The end of the range that holds every key stored for the name whose key is
+/// `name_key`: the key with its terminator raised by one, so that `[name_key, end)` is
+/// exactly the keys that start with `name_key` (no other name's key does, see
+/// [`Layout::key`]).
+pub(crate) fn range_end(name_key: &[u8]) -> Vec<u8> {
+    let mut end = name_key.to_vec();
+    if let Some(last) = end.last_mut() {
+        *last = TERMINATOR + 1;
+    }
+    end
 }
 
 /// A decoded value.
@@ -277,6 +339,43 @@ mod tests {
             assert_eq!(d.released, released);
             assert_eq!(d.label, "host:42 with spaces");
         }
+    }
+
+    #[test]
+    fn an_acquisitions_key_lies_in_its_names_range_and_no_other() {
+        // The prefix may hold a terminator itself: the name part starts after it.
+        let layout = Layout::new("a#b");
+        let names = names();
+        let keys: Vec<Vec<u8>> = names.iter().map(|n| layout.key(n)).collect();
+        for (i, key) in keys.iter().enumerate() {
+            let token = OwnerToken::random();
+            let shared = owned_key(key, 0x0123_4567_89ab_cdef, None);
+            assert_eq!(&shared[key.len()..], b"0123456789abcdef");
+            let unique = owned_key(key, 7, Some(&token));
+            assert_eq!(
+                unique[key.len()..].to_vec(),
+                format!("0000000000000007.{}", token.to_string().replace('-', "")).into_bytes()
+            );
+            for own in [&shared, &unique] {
+                assert_eq!(layout.name_key_of(own), Some(key.as_slice()));
+                for (j, other) in keys.iter().enumerate() {
+                    let end = range_end(other);
+                    let inside =
+                        own.as_slice() >= other.as_slice() && own.as_slice() < end.as_slice();
+                    assert_eq!(
+                        inside,
+                        i == j,
+                        "{:?} in the range of {:?}",
+                        names[i],
+                        names[j]
+                    );
+                }
+            }
+            assert_eq!(layout.name_key_of(key), Some(key.as_slice()));
+        }
+        assert_eq!(layout.name_key_of(b"a#b/l/no-terminator"), None);
+        assert_eq!(layout.name_key_of(b"elsewhere/l/x#"), None);
+        assert_eq!(range_end(b"p/l/x#"), b"p/l/x$".to_vec());
     }
 
     #[test]

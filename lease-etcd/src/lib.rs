@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, LeaseTimeToLiveOptions,
-    PutOptions, Txn, TxnOp, TxnOpResponse,
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue,
+    LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
 };
 use futures::StreamExt;
 use lease_core::{
@@ -31,10 +31,10 @@ use lease_core::{
 use tokio::time::Instant;
 
 use crate::error::{BACKEND, convert, is_lease_not_found, unexpected};
-use crate::keys::{Layout, decode_value, encode_value};
+use crate::keys::{Layout, decode_value, encode_value, range_end};
 use crate::state::{
-    FlightGuard, Held, Orphan, Ours, Pending, SESSION_KEY_BYTES, Session, Shared, WaiterGuard,
-    key_bytes,
+    FlightGuard, Held, Orphan, Ours, Pending, Releasing, SESSION_KEY_BYTES, Session, Shared,
+    WaiterGuard, key_bytes,
 };
 
 /// The `etcd-client` crate this backend is built on, for [`EtcdBackend::from_client`].

@@ -281,9 +281,12 @@ impl Inner {
     /// from when the last keepalive was sent).
     pub(crate) fn local_remaining(&self, kv: &KeyValue) -> Option<Duration> {
         let st = self.shared.lock();
-        let h = st.held(kv.key())?;
+        let h = st.held(self.layout.name_key_of(kv.key())?)?;
         let now = Instant::now();
-        (h.lease == kv.lease() && h.rev == kv.mod_revision() && h.deadline > now)
+        (h.own == kv.key()
+            && h.lease == kv.lease()
+            && h.rev == kv.mod_revision()
+            && h.deadline > now)
             .then(|| h.deadline - now)
     }
 
@@ -336,18 +339,19 @@ impl Inner {
                     let shared = shared.clone();
                     async move {
                         let sent = Instant::now();
+                        let own = o.own.clone();
                         let when = match &o.ours {
                             Ours::Value(value) => vec![
-                                Compare::value(o.key.clone(), CompareOp::Equal, value.clone()),
-                                Compare::lease(o.key.clone(), CompareOp::Equal, o.lease),
+                                Compare::value(own.clone(), CompareOp::Equal, value.clone()),
+                                Compare::lease(own.clone(), CompareOp::Equal, o.lease),
                             ],
                             Ours::Revision(rev) => {
-                                vec![Compare::mod_revision(o.key.clone(), CompareOp::Equal, *rev)]
+                                vec![Compare::mod_revision(own.clone(), CompareOp::Equal, *rev)]
                             }
                         };
                         let txn = Txn::new()
                             .when(when)
-                            .and_then([TxnOp::delete(o.key.clone(), None)]);
+                            .and_then([TxnOp::delete(own, None)]);
                         let done = call("release", t, kv.txn(txn)).await;
                         match &done {
                             Ok(r) if r.succeeded() => match o.ours {

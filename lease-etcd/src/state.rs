@@ -6,6 +6,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use lease_core::OwnerToken;
+
+use crate::keys::owned_key;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
@@ -45,6 +47,10 @@ pub(crate) struct State {
     /// [`KEY_OVERHEAD`]): a session stops taking keys at [`SESSION_KEY_BYTES`], so that
     /// the list of its keys fits in one gRPC reply.
     pub(crate) lease_bytes: HashMap<i64, usize>,
+    /// Names (by key) whose release on the local path ended without an answer: its plain
+    /// delete may still be applied until the instant given (the request timeout after
+    /// it ended), so an acquisition of the name until then takes a key of its own.
+    pub(crate) unsettled_releases: HashMap<Vec<u8>, Instant>,
     /// The highest store revision in a reply to a write or read this instance received
     /// (not in a list of a lease's keys: etcd fills that reply's revision in after reading
     /// the list). A request sent after such a reply is served at this revision or later.
@@ -55,9 +61,11 @@ pub(crate) struct State {
 /// length (the protobuf field's tag and length).
 pub(crate) const KEY_OVERHEAD: usize = 4;
 
-/// The bytes `key` adds to etcd's list of the keys attached to its lease.
+/// The bytes an acquisition of the name whose key is `key` adds at most to etcd's list
+/// of the keys attached to its lease: its record's key is the name's key followed by 16
+/// hex digits, or 49 characters (see [`crate::keys::owned_key`]).
 pub(crate) fn key_bytes(key: &[u8]) -> usize {
-    key.len() + KEY_OVERHEAD
+    key.len() + 49 + KEY_OVERHEAD
 }
 
 /// How many key bytes one session lease carries at most. `renew` may ask etcd for the
@@ -73,7 +81,10 @@ pub(crate) const SESSION_KEY_BYTES: usize = 2 * 1024 * 1024;
 /// the other keys' renewals keep alive).
 #[derive(Debug, Clone)]
 pub(crate) struct Orphan {
+    /// The name's key.
     pub(crate) key: Vec<u8>,
+    /// The key the record was put at (see [`crate::keys::owned_key`]).
+    pub(crate) own: Vec<u8>,
     /// What the key must still be for the delete to apply.
     pub(crate) ours: Ours,
     pub(crate) token: OwnerToken,
@@ -90,7 +101,8 @@ pub(crate) struct Orphan {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Ours {
     /// The exact value the acquire put (it holds the acquisition's owner token, unique to
-    /// it): deleted only while the key still has this value and the orphan's lease.
+    /// it): deleted only while the record's key still has this value and the orphan's
+    /// lease.
     Value(Vec<u8>),
     /// The revision of a held key's put: deleted only while the key is still at it.
     Revision(i64),
@@ -184,6 +196,8 @@ pub(crate) struct KeyState {
     pub(crate) held: Option<Held>,
     /// Acquisitions of this key in flight.
     pub(crate) pending: u32,
+    /// Releases on the local path in flight (see [`Releasing`]).
+    pub(crate) releasing: u32,
     /// Highest revision of any watch event seen for this key while it was held or pending.
     pub(crate) last_event_rev: i64,
 }
@@ -192,6 +206,8 @@ pub(crate) struct KeyState {
 #[derive(Debug, Clone)]
 pub(crate) struct Held {
     pub(crate) token: OwnerToken,
+    /// The key the record was put at (see [`crate::keys::owned_key`]).
+    pub(crate) own: Vec<u8>,
     pub(crate) label: String,
     /// The etcd lease the key is attached to.
     pub(crate) lease: i64,
@@ -291,7 +307,7 @@ impl State {
         if self
             .keys
             .get(key)
-            .is_some_and(|k| k.held.is_none() && k.pending == 0)
+            .is_some_and(|k| k.held.is_none() && k.pending == 0 && k.releasing == 0)
         {
             self.keys.remove(key);
         }
@@ -442,6 +458,13 @@ pub(crate) struct Pending {
 }
 
 impl Pending {
+    /// Marks the acquisition in flight and chooses the key its record goes to: the
+    /// session's ([`owned_key`] of `lease`), shared by the acquisitions of the name
+    /// through that session one after the other, unless this instance has another
+    /// record of the name (held, being acquired, being released, or released without an
+    /// answer within its request timeout). Then the owner token is added: a plain delete
+    /// of the session's key sent for an earlier acquisition, which may still be applied,
+    /// can never remove this one's record.
     pub(crate) fn new(
         shared: Arc<Shared>,
         key: Vec<u8>,
@@ -449,12 +472,24 @@ impl Pending {
         token: OwnerToken,
         lease: i64,
     ) -> Self {
-        shared.lock().keys.entry(key.clone()).or_default().pending += 1;
+        let own = {
+            let mut st = shared.lock();
+            let now = Instant::now();
+            st.unsettled_releases.retain(|_, until| *until > now);
+            let busy = st.unsettled_releases.contains_key(&key)
+                || st
+                    .keys
+                    .get(&key)
+                    .is_some_and(|k| k.held.is_some() || k.pending > 0 || k.releasing > 0);
+            st.keys.entry(key.clone()).or_default().pending += 1;
+            owned_key(&key, lease, busy.then_some(&token))
+        };
         Pending {
             shared,
             lease,
             unsettled: Some(Orphan {
                 key: key.clone(),
+                own,
                 ours: Ours::Value(value),
                 token,
                 lease,
@@ -465,9 +500,57 @@ impl Pending {
         }
     }
 
+    /// The key the record goes to.
+    pub(crate) fn own(&self) -> &[u8] {
+        self.unsettled.as_ref().map_or(&[], |o| o.own.as_slice())
+    }
+
     /// The store answered: whatever the acquire did is known to its caller.
     pub(crate) fn settle(&mut self) {
         self.unsettled = None;
+    }
+}
+
+/// Marks a release on the local path (a plain delete of the record's key) in flight, from
+/// before it is sent until [`Releasing::done`]. Dropped before that (the call failed,
+/// timed out or was dropped), the delete may still be applied later: the name is then
+/// recorded in [`State::unsettled_releases`] for `timeout`.
+pub(crate) struct Releasing {
+    shared: Arc<Shared>,
+    key: Vec<u8>,
+    timeout: Duration,
+    done: bool,
+}
+
+impl Releasing {
+    pub(crate) fn new(shared: Arc<Shared>, key: Vec<u8>, timeout: Duration) -> Self {
+        shared.lock().keys.entry(key.clone()).or_default().releasing += 1;
+        Releasing {
+            shared,
+            key,
+            timeout,
+            done: false,
+        }
+    }
+
+    /// No delete of this release can be applied any more without its answer being known
+    /// (answered, or the remaining steps are conditional on the record's revision).
+    pub(crate) fn done(&mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Releasing {
+    fn drop(&mut self) {
+        let mut st = self.shared.lock();
+        if let Some(k) = st.keys.get_mut(&self.key) {
+            k.releasing = k.releasing.saturating_sub(1);
+        }
+        if !self.done {
+            let until = Instant::now() + self.timeout;
+            st.unsettled_releases.insert(self.key.clone(), until);
+        }
+        st.forget_if_idle(&self.key);
     }
 }
 

@@ -95,7 +95,12 @@ pub(crate) async fn run(
                 for event in resp.events() {
                     let Some(kv) = event.kv() else { continue };
                     let rev = kv.mod_revision();
-                    st.on_event(kv.key(), rev, event.event_type() == EventType::Delete);
+                    // Every key of a name starts with the name's key (an acquisition's
+                    // own key is it followed by the owner token); what is kept per name is
+                    // kept under the name's key.
+                    if let Some(name_key) = crate::keys::name_key_of(&prefix, kv.key()) {
+                        st.on_event(name_key, rev, event.event_type() == EventType::Delete);
+                    }
                     st.watch.next_rev = st.watch.next_rev.max(rev + 1);
                     st.saw_rev(rev);
                 }

@@ -619,3 +619,148 @@ async fn an_unrenewed_key_whose_delete_failed_is_deleted_by_a_later_renewal() {
         start.elapsed()
     );
 }
+
+/// An acquisition stores its record at the name's key followed by the id of its etcd
+/// lease (16 hex digits), reused by the next acquisition of the name through that lease,
+/// so etcd's index holds a key per session, not one per acquisition. Its release is a
+/// plain delete of that key. While this instance still has a record of the name (here:
+/// a holder whose key an operator deleted, not released yet), a new acquisition takes a
+/// key of its own, which the old holder's plain delete cannot reach. Another owner's
+/// release touches nothing; a record of the earlier layout (at the name's key itself) is
+/// a holder.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_records_key_is_its_sessions_and_a_stale_release_cannot_reach_a_new_one() {
+    let server = EtcdServer::start().await.expect("etcd");
+    let cfg = config();
+    let b = backend(&server.endpoints(), &cfg).await;
+    let mut raw = etcd_client::Client::connect(server.endpoints(), None)
+        .await
+        .unwrap();
+    let name = LeaseName::new("report:eu").unwrap();
+    let name_key = format!("{}/l/report:eu#", cfg.key_prefix);
+    let ttl = Duration::from_secs(5);
+    let records = |raw: &etcd_client::Client| {
+        let mut raw = raw.clone();
+        let key = name_key.clone();
+        async move {
+            let found = raw
+                .get(key, Some(etcd_client::GetOptions::new().with_prefix()))
+                .await
+                .unwrap();
+            found
+                .kvs()
+                .iter()
+                .map(|kv| {
+                    (
+                        String::from_utf8(kv.key().to_vec()).unwrap(),
+                        String::from_utf8(kv.value().to_vec()).unwrap(),
+                    )
+                })
+                .collect::<Vec<_>>()
+        }
+    };
+    let acquired = |outcome: AcquireOutcome| match outcome {
+        AcquireOutcome::Acquired { fencing, .. } => fencing,
+        AcquireOutcome::Held(by) => panic!("held by {by}"),
+    };
+
+    // The record: the name's key and 16 hex digits; the value names the owner.
+    let first = Owner::new(HolderLabel::new("first").unwrap());
+    acquired(b.acquire(&name, &first, ttl).await.unwrap());
+    let found = records(&raw).await;
+    assert_eq!(found.len(), 1, "{found:?}");
+    let session_key = found[0].0.clone();
+    let suffix = session_key.strip_prefix(&name_key).unwrap();
+    assert!(
+        suffix.len() == 16 && suffix.bytes().all(|c| c.is_ascii_hexdigit()),
+        "{session_key}"
+    );
+    assert_eq!(found[0].1, format!("lease1\nheld\n{}\nfirst", first.token));
+
+    // Held: a second owner's acquire puts nothing and names the holder; its release
+    // touches nothing; the holder's removes the record.
+    let second = Owner::new(HolderLabel::new("second").unwrap());
+    match b.acquire(&name, &second, ttl).await.unwrap() {
+        AcquireOutcome::Held(by) => assert_eq!(by.holder.as_deref(), Some("first")),
+        AcquireOutcome::Acquired { .. } => panic!("acquired while held"),
+    }
+    assert_eq!(
+        b.release(&name, &second.token, Duration::ZERO)
+            .await
+            .unwrap(),
+        ReleaseOutcome::NotOwner
+    );
+    assert_eq!(records(&raw).await.len(), 1);
+    assert_eq!(
+        b.release(&name, &first.token, Duration::ZERO)
+            .await
+            .unwrap(),
+        ReleaseOutcome::Released
+    );
+    assert!(records(&raw).await.is_empty());
+
+    // The next acquisition through the same session reuses the key.
+    let third = Owner::new(HolderLabel::new("third").unwrap());
+    acquired(b.acquire(&name, &third, ttl).await.unwrap());
+    assert_eq!(records(&raw).await[0].0, session_key);
+
+    // An operator deletes the record; the holder has not released it yet. A new
+    // acquisition through this instance takes a key of its own, and the old holder's
+    // release (a plain delete of the session's key) leaves it in place.
+    raw.delete(session_key.clone(), None).await.unwrap();
+    let fourth = Owner::new(HolderLabel::new("fourth").unwrap());
+    let fencing = acquired(b.acquire(&name, &fourth, ttl).await.unwrap());
+    let found = records(&raw).await;
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        found[0].0,
+        format!(
+            "{session_key}.{}",
+            fourth.token.to_string().replace('-', "")
+        )
+    );
+    assert_eq!(
+        b.release(&name, &third.token, Duration::ZERO)
+            .await
+            .unwrap(),
+        ReleaseOutcome::NotOwner
+    );
+    let info = b
+        .inspect(&name)
+        .await
+        .unwrap()
+        .expect("the new record is there");
+    assert_eq!(info.holder.as_deref(), Some("fourth"));
+    assert_eq!(info.fencing, Some(fencing));
+    assert_eq!(
+        b.release(&name, &fourth.token, Duration::ZERO)
+            .await
+            .unwrap(),
+        ReleaseOutcome::Released
+    );
+    assert!(records(&raw).await.is_empty());
+
+    // A record of the earlier layout holds the name; a force release clears every key of
+    // the name.
+    let old_owner = lease_core::OwnerToken::random();
+    raw.put(
+        name_key.clone(),
+        format!("lease1\nheld\n{old_owner}\nold-host:7"),
+        None,
+    )
+    .await
+    .unwrap();
+    match b.acquire(&name, &second, ttl).await.unwrap() {
+        AcquireOutcome::Held(by) => assert_eq!(by.holder.as_deref(), Some("old-host:7")),
+        AcquireOutcome::Acquired { .. } => panic!("acquired over a record of the earlier layout"),
+    }
+    assert!(b.force_release(&name).await.unwrap());
+    assert!(records(&raw).await.is_empty());
+    acquired(b.acquire(&name, &second, ttl).await.unwrap());
+    assert_eq!(
+        b.release(&name, &second.token, Duration::ZERO)
+            .await
+            .unwrap(),
+        ReleaseOutcome::Released
+    );
+}
