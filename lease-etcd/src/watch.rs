@@ -95,9 +95,9 @@ pub(crate) async fn run(
                 for event in resp.events() {
                     let Some(kv) = event.kv() else { continue };
                     let rev = kv.mod_revision();
-                    // Every key of a name starts with the name's key (an acquisition's
-                    // own key is it followed by the owner token); what is kept per name is
-                    // kept under the name's key.
+                    // Every key of a name starts with the name's key (a record's key is
+                    // it followed by its etcd lease id, see `keys::owned_key`); what is
+                    // kept per name is kept under the name's key.
                     if let Some(name_key) = crate::keys::name_key_of(&prefix, kv.key()) {
                         st.on_event(name_key, rev, event.event_type() == EventType::Delete);
                     }
