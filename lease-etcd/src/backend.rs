@@ -439,7 +439,10 @@ impl LeaseBackend for EtcdBackend {
     ) -> Result<ReleaseOutcome> {
         let inner = &*self.inner;
         let key = inner.layout.key(name.as_bytes());
-        let local = {
+        // On the local path, a release in flight is marked (see `Releasing`) under the
+        // same lock that found the record, so that no acquisition of the name can take
+        // the record's key between the two: one meanwhile takes a key of its own.
+        let (local, mut releasing) = {
             let mut st = inner.shared.lock();
             match st.held(&key) {
                 Some(h) if h.token == *token && h.lost => {
@@ -447,19 +450,17 @@ impl LeaseBackend for EtcdBackend {
                     // store answers below, or its record would keep the watch running.
                     let rev = h.rev;
                     st.forget_held(&key, rev);
-                    None
+                    (None, None)
                 }
                 Some(h) if h.token == *token => {
-                    Some((h.rev, Some(h.locked_at), h.label.clone(), h.own.clone()))
+                    let found = (h.rev, Some(h.locked_at), h.label.clone(), h.own.clone());
+                    let releasing =
+                        Releasing::enter(&mut st, &inner.shared, key.clone(), inner.timeout());
+                    (Some(found), Some(releasing))
                 }
-                _ => None,
+                _ => (None, None),
             }
         };
-        // Marks a release in flight on the local path from here until its answer (see
-        // `Releasing`): an acquisition of the name meanwhile takes a key of its own.
-        let mut releasing = local
-            .as_ref()
-            .map(|_| Releasing::new(inner.shared.clone(), key.clone(), inner.timeout()));
         let (rev, locked_at, label, own) = match local {
             Some(found) => found,
             None => {
@@ -501,7 +502,13 @@ impl LeaseBackend for EtcdBackend {
                 async move { kv.txn(txn).await }
             })
         };
-        let succeeded = if keep.is_zero() && locked_at.is_some() {
+        let plain_delete = keep.is_zero() && locked_at.is_some();
+        if !plain_delete && let Some(r) = &mut releasing {
+            // The steps below are conditional on the revision of our put: they cannot
+            // overtake a later put of the key.
+            r.done();
+        }
+        let succeeded = if plain_delete {
             // This instance put the record at `rev` and is the only writer of its key: no
             // other acquisition of the name through this instance uses that key while
             // this record is known or its release is in flight (`Pending::new`), and
@@ -521,18 +528,11 @@ impl LeaseBackend for EtcdBackend {
         } else if keep.is_zero() {
             // Acquired elsewhere and read above: deleted only while still at the revision
             // read (a keep-for release through another instance may have rewritten it).
-            if let Some(r) = &mut releasing {
-                r.done();
-            }
             let txn = Txn::new()
                 .when([owned])
                 .and_then([TxnOp::delete(own.clone(), None)]);
             txn_call(txn).await?.succeeded()
         } else {
-            // Conditional on the revision of our put: it cannot overtake another put.
-            if let Some(r) = &mut releasing {
-                r.done();
-            }
             // A lease of its own, never renewed: the key expires by itself, rounded up to
             // whole seconds, and the `released` state stops any renewal.
             let secs = secs_i64(ttl_secs(keep));

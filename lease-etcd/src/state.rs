@@ -6,10 +6,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use lease_core::OwnerToken;
-
-use crate::keys::owned_key;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
+
+use crate::keys::owned_key;
 
 /// The shared, lock-protected state. Never held across an `.await`.
 #[derive(Debug, Default)]
@@ -523,10 +523,17 @@ pub(crate) struct Releasing {
 }
 
 impl Releasing {
-    pub(crate) fn new(shared: Arc<Shared>, key: Vec<u8>, timeout: Duration) -> Self {
-        shared.lock().keys.entry(key.clone()).or_default().releasing += 1;
+    /// Marks the release in `st`, the locked state of `shared` (the lock under which the
+    /// caller found the record).
+    pub(crate) fn enter(
+        st: &mut State,
+        shared: &Arc<Shared>,
+        key: Vec<u8>,
+        timeout: Duration,
+    ) -> Self {
+        st.keys.entry(key.clone()).or_default().releasing += 1;
         Releasing {
-            shared,
+            shared: shared.clone(),
             key,
             timeout,
             done: false,
