@@ -139,7 +139,8 @@ pub(crate) async fn open(
     let mut builder = ClusterClient::builder(url.nodes.clone())
         .connection_timeout(connect_timeout)
         .response_timeout(request_timeout)
-        .retries(2);
+        .retries(2)
+        .write_backpressure_boundary(crate::config::WRITE_BATCH_BYTES);
     if let Some(certs) = certs {
         #[cfg(feature = "_tls")]
         {

@@ -777,6 +777,67 @@ async fn concurrent_acquires_and_releases_on_one_connection() {
     );
 }
 
+/// Write system calls this thread has made so far (`/proc/thread-self/io`, Linux).
+fn thread_writes() -> u64 {
+    let io = std::fs::read_to_string("/proc/thread-self/io").unwrap();
+    io.lines()
+        .find_map(|l| l.strip_prefix("syscw: "))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// Concurrent callers on one connection have their commands sent in one write while
+/// they fit the connection's write buffer: 32 acquires of 40-byte names (about 11 KiB
+/// with this test's key prefix) go out in one `write`, where the connection's default
+/// 8 KiB buffer split them in two (and the server read them in two passes). The test's
+/// runtime has one thread, so the connection's task writes on this thread, and every
+/// acquire is queued before that task runs.
+#[tokio::test]
+async fn a_burst_of_acquires_goes_out_in_one_write() {
+    let server = RedisServer::start().await.unwrap();
+    let b = backend(&server).await;
+    // Load the scripts first, so that the burst has no NOSCRIPT retry in it.
+    let warm = owner("warm");
+    acquired(&b, &name(b"warm"), &warm, Duration::from_secs(5)).await;
+    b.release(&name(b"warm"), &warm.token, Duration::ZERO)
+        .await
+        .unwrap();
+
+    let names: Vec<LeaseName> = (0..32)
+        .map(|i| name(format!("{:0>40}", format!("burst-{i}")).as_bytes()))
+        .collect();
+    let owners: Vec<Owner> = (0..32).map(|i| owner(&format!("burst-{i}"))).collect();
+    let before = thread_writes();
+    let outcomes = futures::future::join_all(
+        names
+            .iter()
+            .zip(&owners)
+            .map(|(n, o)| b.acquire(n, o, Duration::from_secs(30))),
+    )
+    .await;
+    let writes = thread_writes() - before;
+    for outcome in outcomes {
+        assert!(matches!(outcome.unwrap(), AcquireOutcome::Acquired { .. }));
+    }
+    assert_eq!(writes, 1, "32 concurrent acquires took {writes} writes");
+
+    let before = thread_writes();
+    let released = futures::future::join_all(
+        names
+            .iter()
+            .zip(&owners)
+            .map(|(n, o)| b.release(n, &o.token, Duration::ZERO)),
+    )
+    .await;
+    let writes = thread_writes() - before;
+    for outcome in released {
+        assert_eq!(outcome.unwrap(), ReleaseOutcome::Released);
+    }
+    assert_eq!(writes, 1, "32 concurrent releases took {writes} writes");
+}
+
 /// A held acquire adds its field and takes it out again in the same script: the lease,
 /// its expiry and the fencing counter are as the holder left them.
 #[tokio::test]
