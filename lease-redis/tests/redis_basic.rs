@@ -789,11 +789,12 @@ fn thread_writes() -> u64 {
 }
 
 /// Concurrent callers on one connection have their commands sent in one write while
-/// they fit the connection's write buffer: 32 acquires of 40-byte names (about 11 KiB
+/// they fit the connection's write buffer: 32 acquires of 40-byte names (about 10 KiB
 /// with this test's key prefix) go out in one `write`, where the connection's default
-/// 8 KiB buffer split them in two (and the server read them in two passes). The test's
-/// runtime has one thread, so the connection's task writes on this thread, and every
-/// acquire is queued before that task runs.
+/// 8 KiB buffer split them in two (and the server read them in two passes). The 32
+/// releases (about 6 KiB) fit in one write either way. The test's runtime has one
+/// thread, so the connection's task writes on this thread, and every call is queued
+/// before that task runs.
 #[tokio::test]
 async fn a_burst_of_acquires_goes_out_in_one_write() {
     let server = RedisServer::start().await.unwrap();
