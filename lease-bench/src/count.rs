@@ -82,7 +82,8 @@ impl Usage {
 /// The case named `case` on `store`: `bare`, `backend`, `client`, `peer` (rslock; etcd's
 /// lock service), and on Redis `raw` (the library's commands sent with the bare floor's
 /// client code); on PostgreSQL also `shedlock` (ShedLock's statements), `advisory` (the
-/// advisory-lock mode's backend) and `peer` (sqlx's `PgAdvisoryLock`); on ZooKeeper
+/// advisory-lock mode's backend), `advisory-10` (the same with at most 10 sessions) and
+/// `peer` (sqlx's `PgAdvisoryLock` on a pool of 10); on ZooKeeper
 /// `raw` (the library's requests sent with the bare floor's client code), `backend-rt`
 /// and `client-rt` (the sessions on the calling runtime: `ZkConfig::with_runtime`) and
 /// `peer` (Curator's `InterProcessMutex` recipe sent raw).
@@ -149,7 +150,22 @@ async fn build(store: &str, url: &str, case: &str) -> Result<Case, String> {
                     "advisory",
                     shared(lease_postgres::AdvisoryLockBackend::connect(url).await)?,
                 ),
-                "peer" => cycles::postgres_sqlx_advisory(pool),
+                "advisory-10" => {
+                    let mut b = lease_postgres::AdvisoryLockBackend::connect(url)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    b.set_max_sessions(10).map_err(|e| e.to_string())?;
+                    cycles::backend_case("advisory-10", Arc::new(b))
+                }
+                // On a pool of 10, as in the benchmark: on the pool of one above, its
+                // tasks would take turns on one session.
+                "peer" => cycles::postgres_sqlx_advisory(
+                    lease_postgres::sqlx::postgres::PgPoolOptions::new()
+                        .max_connections(10)
+                        .connect(url)
+                        .await
+                        .map_err(|e| e.to_string())?,
+                ),
                 other => return Err(format!("unknown case {other:?} on postgres")),
             })
         }

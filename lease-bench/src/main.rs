@@ -53,7 +53,7 @@ struct Args {
 }
 
 const USAGE: &str = "usage: lease-bench [--out FILE] [--svg FILE] [--notes FILE] \
-                     [--only redis,postgres,etcd,mysql,zookeeper] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS\n       lease-bench renew-at-scale redis|redis-cluster|etcd|postgres|mysql|zookeeper N [TICKS]\n       lease-bench count-cycles redis|etcd|postgres|zookeeper URL bare|backend|client|peer|raw|shedlock|advisory|backend-rt|client-rt N [TASKS]";
+                     [--only redis,postgres,etcd,mysql,zookeeper] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS\n       lease-bench renew-at-scale redis|redis-cluster|etcd|postgres|mysql|zookeeper N [TICKS]\n       lease-bench count-cycles redis|etcd|postgres|zookeeper URL bare|backend|client|peer|raw|shedlock|advisory|advisory-10|backend-rt|client-rt N [TASKS]";
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let mut a = Args {
@@ -384,6 +384,15 @@ async fn postgres_store(mode: Mode) -> StoreResult {
             .await
             .expect("advisory backend"),
     );
+    // The advisory mode on as many server sessions as sqlx's pool has connections.
+    let peer_pool = pool.options().get_max_connections() as usize;
+    let mut advisory_limited = AdvisoryLockBackend::connect(&url)
+        .await
+        .expect("advisory backend");
+    advisory_limited
+        .set_max_sessions(peer_pool)
+        .expect("advisory session limit");
+    let advisory_limited: Arc<dyn LeaseBackend> = Arc::new(advisory_limited);
     let cases = vec![
         cycles::postgres_bare(pool.clone()),
         cycles::backend_case("library backend acquire + release", backend.clone()),
@@ -394,6 +403,13 @@ async fn postgres_store(mode: Mode) -> StoreResult {
         cycles::postgres_shedlock(pool.clone()),
         cycles::postgres_sqlx_advisory(pool.clone()),
         cycles::backend_case("library advisory mode: backend acquire + release", advisory),
+        cycles::backend_case(
+            &format!(
+                "library advisory mode, at most {peer_pool} sessions (the peer's pool): backend \
+                 acquire + release"
+            ),
+            advisory_limited,
+        ),
         raw,
         cycles::semaphore_case(SEMAPHORE_ROW, backend.clone()),
         // The LeaseClient row's cycle with its metrics recorded (last).
@@ -422,6 +438,7 @@ async fn postgres_store(mode: Mode) -> StoreResult {
     let mut r = common(setup, &s).await;
     // The advisory mode against sqlx's `PgAdvisoryLock`.
     r.extra_pairs.push((5, 4));
+    r.extra_pairs.push((6, 4));
     r
 }
 

@@ -12,6 +12,7 @@ use lease_core::{
 };
 use sqlx::postgres::{PgConnection, PgPool};
 use sqlx::{ConnectOptions, Connection};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::MAX_RENEW_BATCH;
 use crate::config::split_own_params;
@@ -114,6 +115,8 @@ const TERMINATE_HOLDER: &str = concat!(
 ///   so that a steady load of N concurrent holders reuses N sessions instead of opening
 ///   new ones; a kept connection unused for a minute is closed at the backend's next
 ///   attempt or release (or when the backend is dropped).
+///   [`set_max_sessions`](Self::set_max_sessions) bounds the sessions in use, as a
+///   pool's size bounds `sqlx`'s `PgAdvisoryLock`: attempts beyond it wait for a release.
 /// - **No fencing tokens** ([`Fencing::None`]: always 0), no holder label, no remaining
 ///   time, no keep-for (a release always frees at once).
 /// - **Keys are hashes.** The key of a name is the first 64 bits of `md5(name)` as a
@@ -146,6 +149,9 @@ struct Inner {
     /// The most connections out at once, and when that was last reached: how many idle
     /// ones are worth keeping.
     peak: Mutex<(usize, Instant)>,
+    /// At most this many dedicated connections out at once, when limited
+    /// ([`AdvisoryLockBackend::set_max_sessions`]): one permit per connection out.
+    sessions: Option<Arc<Semaphore>>,
 }
 
 /// Idle dedicated connections kept whatever the recent peak.
@@ -165,11 +171,15 @@ impl Inner {
     }
 
     /// Counts a connection out of the idle set until the returned mark drops, and
-    /// raises the recent peak.
-    fn check_out(&self) -> Checkout {
+    /// raises the recent peak. `permit` is the connection's place under the session
+    /// limit, if there is one; it is given back with the mark.
+    fn check_out(&self, permit: Option<OwnedSemaphorePermit>) -> Checkout {
         let now_out = self.out.fetch_add(1, Ordering::Relaxed) + 1;
         self.note_out(now_out);
-        Checkout(self.out.clone())
+        Checkout {
+            out: self.out.clone(),
+            _permit: permit,
+        }
     }
 
     /// Records `now_out` connections out at once: the peak rises to it, and a peak
@@ -224,12 +234,16 @@ struct Kept {
 }
 
 /// A dedicated connection counted out of the idle set; dropping it counts it back (the
-/// connection itself went back to the idle set or was closed).
-struct Checkout(Arc<AtomicUsize>);
+/// connection itself went back to the idle set or was closed) and gives its place
+/// under the session limit to the next attempt.
+struct Checkout {
+    out: Arc<AtomicUsize>,
+    _permit: Option<OwnedSemaphorePermit>,
+}
 
 impl Drop for Checkout {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.out.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -334,7 +348,7 @@ impl AdvisoryLockBackend {
         let backend = Self::from_pool(pool, request_timeout);
         backend
             .inner
-            .put_idle(first_lock, pid, backend.inner.check_out());
+            .put_idle(first_lock, pid, backend.inner.check_out(None));
         Ok(backend)
     }
 
@@ -350,8 +364,51 @@ impl AdvisoryLockBackend {
                 idle: Mutex::new(Vec::new()),
                 out: Arc::new(AtomicUsize::new(0)),
                 peak: Mutex::new((0, Instant::now())),
+                sessions: None,
             }),
         }
+    }
+
+    /// Uses at most `max` server sessions for leases at once (held, being tried or being
+    /// released), as a pool of `max` connections bounds `sqlx`'s `PgAdvisoryLock`. The
+    /// default is no limit: every held lease keeps a session, up to the server's
+    /// `max_connections`.
+    ///
+    /// With a limit, an attempt beyond `max` sessions in use waits, in arrival order, for
+    /// one to be released, within its call timeout; when none is, it fails with
+    /// [`Error::Timeout`] (a retry may help once a lease is released) and takes nothing.
+    /// Fewer server processes make each cycle cheaper for the server when many callers
+    /// run at once (docs/benchmark-notes.md, PostgreSQL), at the price of leases waiting
+    /// for sessions rather than for each other.
+    ///
+    /// Set it on a new backend, before it is cloned: it fails with
+    /// [`InvalidInput::Other`], changing nothing, when `max` is zero or when the backend
+    /// has clones (they would not share the limit).
+    ///
+    /// ```no_run
+    /// # async fn f() -> lease_core::Result<()> {
+    /// let mut backend = lease_postgres::AdvisoryLockBackend::connect("postgres://db/app").await?;
+    /// backend.set_max_sessions(10)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn set_max_sessions(&mut self, max: usize) -> Result<()> {
+        if max == 0 || max > Semaphore::MAX_PERMITS {
+            return Err(InvalidInput::Other(format!(
+                "advisory max_sessions must be between 1 and {}, not {max}",
+                Semaphore::MAX_PERMITS
+            ))
+            .into());
+        }
+        let Some(inner) = Arc::get_mut(&mut self.inner) else {
+            return Err(InvalidInput::Other(
+                "AdvisoryLockBackend::set_max_sessions must be called before the backend is \
+                 cloned"
+                    .into(),
+            )
+            .into());
+        };
+        inner.sessions = Some(Arc::new(Semaphore::new(max)));
+        Ok(())
     }
 
     /// The server process id of the session holding `name` for `token`, if this backend
@@ -384,7 +441,27 @@ async fn try_lock(
     inner: &Inner,
     name: &LeaseName,
 ) -> std::result::Result<Option<HeldLock>, sqlx::Error> {
-    let checkout = inner.check_out();
+    // A place under the session limit first (in arrival order); the caller's call
+    // timeout bounds the wait.
+    let permit = match &inner.sessions {
+        Some(sessions) => Some(match sessions.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(_) => {
+                tracing::debug!(
+                    lease = %name,
+                    "every session of the limit is in use; waiting for a release"
+                );
+                sessions
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    // Never closed: the backend holds the semaphore for its whole life.
+                    .map_err(|_| sqlx::Error::PoolClosed)?
+            }
+        }),
+        None => None,
+    };
+    let checkout = inner.check_out(permit);
     // The session of a kept connection given up on: its attempt may have taken the lock.
     let mut abandoned = None;
     if let Some(Kept { mut conn, pid, .. }) = inner.take_idle() {

@@ -45,6 +45,29 @@ mod advisory {
     lease_conformance::conformance_suite!(advisory_mode);
 }
 
+/// The advisory-lock mode with a session limit (`set_max_sessions`), as sqlx's pool
+/// bounds `PgAdvisoryLock`: the whole suite. The limit is the most leases the suite
+/// holds at once (`heartbeat_batches_renewals` holds 200; with a limit of 8 it and
+/// `names_do_not_collide` time out waiting for a session, as the limit says they must).
+/// Attempts queuing at the limit are shown by `postgres_specific`'s
+/// `advisory_session_limit_*` tests.
+mod advisory_limited {
+    use super::*;
+
+    async fn advisory_mode_limited() -> Fixture {
+        let db = PostgresServer::shared()
+            .await
+            .expect("postgres test server");
+        let mut backend = AdvisoryLockBackend::connect(&db.url())
+            .await
+            .expect("connect");
+        backend.set_max_sessions(200).expect("session limit");
+        Fixture::new(Arc::new(backend)).keep(db)
+    }
+
+    lease_conformance::conformance_suite!(advisory_mode_limited);
+}
+
 /// The table mode behind a real PgBouncer in transaction pooling mode
 /// (`pooler=transaction`): the whole suite; checks that need release notification
 /// (off behind a transaction pooler) skip themselves.

@@ -994,6 +994,129 @@ async fn advisory_bursts_reuse_as_many_sessions_as_they_hold() {
     }
 }
 
+/// With a session limit, the advisory mode holds at most that many leases at once: an
+/// attempt beyond it waits for a release (woken by it, in arrival order) or, when none
+/// comes within its call timeout, fails with a timeout and takes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_session_limit_makes_attempts_wait_for_a_release() {
+    let db = PostgresServer::shared().await.expect("server");
+    let call = Duration::from_secs(1);
+    let mut b = AdvisoryLockBackend::connect_with(&db.url(), call, 4)
+        .await
+        .expect("connect");
+    b.set_max_sessions(2).expect("limit");
+    let ttl = Duration::from_secs(30);
+    let (n1, a1) = (name("limit-1"), owner("a1"));
+    let (n2, a2) = (name("limit-2"), owner("a2"));
+    acquired(b.acquire(&n1, &a1, ttl).await.expect("acquire"));
+    acquired(b.acquire(&n2, &a2, ttl).await.expect("acquire"));
+
+    // A third lease, no session free: a timeout (retryable), nothing taken.
+    let (n3, a3) = (name("limit-3"), owner("a3"));
+    let started = Instant::now();
+    let err = b.acquire(&n3, &a3, ttl).await.expect_err("no session free");
+    assert!(matches!(err, Error::Timeout { .. }), "{err:?}");
+    assert!(err.is_retryable(), "{err:?}");
+    assert!(
+        started.elapsed() >= call,
+        "gave up after {:?}, before its call timeout",
+        started.elapsed()
+    );
+    assert!(
+        b.inspect(&n3).await.expect("inspect").is_none(),
+        "taken anyway"
+    );
+    assert_eq!(b.holder_pid(&n3, &a3.token), None);
+
+    // A waiting attempt is woken by a release and takes the freed session.
+    let waiting = tokio::spawn({
+        let (b, n3, a3) = (b.clone(), n3.clone(), a3.clone());
+        async move { b.acquire(&n3, &a3, ttl).await }
+    });
+    // Time for the attempt to queue. Should it not have started yet, it is served after
+    // the release all the same; what is checked is that it is not served before it.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the third lease was taken beside two held"
+    );
+    let freed = b.holder_pid(&n1, &a1.token).expect("pid");
+    release_ours(&b, &n1, &a1).await;
+    acquired(waiting.await.expect("task").expect("acquire"));
+    assert_eq!(
+        b.holder_pid(&n3, &a3.token),
+        Some(freed),
+        "the released session was not the one reused"
+    );
+    release_ours(&b, &n2, &a2).await;
+    release_ours(&b, &n3, &a3).await;
+}
+
+/// Bursts of 32 concurrent holders under a limit of 4 sessions use at most 4 sessions,
+/// and every attempt is served (the call timeout is long enough for the queue).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_session_limit_bounds_the_sessions_of_a_burst() {
+    let db = PostgresServer::shared().await.expect("server");
+    let mut b = AdvisoryLockBackend::connect_with(&db.url(), Duration::from_secs(20), 4)
+        .await
+        .expect("connect");
+    b.set_max_sessions(4).expect("limit");
+    let ttl = Duration::from_secs(30);
+    let pids = Arc::new(Mutex::new(std::collections::HashSet::new()));
+    let handles: Vec<_> = (0..32)
+        .map(|t| {
+            let (b, pids) = (b.clone(), pids.clone());
+            tokio::spawn(async move {
+                let n = name(&format!("limited-burst-{t}"));
+                for _ in 0..5 {
+                    let o = owner("burst");
+                    acquired(b.acquire(&n, &o, ttl).await.expect("acquire"));
+                    pids.lock()
+                        .unwrap()
+                        .insert(b.holder_pid(&n, &o.token).expect("pid"));
+                    release_ours(&b, &n, &o).await;
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.await.expect("task");
+    }
+    let sessions = pids.lock().unwrap().len();
+    assert!(sessions <= 4, "a limit of 4 sessions, {sessions} used");
+}
+
+/// A session limit of zero, or one set on a backend that has clones, is refused and
+/// leaves the backend as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_session_limit_refuses_zero_and_a_cloned_backend() {
+    let db = PostgresServer::shared().await.expect("server");
+    let mut b = AdvisoryLockBackend::connect(&db.url())
+        .await
+        .expect("connect");
+    let clone = b.clone();
+    let err = b.set_max_sessions(4).expect_err("cloned");
+    assert!(
+        matches!(err, Error::InvalidInput(InvalidInput::Other(ref m)) if m.contains("cloned")),
+        "{err:?}"
+    );
+    drop(clone);
+    let err = b.set_max_sessions(0).expect_err("zero");
+    assert!(
+        matches!(err, Error::InvalidInput(InvalidInput::Other(ref m)) if m.contains("not 0")),
+        "{err:?}"
+    );
+    // Nothing was changed or lost: the backend works, and takes its limit now.
+    b.set_max_sessions(1).expect("limit");
+    let (n, a) = (name("limit-after-refusals"), owner("a"));
+    acquired(
+        b.acquire(&n, &a, Duration::from_secs(30))
+            .await
+            .expect("acquire"),
+    );
+    release_ours(&b, &n, &a).await;
+}
+
 /// The sessions whose `application_name` is `app`.
 async fn sessions_named(admin: &mut PgConnection, app: &str) -> std::collections::BTreeSet<i32> {
     sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE application_name = $1")
