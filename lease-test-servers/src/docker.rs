@@ -622,7 +622,7 @@ impl DockerStore {
             // Not ZOO_DATA_DIR: the official image's entrypoint changes the owner of that
             // directory and fails where it does not exist (no tmpfs here), and its default
             // /data exists; the project's image writes its own configuration.
-            StoreKind::ZooKeeper => super::zookeeper::CONTAINER_ENV
+            StoreKind::ZooKeeper => super::zk_wire::CONTAINER_ENV
                 .iter()
                 .filter(|(k, _)| *k != "ZOO_DATA_DIR")
                 .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
@@ -773,7 +773,7 @@ pub async fn zookeeper_leader(
         let modes = tokio::task::spawn_blocking(move || {
             ports
                 .into_iter()
-                .map(super::zookeeper::mode)
+                .map(super::zk_wire::mode)
                 .collect::<Vec<_>>()
         })
         .await
@@ -848,7 +848,7 @@ fn answers(kind: StoreKind, port: u16) -> bool {
         StoreKind::Postgres => super::postgres::run_sql(port, "postgres", "SELECT 1").is_ok(),
         StoreKind::Redis => redis_ping(port),
         StoreKind::Mysql => super::mariadb::answers(port),
-        StoreKind::ZooKeeper => super::zookeeper::serving(port),
+        StoreKind::ZooKeeper => super::zk_wire::serving(port),
     }
 }
 

@@ -283,6 +283,7 @@ pub(crate) fn env_nonempty(var: &str) -> Option<String> {
 pub mod etcd;
 pub mod mariadb;
 pub mod postgres;
+mod zk_wire;
 pub mod zookeeper;
 
 #[cfg(test)]

@@ -4,14 +4,14 @@
 //! words allowed (readiness, the leader).
 
 use std::ffi::OsString;
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
 use super::process::{ChildProcess, DirWatcher};
+pub use super::zk_wire::four_letter;
+use super::zk_wire::{CONTAINER_ENV, mode, serving};
 use super::{HarnessError, PortAttempts};
 
 const INSTALL_HINT: &str =
@@ -48,20 +48,6 @@ struct Local {
     dir: tempfile::TempDir,
 }
 
-/// The environment of a container, for the official image (the project's writes its own
-/// zoo.cfg with the same settings).
-pub(crate) const CONTAINER_ENV: [(&str, &str); 6] = [
-    ("ZOO_TICK_TIME", "200"),
-    ("ZOO_4LW_COMMANDS_WHITELIST", "ruok,srvr,stat"),
-    ("ZOO_ADMINSERVER_ENABLED", "false"),
-    (
-        "ZOO_CFG_EXTRA",
-        "maxSessionTimeout=600000 extendedTypesEnabled=true",
-    ),
-    ("JVMFLAGS", "-Xmx256m -Dznode.container.checkIntervalMs=100"),
-    ("ZOO_DATA_DIR", "/zookeeper-data"),
-];
-
 /// The `java` binary: `$JAVA_HOME/bin/java`, or `java` on the path.
 fn java() -> Option<PathBuf> {
     if let Some(home) = super::env_nonempty("JAVA_HOME") {
@@ -71,24 +57,6 @@ fn java() -> Option<PathBuf> {
         }
     }
     super::find_binary("java", &["/usr/bin", "/usr/local/bin"])
-}
-
-/// Whether the server serves requests: `srvr` says its mode (`ruok` answers `imok` before
-/// the server is ready to serve).
-pub(crate) fn serving(port: u16) -> bool {
-    four_letter(port, "srvr").is_some_and(|a| a.contains("Mode:"))
-}
-
-/// Sends a four-letter word (`srvr`, `stat`, `ruok`) to the server on local `port` and
-/// returns the answer, or `None` if it does not answer. Blocking, with short timeouts.
-pub fn four_letter(port: u16, word: &str) -> Option<String> {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()?;
-    s.set_read_timeout(Some(Duration::from_millis(500))).ok()?;
-    s.write_all(word.as_bytes()).ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).ok()?;
-    Some(out)
 }
 
 impl ZooKeeperServer {
@@ -452,15 +420,6 @@ fn server_args(dir: &std::path::Path, cfg: &std::path::Path) -> Vec<OsString> {
         "org.apache.zookeeper.server.quorum.QuorumPeerMain".into(),
         cfg.as_os_str().to_owned(),
     ]
-}
-
-/// The mode a server reports (`leader`, `follower`, `standalone`), if it serves.
-pub(crate) fn mode(port: u16) -> Option<String> {
-    let answer = four_letter(port, "srvr")?;
-    answer
-        .lines()
-        .find_map(|l| l.strip_prefix("Mode: "))
-        .map(|m| m.trim().to_owned())
 }
 
 /// One member of a [`ZooKeeperEnsemble`].
