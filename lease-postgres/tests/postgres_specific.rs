@@ -1000,7 +1000,7 @@ async fn advisory_bursts_reuse_as_many_sessions_as_they_hold() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn advisory_session_limit_makes_attempts_wait_for_a_release() {
     let db = PostgresServer::shared().await.expect("server");
-    let call = Duration::from_secs(1);
+    let call = Duration::from_secs(2);
     let mut b = AdvisoryLockBackend::connect_with(&db.url(), call, 4)
         .await
         .expect("connect");
