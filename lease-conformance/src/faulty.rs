@@ -76,6 +76,22 @@ pub struct RenewCall {
     pub names: Vec<LeaseName>,
 }
 
+/// One recorded `acquire` call.
+#[derive(Clone, Debug)]
+pub struct AcquireCall {
+    /// The lease asked for.
+    pub name: LeaseName,
+    /// When the call started: no earlier than this can the store have taken the lease
+    /// for it.
+    pub started: Instant,
+    /// When it returned, with a reply or an error (`None` while in flight, and for a
+    /// call dropped before it returned): no later than this had the store taken the
+    /// lease, if it was taken.
+    pub finished: Option<Instant>,
+    /// Whether it returned [`AcquireOutcome::Acquired`].
+    pub acquired: bool,
+}
+
 #[derive(Debug, Default)]
 struct State {
     faults: HashMap<Op, Fault>,
@@ -83,6 +99,7 @@ struct State {
     once: HashMap<Op, Fault>,
     calls: HashMap<Op, u64>,
     renew_log: Vec<RenewCall>,
+    acquire_log: Vec<AcquireCall>,
 }
 
 /// A decorator that injects faults into any backend.
@@ -139,6 +156,12 @@ impl FaultyBackend {
     /// Every `renew` call so far.
     pub fn renew_log(&self) -> Vec<RenewCall> {
         self.state().renew_log.clone()
+    }
+
+    /// Every `acquire` call so far, in the order they started. Each bounds when the store
+    /// took a lease it acquired: not before `started`, not after `finished`.
+    pub fn acquire_log(&self) -> Vec<AcquireCall> {
+        self.state().acquire_log.clone()
     }
 
     /// Waits until at least `n` calls of `op` have started.
@@ -230,8 +253,25 @@ impl LeaseBackend for FaultyBackend {
         owner: &Owner,
         ttl: Duration,
     ) -> Result<AcquireOutcome> {
-        let fault = self.enter(Op::Acquire).await?;
-        Self::leave(fault, self.inner.acquire(name, owner, ttl).await).await
+        let idx = {
+            let mut st = self.state();
+            st.acquire_log.push(AcquireCall {
+                name: name.clone(),
+                started: Instant::now(),
+                finished: None,
+                acquired: false,
+            });
+            st.acquire_log.len() - 1
+        };
+        let r = match self.enter(Op::Acquire).await {
+            Err(e) => Err(e),
+            Ok(fault) => Self::leave(fault, self.inner.acquire(name, owner, ttl).await).await,
+        };
+        if let Some(call) = self.state().acquire_log.get_mut(idx) {
+            call.finished = Some(Instant::now());
+            call.acquired = matches!(r, Ok(AcquireOutcome::Acquired { .. }));
+        }
+        r
     }
 
     async fn renew(&self, leases: &[RenewItem], ttl: Duration) -> Result<Vec<RenewOutcome>> {

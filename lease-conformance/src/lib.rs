@@ -43,7 +43,7 @@ pub mod startup;
 pub mod suite;
 mod timed;
 
-pub use faulty::{Fault, FaultyBackend, Op, RenewCall};
+pub use faulty::{AcquireCall, Fault, FaultyBackend, Op, RenewCall};
 pub use not_applicable::{
     NO_EXPIRY, NO_FENCING, NO_KEEP_FOR, NO_LEAD_TIME, NotApplicable, not_applicable_reports,
 };

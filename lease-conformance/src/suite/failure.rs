@@ -602,6 +602,14 @@ pub async fn lost_token_fires_when_the_run_ends(backend: Arc<dyn LeaseBackend>) 
 /// a fifth, a half and four fifths of the derived keep-for, runs once per period:
 /// keep-for is derived from the period (nine tenths of it, or the period minus the store's
 /// TTL granularity where that is coarser).
+///
+/// Two runs are kept apart by keep-for where the store took their leases, which the
+/// instances observe only through their `acquire` calls: the store took a lease after its
+/// call started and before it returned. So the check is that each acquisition's call
+/// returned at least keep-for after the previous acquisition's call started, which holds
+/// however late each run's work starts after its call returned. (Timing the work's start
+/// instead failed once under load: two runs 535.9 ms apart with a keep-for of 540 ms, the
+/// first run's work having started later after its acquisition than the second's.)
 pub async fn scheduled_job_defaults_once_per_period(backend: Arc<dyn LeaseBackend>) {
     let caps = backend.capabilities();
     if !crate::not_applicable::applies(
@@ -637,9 +645,16 @@ pub async fn scheduled_job_defaults_once_per_period(backend: Arc<dyn LeaseBacken
         let log = Arc::new(std::sync::Mutex::new(Vec::<Instant>::new()));
         let shutdown = lease_core::CancellationToken::new();
         let mut tasks = Vec::new();
+        let mut calls = Vec::new();
         for (i, start_after) in [Duration::ZERO, offset].into_iter().enumerate() {
+            // Each instance's calls recorded, to bound when the store took each lease.
+            let recorded = Arc::new(FaultyBackend::new(backend.clone()));
+            calls.push(recorded.clone());
             let job = ScheduledJob::new(
-                client(&backend, &format!("instance-{i}")),
+                client(
+                    &(recorded as Arc<dyn LeaseBackend>),
+                    &format!("instance-{i}"),
+                ),
                 &n,
                 period,
                 options.clone(),
@@ -655,10 +670,10 @@ pub async fn scheduled_job_defaults_once_per_period(backend: Arc<dyn LeaseBacken
                 .await
             }));
         }
-        runs.push((offset, log, shutdown, tasks));
+        runs.push((offset, log, shutdown, tasks, calls));
     }
     tokio::time::sleep(period * periods + period / 2).await;
-    for (offset, log, shutdown, tasks) in runs {
+    for (offset, log, shutdown, tasks, calls) in runs {
         shutdown.cancel();
         for t in tasks {
             t.await.expect("task");
@@ -670,11 +685,27 @@ pub async fn scheduled_job_defaults_once_per_period(backend: Arc<dyn LeaseBacken
             "{} runs in {periods}.5 periods of {period:?}, instances {offset:?} apart",
             log.len()
         );
-        for w in log.windows(2) {
+        // Every acquisition of either instance, in the order their calls started.
+        let mut taken: Vec<_> = calls
+            .iter()
+            .flat_map(|c| c.acquire_log())
+            .filter(|c| c.acquired)
+            .collect();
+        taken.sort_by_key(|c| c.started);
+        // Every run had its acquisition (one taken as the shutdown came may not have run).
+        assert!(
+            taken.len() >= log.len(),
+            "{} acquisitions for {} runs (instances {offset:?} apart)",
+            taken.len(),
+            log.len()
+        );
+        for w in taken.windows(2) {
+            let returned = w[1].finished.expect("an acquisition that returned");
             assert!(
-                w[1] - w[0] >= keep_for,
-                "two runs {:?} apart with a period of {period:?} (instances {offset:?} apart)",
-                w[1] - w[0]
+                returned - w[0].started >= keep_for,
+                "a lease taken again within {:?} of the call that took it before (at most; \
+                 keep-for {keep_for:?}, period {period:?}, instances {offset:?} apart)",
+                returned - w[0].started
             );
         }
     }
