@@ -214,7 +214,10 @@ pub async fn drop_releases(backend: Arc<dyn LeaseBackend>) {
     g.release().await.expect("release");
 }
 
-/// A scheduled job on three instances runs at most once per keep-for window.
+/// A scheduled job on three instances runs at most once per keep-for window: each
+/// acquisition's call returns at least keep-for after the previous acquisition's call
+/// started (the store took each lease between its call's start and return; see
+/// `scheduled_job_defaults_once_per_period`).
 pub async fn scheduled_job_once_per_period(backend: Arc<dyn LeaseBackend>) {
     let caps = backend.capabilities();
     if !caps.keep_for {
@@ -237,9 +240,16 @@ pub async fn scheduled_job_once_per_period(backend: Arc<dyn LeaseBackend>) {
     let runs = Arc::new(std::sync::Mutex::new(Vec::<(Instant, FencingToken)>::new()));
     let shutdown = lease_core::CancellationToken::new();
     let mut tasks = Vec::new();
+    let mut calls = Vec::new();
     for i in 0..3u32 {
+        // Each instance's calls recorded, to bound when the store took each lease.
+        let recorded = Arc::new(FaultyBackend::new(backend.clone()));
+        calls.push(recorded.clone());
         let job = ScheduledJob::new(
-            client(&backend, &format!("instance-{i}")),
+            client(
+                &(recorded as Arc<dyn LeaseBackend>),
+                &format!("instance-{i}"),
+            ),
             &n,
             period,
             options.clone(),
@@ -274,14 +284,31 @@ pub async fn scheduled_job_once_per_period(backend: Arc<dyn LeaseBackend>) {
         runs.len()
     );
     for w in runs.windows(2) {
-        let gap = w[1].0 - w[0].0;
-        assert!(
-            gap + Duration::from_millis(50) >= keep_for,
-            "two runs {gap:?} apart, keep-for {keep_for:?}"
-        );
         if caps.fencing != Fencing::None {
             assert!(w[1].1 > w[0].1);
         }
+    }
+    let mut taken: Vec<_> = calls
+        .iter()
+        .flat_map(|c| c.acquire_log())
+        .filter(|c| c.acquired)
+        .collect();
+    taken.sort_by_key(|c| c.started);
+    // Every run had its acquisition (one taken as the shutdown came may not have run).
+    assert!(
+        taken.len() >= runs.len(),
+        "{} acquisitions for {} runs",
+        taken.len(),
+        runs.len()
+    );
+    for w in taken.windows(2) {
+        let returned = w[1].finished.expect("an acquisition that returned");
+        assert!(
+            returned - w[0].started >= keep_for,
+            "a lease taken again within {:?} of the call that took it before (at most; \
+             keep-for {keep_for:?})",
+            returned - w[0].started
+        );
     }
     let skipped: u64 = stats.iter().map(|s| s.skipped).sum();
     assert!(
