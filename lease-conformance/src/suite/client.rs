@@ -288,28 +288,7 @@ pub async fn scheduled_job_once_per_period(backend: Arc<dyn LeaseBackend>) {
             assert!(w[1].1 > w[0].1);
         }
     }
-    let mut taken: Vec<_> = calls
-        .iter()
-        .flat_map(|c| c.acquire_log())
-        .filter(|c| c.acquired)
-        .collect();
-    taken.sort_by_key(|c| c.started);
-    // Every run had its acquisition (one taken as the shutdown came may not have run).
-    assert!(
-        taken.len() >= runs.len(),
-        "{} acquisitions for {} runs",
-        taken.len(),
-        runs.len()
-    );
-    for w in taken.windows(2) {
-        let returned = w[1].finished.expect("an acquisition that returned");
-        assert!(
-            returned - w[0].started >= keep_for,
-            "a lease taken again within {:?} of the call that took it before (at most; \
-             keep-for {keep_for:?})",
-            returned - w[0].started
-        );
-    }
+    assert_acquisitions_keep_for_apart(&calls, runs.len(), keep_for, "three instances");
     let skipped: u64 = stats.iter().map(|s| s.skipped).sum();
     assert!(
         skipped > 0,

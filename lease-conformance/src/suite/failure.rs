@@ -19,7 +19,7 @@ use lease_core::{
 };
 use tokio::time::Instant;
 
-use super::{base_ttl, client, name, namespace, opts};
+use super::{assert_acquisitions_keep_for_apart, base_ttl, client, name, namespace, opts};
 use crate::faulty::{Fault, FaultyBackend, Op};
 
 /// How many acquire calls [`cancelled_acquires_leave_nothing_held`] drops.
@@ -685,29 +685,12 @@ pub async fn scheduled_job_defaults_once_per_period(backend: Arc<dyn LeaseBacken
             "{} runs in {periods}.5 periods of {period:?}, instances {offset:?} apart",
             log.len()
         );
-        // Every acquisition of either instance, in the order their calls started.
-        let mut taken: Vec<_> = calls
-            .iter()
-            .flat_map(|c| c.acquire_log())
-            .filter(|c| c.acquired)
-            .collect();
-        taken.sort_by_key(|c| c.started);
-        // Every run had its acquisition (one taken as the shutdown came may not have run).
-        assert!(
-            taken.len() >= log.len(),
-            "{} acquisitions for {} runs (instances {offset:?} apart)",
-            taken.len(),
-            log.len()
+        assert_acquisitions_keep_for_apart(
+            &calls,
+            log.len(),
+            keep_for,
+            &format!("period {period:?}, instances {offset:?} apart"),
         );
-        for w in taken.windows(2) {
-            let returned = w[1].finished.expect("an acquisition that returned");
-            assert!(
-                returned - w[0].started >= keep_for,
-                "a lease taken again within {:?} of the call that took it before (at most; \
-                 keep-for {keep_for:?}, period {period:?}, instances {offset:?} apart)",
-                returned - w[0].started
-            );
-        }
     }
 }
 

@@ -135,3 +135,38 @@ pub fn min_ttl_tail(caps: &lease_core::Capabilities) -> Duration {
         Duration::ZERO
     }
 }
+
+/// Checks the acquisitions that `calls` recorded (each a job instance's pass-through
+/// [`FaultyBackend`](crate::FaultyBackend)) against the `runs` they ran: every run had an
+/// acquisition (one taken as the shutdown came may not have run), and each acquisition's
+/// call returned at least `keep_for` after the previous acquisition's call started. The
+/// store took a lease between its call's start and return, so this bounds keep-for where
+/// the store applied it, however late each run's work started. `context` goes into the
+/// failure messages.
+pub(crate) fn assert_acquisitions_keep_for_apart(
+    calls: &[Arc<crate::FaultyBackend>],
+    runs: usize,
+    keep_for: Duration,
+    context: &str,
+) {
+    let mut taken: Vec<_> = calls
+        .iter()
+        .flat_map(|c| c.acquire_log())
+        .filter(|c| c.acquired)
+        .collect();
+    taken.sort_by_key(|c| c.started);
+    assert!(
+        taken.len() >= runs,
+        "{} acquisitions for {runs} runs ({context})",
+        taken.len()
+    );
+    for w in taken.windows(2) {
+        let returned = w[1].finished.expect("an acquisition that returned");
+        assert!(
+            returned - w[0].started >= keep_for,
+            "a lease taken again within {:?} of the call that took it before (at most; \
+             keep-for {keep_for:?}, {context})",
+            returned - w[0].started
+        );
+    }
+}
