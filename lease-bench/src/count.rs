@@ -4,7 +4,9 @@
 //! `scripts/client-instructions.sh` runs under callgrind twice (N and 2N cycles), so that
 //! the difference is the client's instructions for N cycles, without start-up and
 //! connection set-up. Instructions are counted, not timed, so the figure repeats on a
-//! loaded machine.
+//! loaded machine. With `LEASE_BENCH_WORKERS=N` the cycles run on a multi-thread runtime
+//! of N workers instead, as the benchmark's rounds do, so that hand-overs between
+//! threads show in the system calls and the CPU time it prints.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,7 +19,8 @@ use crate::cycles::{self, Case};
 /// spread over `tasks` concurrent tasks (`n / tasks` each). Prints to standard error what
 /// the `n` cycles cost this process per cycle: read and write system calls (`syscr`,
 /// `syscw` of `/proc/self/io`) and CPU time (`/proc/self/stat`), which on Linux repeat
-/// far better than a rate and show how well concurrent requests share system calls.
+/// far better than a rate and show how well concurrent requests share system calls, and
+/// the wall time (which, unlike the others, includes the server's time).
 pub async fn run(store: &str, url: &str, case: &str, n: usize, tasks: usize) -> Result<(), String> {
     let case = build(store, url, case).await?;
     let tasks = tasks.max(1);
@@ -41,15 +44,18 @@ pub async fn run(store: &str, url: &str, case: &str, n: usize, tasks: usize) -> 
     };
     spread(200).await?;
     let before = Usage::read();
+    let started = std::time::Instant::now();
     spread(n / tasks).await?;
+    let wall = started.elapsed();
     let cycles = n / tasks * tasks;
     if let (Some(a), Some(b)) = (before, Usage::read()) {
         let per = |x: u64, y: u64| y.saturating_sub(x) as f64 / cycles.max(1) as f64;
         eprintln!(
-            "per cycle ({cycles} cycles, {tasks} task(s)): {:.3} read syscalls, {:.3} write syscalls, {:.1} us CPU",
+            "per cycle ({cycles} cycles, {tasks} task(s)): {:.3} read syscalls, {:.3} write syscalls, {:.1} us CPU, {:.1} us wall",
             per(a.syscr, b.syscr),
             per(a.syscw, b.syscw),
             b.cpu.saturating_sub(a.cpu).as_secs_f64() * 1e6 / cycles.max(1) as f64,
+            wall.as_secs_f64() * 1e6 / cycles.max(1) as f64,
         );
     }
     Ok(())
@@ -217,7 +223,8 @@ fn shared<B: LeaseBackend + 'static>(
         .map_err(|e| e.to_string())
 }
 
-/// Parses `STORE URL CASE N [TASKS]` and runs it on a current-thread runtime.
+/// Parses `STORE URL CASE N [TASKS]` and runs it on a current-thread runtime (or a
+/// multi-thread one of `LEASE_BENCH_WORKERS` workers).
 pub fn main(args: &[String]) -> Result<(), String> {
     let (store, url, case, n, tasks) = match args {
         [store, url, case, n] => (store, url, case, n, None),
@@ -229,10 +236,22 @@ pub fn main(args: &[String]) -> Result<(), String> {
         Some(t) => t.parse().map_err(|e| format!("TASKS: {e}"))?,
         None => 1,
     };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+    // `LEASE_BENCH_WORKERS=N`: on a multi-thread runtime of N workers instead, as the
+    // benchmark's rounds run (its wake-ups between threads are then counted too).
+    let workers = std::env::var("LEASE_BENCH_WORKERS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&w| w > 0);
+    let rt = match workers {
+        Some(w) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(w)
+            .enable_all()
+            .build(),
+        None => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+    }
+    .map_err(|e| e.to_string())?;
     rt.block_on(async {
         tokio::time::timeout(Duration::from_secs(3600), run(store, url, case, n, tasks))
             .await
