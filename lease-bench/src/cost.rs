@@ -1,8 +1,10 @@
 //! What one acquire + release cycle costs, in figures that a noisy machine moves much less
 //! than it moves wall-clock rates: CPU time of this process (the client) and of the
 //! server's processes (from /proc), and the requests the server itself counted. Measured
-//! apart from the timed rounds: one task, the cases one after another, the same number
-//! of cycles each.
+//! apart from the timed rounds, with one task: each case's cycles run in [`SLICES`]
+//! slices, interleaved with the other cases' slices and starting at a different case each
+//! slice (as the rounds are), so that a drift of the machine's speed over the minutes of
+//! the measurement moves every case alike instead of the ones measured last.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -13,8 +15,8 @@ use crate::scale::{Counter, cpu_now};
 /// Cycles per case.
 pub const CYCLES: usize = 5_000;
 
-/// Linux's `USER_HZ` (the unit of /proc's `cutime`), 100 on every architecture it runs on.
-const USER_HZ: u64 = 100;
+/// Slices per case: [`CYCLES`] / `SLICES` cycles each, the cases in turn.
+pub const SLICES: usize = 10;
 
 /// How the server's side of a cycle is read.
 pub struct ServerMeter {
@@ -33,10 +35,29 @@ pub struct CaseCost {
     pub label: String,
     /// This process's CPU time per cycle, µs.
     pub client_us: f64,
+    /// This process's CPU time per cycle in each slice, µs (in the slices' order).
+    pub client_slices: Vec<f64>,
     /// The server's CPU time per cycle, µs.
     pub server_us: Option<f64>,
     /// Requests the server counted per cycle.
     pub requests: Option<f64>,
+}
+
+impl CaseCost {
+    /// This case's client CPU per cycle against `other`'s: the median of the ratios
+    /// slice by slice (each slice of the one next to the other's in time), with the
+    /// lowest and highest; `None` without slices.
+    pub fn client_ratio(&self, other: &CaseCost) -> Option<(f64, f64, f64)> {
+        let mut r: Vec<f64> = self
+            .client_slices
+            .iter()
+            .zip(&other.client_slices)
+            .filter(|(_, b)| **b > 0.0)
+            .map(|(a, b)| a / b)
+            .collect();
+        r.sort_by(|a, b| a.total_cmp(b));
+        Some((*r.get(r.len() / 2)?, *r.first()?, *r.last()?))
+    }
 }
 
 /// What was measured on one store.
@@ -48,56 +69,134 @@ pub struct Costs {
     pub requests_source: &'static str,
 }
 
-/// Runs [`CYCLES`] cycles of each case with one task and reads both sides' CPU and the
-/// server's request count around each.
+/// Runs [`CYCLES`] cycles of each case with one task, in [`SLICES`] interleaved slices,
+/// and reads both sides' CPU and the server's request count around each slice.
 pub async fn per_cycle(cases: &[Case], meter: &ServerMeter) -> Costs {
-    let n = CYCLES;
-    let mut out = Vec::new();
-    for case in cases {
-        let requests0 = match &meter.requests {
-            Some((count, _)) => Some(count().await),
-            None => None,
-        };
-        let server0 = meter.pid.map(tree_cpu);
-        let client0 = cpu_now();
-        (case.run)(format!("cost-{}", uuid::Uuid::new_v4().simple()), n).await;
-        let client = cpu_now() - client0;
-        let server = meter.pid.map(tree_cpu);
-        let requests = match &meter.requests {
-            Some((count, _)) => Some(count().await),
-            None => None,
-        };
-        let per = |d: Duration| d.as_secs_f64() * 1e6 / n as f64;
-        out.push(CaseCost {
-            label: case.label.clone(),
-            client_us: per(client),
-            server_us: server0.zip(server).map(|(a, b)| {
-                assert!(b >= a, "{}: the server's CPU time went down", case.label);
-                per(b - a)
-            }),
-            requests: requests0.zip(requests).map(|(a, b)| {
+    let k = cases.len();
+    let n = CYCLES / SLICES;
+    let mut client = vec![Duration::ZERO; k];
+    let mut client_slices = vec![Vec::with_capacity(SLICES); k];
+    let mut server: Vec<Option<Duration>> = vec![meter.pid.map(|_| Duration::ZERO); k];
+    let mut requests: Vec<Option<u64>> = vec![meter.requests.as_ref().map(|_| 0); k];
+    // Each case cycles over the same names in every slice, taken once before the
+    // slices: a name's first acquisition does more than the others (a Redis fencing
+    // counter is seeded, a PostgreSQL row inserted), and fresh names in every slice
+    // would count it once per slice.
+    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let prefix = |c: usize| format!("cost-{run_id}-{c}");
+    for (c, case) in cases.iter().enumerate() {
+        (case.run)(prefix(c), 64).await;
+    }
+    for slice in 0..SLICES {
+        for i in 0..k {
+            let c = (i + slice) % k;
+            let case = &cases[c];
+            // The request count is read outside the CPU windows: reading it is work for
+            // the server (etcd renders its metrics page) and for this process.
+            let requests0 = match &meter.requests {
+                Some((count, _)) => Some(count().await),
+                None => None,
+            };
+            let server0 = meter.pid.map(ThreadTimes::of_tree);
+            let client0 = cpu_now();
+            (case.run)(prefix(c), n).await;
+            let spent = cpu_now().saturating_sub(client0);
+            let server1 = meter.pid.map(ThreadTimes::of_tree);
+            let requests1 = match &meter.requests {
+                Some((count, _)) => Some(count().await),
+                None => None,
+            };
+            client[c] += spent;
+            client_slices[c].push(spent.as_secs_f64() * 1e6 / n as f64);
+            if let (Some(total), Some(a), Some(b)) = (server[c].as_mut(), &server0, &server1) {
+                *total += b.since(a);
+            }
+            if let (Some(total), Some(a), Some(b)) = (requests[c].as_mut(), requests0, requests1) {
                 assert!(
                     b >= a,
                     "{}: the server's request count went down",
                     case.label
                 );
-                (b - a) as f64 / n as f64
-            }),
-        });
+                *total += b - a;
+            }
+        }
     }
+    let cycles = (n * SLICES) as f64;
+    let per = |d: Duration| d.as_secs_f64() * 1e6 / cycles;
+    let out = (0..k)
+        .map(|c| CaseCost {
+            label: cases[c].label.clone(),
+            client_us: per(client[c]),
+            client_slices: std::mem::take(&mut client_slices[c]),
+            server_us: server[c].map(per),
+            requests: requests[c].map(|r| r as f64 / cycles),
+        })
+        .collect();
     Costs {
         cases: out,
         requests_source: meter.requests.as_ref().map_or("", |(_, what)| what),
     }
 }
 
-/// CPU time of process `pid` and of every live descendant, plus what `pid`'s reaped
-/// children used: `utime` + `stime` of each process from `/proc/PID/stat` (which keeps the
-/// time of threads that have exited, as a JVM's compiler threads do) and `cutime` +
-/// `cstime` of `pid`, in clock ticks (10 ms; over a case's 5,000 cycles that is a few
-/// percent at most). PostgreSQL's per-connection processes count, whether they still run
-/// or have exited.
-pub fn tree_cpu(pid: u32) -> Duration {
+/// CPU time of every thread of a process and of its live descendants, from each thread's
+/// `/proc/PID/task/TID/schedstat` (time on a CPU in nanoseconds, where `/proc/PID/stat`
+/// counts 10 ms ticks, as coarse as a whole slice of cycles).
+pub struct ThreadTimes(HashMap<u32, u64>);
+
+impl ThreadTimes {
+    /// The threads of `pid` and of every live descendant (PostgreSQL's per-connection
+    /// processes).
+    pub fn of_tree(pid: u32) -> ThreadTimes {
+        let mut times = HashMap::new();
+        for p in tree(pid) {
+            let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+                continue;
+            };
+            for t in tasks.flatten() {
+                let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                    continue;
+                };
+                let ns = std::fs::read_to_string(format!("/proc/{p}/task/{tid}/schedstat"))
+                    .ok()
+                    .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
+                if let Some(ns) = ns {
+                    times.insert(tid, ns);
+                }
+            }
+        }
+        ThreadTimes(times)
+    }
+
+    /// CPU time spent between `before` and this reading by the threads alive at this
+    /// reading (a thread started since counts in full; one that ended since, its time
+    /// since `before` is lost: the servers measured keep their threads and connection
+    /// processes while the cycles run).
+    pub fn since(&self, before: &ThreadTimes) -> Duration {
+        let ns: u64 = self
+            .0
+            .iter()
+            .map(|(tid, ns)| ns.saturating_sub(before.0.get(tid).copied().unwrap_or(0)))
+            .sum();
+        Duration::from_nanos(ns)
+    }
+}
+
+/// `pid` and its live descendants.
+fn tree(pid: u32) -> Vec<u32> {
+    let children = children();
+    let mut out = Vec::new();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        out.push(p);
+        if let Some(c) = children.get(&p) {
+            todo.extend(c);
+        }
+    }
+    out
+}
+
+/// Every process's children, from the parent pid in `/proc/PID/stat`.
+fn children() -> HashMap<u32, Vec<u32>> {
     let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
     if let Ok(entries) = std::fs::read_dir("/proc") {
         for e in entries.flatten() {
@@ -109,34 +208,7 @@ pub fn tree_cpu(pid: u32) -> Duration {
             }
         }
     }
-    let ticks = |f: &[String], i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
-    let mut total = 0u64;
-    let mut todo = vec![pid];
-    while let Some(p) = todo.pop() {
-        // utime and stime: fields 14 and 15 of stat, 11 and 12 after the name.
-        if let Some(f) = stat_fields(p) {
-            total += ticks(&f, 11) + ticks(&f, 12);
-            if p == pid {
-                // cutime and cstime: fields 16 and 17, 13 and 14 after the name.
-                total += ticks(&f, 13) + ticks(&f, 14);
-            }
-        }
-        if let Some(c) = children.get(&p) {
-            todo.extend(c);
-        }
-    }
-    Duration::from_millis(total * 1000 / USER_HZ)
-}
-
-/// CPU time of process `pid` itself (`utime` + `stime`, all its threads, in clock ticks of
-/// 10 ms), without its children.
-pub fn process_cpu(pid: u32) -> Option<Duration> {
-    let f = stat_fields(pid)?;
-    // utime and stime: fields 14 and 15 of stat, 11 and 12 after the name.
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
-    Some(Duration::from_millis(
-        (ticks(11)? + ticks(12)?) * 1000 / USER_HZ,
-    ))
+    children
 }
 
 /// The fields of `/proc/PID/stat` after the process name (which may hold spaces): `[0]`
@@ -235,20 +307,23 @@ mod tests {
 
     #[test]
     fn this_process_tree_counts_its_own_cpu() {
-        // Busy until the count moves (it moves in 10 ms ticks), for at most 10 s.
+        // Busy for 100 ms of CPU (getrusage). A thread's schedstat leaves out the slice it
+        // is running (it is brought up to date at each scheduler tick and switch), so the
+        // reading taken while busy may miss up to one tick: 20 ms of tolerance.
         let me = std::process::id();
-        let before = tree_cpu(me);
-        let until = std::time::Instant::now() + Duration::from_secs(10);
+        let before = ThreadTimes::of_tree(me);
+        let started = cpu_now();
         let mut x = 0u64;
-        while tree_cpu(me) <= before {
-            assert!(
-                std::time::Instant::now() < until,
-                "no CPU time counted in 10 s"
-            );
-            for i in 0..1_000_000u64 {
+        while cpu_now().saturating_sub(started) < Duration::from_millis(100) {
+            for i in 0..100_000u64 {
                 x = x.wrapping_mul(31).wrapping_add(i);
             }
             std::hint::black_box(x);
         }
+        let spent = ThreadTimes::of_tree(me).since(&before);
+        assert!(
+            spent >= Duration::from_millis(80),
+            "the threads' times counted {spent:?} of 100 ms"
+        );
     }
 }

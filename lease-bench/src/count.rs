@@ -18,7 +18,7 @@ use crate::cycles::{self, Case};
 /// Builds the case and runs 200 warm-up cycles, then `n`, on the caller's runtime, the `n`
 /// spread over `tasks` concurrent tasks (`n / tasks` each). Prints to standard error what
 /// the `n` cycles cost this process per cycle: read and write system calls (`syscr`,
-/// `syscw` of `/proc/self/io`) and CPU time (`/proc/self/stat`), which on Linux repeat
+/// `syscw` of `/proc/self/io`) and CPU time (`getrusage`), which on Linux repeat
 /// far better than a rate and show how well concurrent requests share system calls, and
 /// the wall time (which, unlike the others, includes the server's time).
 pub async fn run(store: &str, url: &str, case: &str, n: usize, tasks: usize) -> Result<(), String> {
@@ -80,7 +80,7 @@ impl Usage {
         Some(Usage {
             syscr: field("syscr:")?,
             syscw: field("syscw:")?,
-            cpu: crate::cost::process_cpu(std::process::id())?,
+            cpu: crate::scale::cpu_now(),
         })
     }
 }

@@ -118,12 +118,19 @@ pub fn markdown(results: &[StoreResult], machine: &str, command: &str, notes: &s
                 )
             });
         let cpu = match (r.costs.cases.get(2), r.costs.cases.get(r.peer)) {
-            (Some(ours), Some(theirs)) if theirs.client_us > 0.0 => format!(
-                "{:.2} ({:.0} / {:.0} µs)",
-                ours.client_us / theirs.client_us,
-                ours.client_us,
-                theirs.client_us
-            ),
+            (Some(ours), Some(theirs)) if theirs.client_us > 0.0 => {
+                let slices = ours
+                    .client_ratio(theirs)
+                    .map_or(String::new(), |(med, lo, hi)| {
+                        format!("; by slice {med:.2} ({lo:.2}–{hi:.2})")
+                    });
+                format!(
+                    "{:.2} ({:.0} / {:.0} µs{slices})",
+                    ours.client_us / theirs.client_us,
+                    ours.client_us,
+                    theirs.client_us
+                )
+            }
             _ => "not measured".into(),
         };
         let _ = writeln!(
@@ -147,9 +154,12 @@ pub fn markdown(results: &[StoreResult], machine: &str, command: &str, notes: &s
          target is {TARGET} against the bare floor; \"missed by\" gives the gap at the \
          median. Against the peer the targets are a ratio of at least 1.0 and a client CPU \
          time per cycle no higher than the peer's (one task, {cycles} cycles apart from the \
-         rounds: CPU time moves much less than the rates on a shared machine). The peers \
-         issue no fencing token; ours do.\n",
-        cycles = crate::cost::CYCLES
+         rounds, in {slices} slices interleaved with the other cases': CPU time moves much \
+         less than the rates on a shared machine). The CPU column gives the ratio of the \
+         totals, then the median of the ratios slice by slice with the lowest and highest \
+         slice. The peers issue no fencing token; ours do.\n",
+        cycles = crate::cost::CYCLES,
+        slices = crate::cost::SLICES
     );
 
     for r in results {
@@ -497,8 +507,11 @@ fn cost_table(o: &mut String, r: &StoreResult) {
     let _ = writeln!(
         o,
         "Cost per acquire + release cycle, one task ({} cycles per case, apart from the \
-         rounds; client = this process, server = the server's processes, from /proc{}):\n",
+         rounds, in {} slices interleaved with the other cases'; client = this process \
+         (getrusage), server = the threads of the server's processes (each thread's \
+         /proc schedstat){}):\n",
         crate::cost::CYCLES,
+        crate::cost::SLICES,
         if requests {
             format!("; requests = {} per cycle", c.requests_source)
         } else {
