@@ -60,6 +60,10 @@ pub struct Plan {
 pub struct Spread {
     /// Median.
     pub median: f64,
+    /// Lower end of the median's 95% confidence interval.
+    pub lo: f64,
+    /// Upper end of the median's 95% confidence interval.
+    pub hi: f64,
     /// Lowest round.
     pub min: f64,
     /// Highest round.
@@ -72,12 +76,31 @@ impl Spread {
         if v.is_empty() {
             return Spread::default();
         }
+        let (lo, hi) = median_interval(v.len());
         Spread {
             median: v[v.len() / 2],
+            lo: v[lo],
+            hi: v[hi],
             min: v[0],
             max: v[v.len() - 1],
         }
     }
+}
+
+/// The ranks (0-based, in the sorted rounds) that bound a 95% confidence interval of the
+/// median of `n` rounds, whatever their distribution, the rounds taken as independent
+/// draws: the number of rounds below the true median is binomial (n, 1/2), so the interval runs from rank n/2 - 0.98 sqrt(n) to rank
+/// n/2 + 0.98 sqrt(n), rounded outwards (the normal approximation; 1.96 standard deviations of that count,
+/// which is sqrt(n)/2). With 101 rounds: ranks 40 to 60. With few rounds it widens to the
+/// lowest and highest round.
+pub fn median_interval(n: usize) -> (usize, usize) {
+    if n == 0 {
+        return (0, 0);
+    }
+    // The median's own rank, as `Spread::of` takes it, and the same distance either side.
+    let m = n / 2;
+    let d = (0.98 * (n as f64).sqrt()).ceil() as usize;
+    (m.saturating_sub(d), (m + d).min(n - 1))
 }
 
 /// The results of one case: cycles/s and its ratio to the first case (the floor), for one
@@ -962,4 +985,22 @@ pub fn mysql_library_statements_raw(pool: MySqlPool, acquire: String, release: S
             }
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_medians_interval_is_the_41st_to_61st_of_101_rounds() {
+        assert_eq!(median_interval(101), (40, 60));
+        assert_eq!(median_interval(7), (0, 6));
+        assert_eq!(median_interval(1), (0, 0));
+        assert_eq!(median_interval(0), (0, 0));
+        let s = Spread::of((0..101).map(f64::from).collect());
+        assert_eq!(
+            (s.median, s.lo, s.hi, s.min, s.max),
+            (50.0, 40.0, 60.0, 0.0, 100.0)
+        );
+    }
 }

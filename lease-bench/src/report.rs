@@ -51,17 +51,28 @@ fn ms(d: Duration) -> String {
     }
 }
 
+/// The median, its 95% confidence interval in square brackets, and the lowest and highest
+/// round in round ones.
 fn ratio(s: Spread) -> String {
-    format!("{:.2} ({:.2}–{:.2})", s.median, s.min, s.max)
+    format!(
+        "{:.2} [{:.2}–{:.2}] ({:.2}–{:.2})",
+        s.median, s.lo, s.hi, s.min, s.max
+    )
+}
+
+/// The median and its 95% confidence interval.
+fn median_ci(s: Spread) -> String {
+    format!("{:.2} [{:.2}–{:.2}]", s.median, s.lo, s.hi)
 }
 
 /// The median to three places and whether it meets the target (two places can round a
-/// median of 0.896 up to "0.90").
+/// median of 0.896 up to "0.90"), with the median's 95% confidence interval.
 fn verdict(s: Spread) -> String {
+    let ci = format!("[{:.2}–{:.2}]", s.lo, s.hi);
     if s.median >= TARGET {
-        format!("{:.3}, met", s.median)
+        format!("{:.3} {ci}, met", s.median)
     } else {
-        format!("{:.3}, missed by {:.3}", s.median, TARGET - s.median)
+        format!("{:.3} {ci}, missed by {:.3}", s.median, TARGET - s.median)
     }
 }
 
@@ -89,7 +100,11 @@ pub fn markdown(results: &[StoreResult], machine: &str, command: &str, notes: &s
          each slice, so that drift and bursts of load on the machine hit all cases alike; a \
          case's rate in a round is its cycles over the sum of its slices' times. A ratio is \
          taken *within* each round (case / floor of the same round); tables show the median \
-         over the rounds and, in brackets, the lowest and highest round. One task means one connection (Redis: one multiplexed \
+         over the rounds, in square brackets the median's 95% confidence interval (from \
+         the order of the rounds' ratios, whatever their distribution, the rounds taken as \
+         independent: with 101 rounds, the 41st to the 61st lowest), and in round brackets the lowest and highest \
+         round. Two rows whose intervals do not overlap differ in this run; the lowest \
+         and highest round say how noisy single rounds were. One task means one connection (Redis: one multiplexed \
          connection; PostgreSQL: one pooled connection at a time; etcd: one gRPC channel). \
          Each task cycles over names of its own (up to 64; a slice's cycles start again at the first), so tasks never contend for a lease, and uses the same names in every round (so PostgreSQL cycles update existing rows, as a lock table does once its names exist).\n",
         tasks = results.first().map_or(32, |r| r.plan.tasks)
@@ -135,12 +150,12 @@ pub fn markdown(results: &[StoreResult], machine: &str, command: &str, notes: &s
         };
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {:.2} | {:.2} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} |",
             r.store,
             verdict(lib.ratio[0]),
             verdict(lib.ratio[1]),
-            client.vs[r.peer][0].median,
-            client.vs[r.peer][1].median,
+            median_ci(client.vs[r.peer][0]),
+            median_ci(client.vs[r.peer][1]),
             cpu,
             ten_k
         );
