@@ -1,8 +1,8 @@
 //! `lease-bench renew-at-scale STORE N [TICKS]`: N leases with a 30 s TTL held by this
 //! process on a throwaway server of STORE (`redis`, `redis-cluster` of 3 primaries,
 //! `etcd`, `postgres`, `mysql`, `zookeeper`), renewed TICKS times the way the heartbeat
-//! renews them (one `renew` call per `max_renew_batch` leases, the calls of a tick sent
-//! together). Prints each tick's wall time against the renewal period (TTL/3 = 10 s), its
+//! renews them (one `renew` call per `max_renew_batch` leases, at most
+//! `lease_core::raw::RENEW_CALLS_IN_FLIGHT` of a tick's calls at once). Prints each tick's wall time against the renewal period (TTL/3 = 10 s), its
 //! slowest `renew` call against the call timeout that bounds each heartbeat call (5 s), the
 //! client's CPU time per tick, and on Redis the server's script time per tick on each
 //! primary (`INFO commandstats`), which shows whether the work spreads over a cluster.
@@ -105,21 +105,29 @@ async fn script_usec(port: u16) -> u64 {
     lease_test_servers::redis::script_usec(&crate::scale::redis_commandstats(port).await)
 }
 
-/// Renews `items` once as the heartbeat does; returns how many were not renewed and the
-/// slowest `renew` call (the heartbeat bounds each call by the call timeout).
+/// Renews `items` once as the heartbeat does (calls of `max_renew_batch` leases, at most
+/// `lease_core::raw::RENEW_CALLS_IN_FLIGHT` of them at once); returns how many were not
+/// renewed and the slowest `renew` call (the heartbeat bounds each call by the call
+/// timeout).
 async fn tick(backend: &Arc<dyn LeaseBackend>, items: &[RenewItem]) -> (usize, Duration) {
+    use futures::StreamExt;
     let batch = backend.capabilities().max_renew_batch.max(1);
-    let calls: Vec<_> = items
-        .chunks(batch)
-        .map(|c| async move {
-            let started = Instant::now();
-            let r = backend.renew(c, TTL).await;
-            (r, started.elapsed())
-        })
-        .collect();
+    let mut chunks = items.chunks(batch);
+    let mut in_flight = futures::stream::FuturesUnordered::new();
+    let mut done = Vec::new();
+    loop {
+        while in_flight.len() < lease_core::raw::RENEW_CALLS_IN_FLIGHT {
+            let Some(c) = chunks.next() else { break };
+            in_flight.push(timed_renew(backend, c));
+        }
+        match in_flight.next().await {
+            Some(r) => done.push(r),
+            None => break,
+        }
+    }
     let mut lost = 0;
     let mut slowest = Duration::ZERO;
-    for (r, took) in futures::future::join_all(calls).await {
+    for (r, took) in done {
         slowest = slowest.max(took);
         lost += r
             .expect("renew")
@@ -128,6 +136,16 @@ async fn tick(backend: &Arc<dyn LeaseBackend>, items: &[RenewItem]) -> (usize, D
             .count();
     }
     (lost, slowest)
+}
+
+/// One `renew` call and how long it took.
+async fn timed_renew(
+    backend: &Arc<dyn LeaseBackend>,
+    items: &[RenewItem],
+) -> (lease_core::Result<Vec<RenewOutcome>>, Duration) {
+    let started = Instant::now();
+    let r = backend.renew(items, TTL).await;
+    (r, started.elapsed())
 }
 
 /// Runs the subcommand.

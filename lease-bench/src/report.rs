@@ -226,10 +226,11 @@ pub fn markdown(results: &[StoreResult], machine: &str, command: &str, notes: &s
     let _ = writeln!(
         o,
         "N leases held by one client (each with its own owner token), renewed as the \
-         heartbeat does it: one `renew` call per `max_renew_batch` leases, the calls of a \
-         tick sent concurrently. Median of the ticks, with the slowest in brackets; CPU is \
-         the benchmark process's user + system time during the tick (the servers are other \
-         processes).\n"
+         heartbeat does it: one `renew` call per `max_renew_batch` leases, at most {} of a \
+         tick's calls in flight at once (`lease_core::raw::RENEW_CALLS_IN_FLIGHT`). Median \
+         of the ticks, with the slowest in brackets; CPU is the benchmark process's user + \
+         system time during the tick (the servers are other processes).\n",
+        lease_core::raw::RENEW_CALLS_IN_FLIGHT
     );
     let _ = writeln!(
         o,

@@ -127,12 +127,20 @@ pub async fn renewal(
         let mut calls = 0usize;
         for _ in 0..ticks {
             let (cpu0, start) = (cpu_now(), Instant::now());
+            // As the heartbeat sends them: a call per `batch` leases, at most
+            // `RENEW_CALLS_IN_FLIGHT` at once.
             let futures: Vec<_> = items
                 .chunks(batch)
                 .map(|chunk| backend.renew(chunk, ttl))
                 .collect();
             calls += futures.len();
-            for r in futures::future::join_all(futures).await {
+            let replies: Vec<_> =
+                futures::StreamExt::collect(futures::StreamExt::buffer_unordered(
+                    futures::stream::iter(futures),
+                    lease_core::raw::RENEW_CALLS_IN_FLIGHT,
+                ))
+                .await;
+            for r in replies {
                 let r = r.expect("renew");
                 assert!(
                     r.iter().all(|o| *o == RenewOutcome::Renewed),

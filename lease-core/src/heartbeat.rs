@@ -34,6 +34,22 @@ use crate::util::{Site, backoff_delay, call};
 /// At most this many lease names are written into one log event about a batch.
 const NAMES_IN_LOG: usize = 5;
 
+/// At most this many `renew` calls of one [`LeaseClient`](crate::LeaseClient)'s
+/// heartbeat are in flight at once, each of at most
+/// [`Capabilities::max_renew_batch`](crate::Capabilities::max_renew_batch) leases; due
+/// leases beyond them wait for a call to finish.
+///
+/// A store serves the batches of a tick at the speed it serves them either way, but each
+/// call is bounded by the call timeout: sent all at once, the 100 calls that renew a
+/// million leases on one Redis server queue behind each other on its one thread, and on a
+/// slow host the last of them was answered after more than the default call timeout of
+/// 5 s. With four in flight, a call waits for at most three others.
+///
+/// ```
+/// assert_eq!(lease_core::raw::RENEW_CALLS_IN_FLIGHT, 4);
+/// ```
+pub const RENEW_CALLS_IN_FLIGHT: usize = 4;
+
 /// After a registration, the heartbeat wakes at least this often (for as long as leases
 /// keep being registered), even with nothing due: a new lease whose first renewal is
 /// later than its next wake-up is then only queued, not woken for, so that a stream of
@@ -356,7 +372,7 @@ async fn run(
                 &mut in_flight,
                 now,
             );
-            wake = next_wake(entries);
+            wake = next_wake(entries, in_flight.len() >= RENEW_CALLS_IN_FLIGHT);
             dirty = false;
         }
         queue.leases.store(entries.len() as u64, Ordering::Relaxed);
@@ -453,12 +469,15 @@ async fn sleep_until_opt(t: Option<Instant>) {
     }
 }
 
-fn next_wake(entries: &HashMap<u64, Entry>) -> Option<Instant> {
+/// When the heartbeat must look at its leases next: a lease's renewal (unless `calls_full`:
+/// then the next renewal starts when a call in flight finishes, which wakes the heartbeat
+/// anyway) or its deadline.
+fn next_wake(entries: &HashMap<u64, Entry>, calls_full: bool) -> Option<Instant> {
     entries
         .values()
         .filter(|e| !e.lost)
         .map(|e| {
-            if e.in_flight {
+            if e.in_flight || calls_full {
                 e.deadline
             } else {
                 e.next_due.min(e.deadline)
@@ -590,6 +609,11 @@ fn start_due(
         }
         ids.sort_unstable();
         for chunk in ids.chunks(max_batch) {
+            if in_flight.len() >= RENEW_CALLS_IN_FLIGHT {
+                // The rest of the due leases start when a call in flight finishes (the
+                // heartbeat then makes a full pass again).
+                return;
+            }
             let mut items = Vec::with_capacity(chunk.len());
             let mut ids = Vec::with_capacity(chunk.len());
             for id in chunk {

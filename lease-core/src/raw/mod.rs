@@ -13,3 +13,5 @@ pub mod deadline;
 pub mod errors;
 pub mod tls;
 pub mod url;
+
+pub use crate::heartbeat::RENEW_CALLS_IN_FLIGHT;
