@@ -12,7 +12,7 @@
 //! ([`LossReason::HeartbeatStopped`]). The client sees the closed channel and starts a new
 //! heartbeat for its next acquire. Logs are written per batch, not per lease.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -103,6 +103,9 @@ struct Entry {
     deadline: Instant,
     attempt: u32,
     in_flight: bool,
+    /// Due at the last full pass, in a batch of the backlog that waits for a free call
+    /// (`RENEW_CALLS_IN_FLIGHT`).
+    queued: bool,
     lost: bool,
     /// Set when unregistered during an in-flight renewal.
     unregister_acks: Option<Vec<oneshot::Sender<()>>>,
@@ -346,6 +349,8 @@ async fn run(
     let State { entries, rx, queue } = &mut state;
     let queue = queue.clone();
     let mut in_flight: FuturesUnordered<BatchFuture> = FuturesUnordered::new();
+    // Batches the last full pass found due and could not start yet.
+    let mut backlog: VecDeque<Batch> = VecDeque::new();
     // The full passes over all entries (expire, start due batches, next wake-up) run only
     // when the timer fires or a batch finishes, not on every command: registering N leases
     // one by one must not cost O(N^2).
@@ -363,16 +368,16 @@ async fn run(
         if dirty {
             let now = Instant::now();
             expire(entries, now);
-            start_due(
+            backlog = due_batches(max_batch, entries, now);
+            start_batches(
                 &backend,
                 backend_name,
                 &owner,
-                max_batch,
                 entries,
+                &mut backlog,
                 &mut in_flight,
-                now,
             );
-            wake = next_wake(entries, in_flight.len() >= RENEW_CALLS_IN_FLIGHT);
+            wake = next_wake(entries);
             dirty = false;
         }
         queue.leases.store(entries.len() as u64, Ordering::Relaxed);
@@ -415,8 +420,22 @@ async fn run(
                         .answered_at
                         .fetch_max(queue.nanos(done.sent_at).saturating_add(1), Ordering::Relaxed);
                 }
-                finish(backend_name, entries, done);
-                dirty = true;
+                // No full pass here (it costs a look at every lease, and a tick of a
+                // million leases finishes a hundred calls): the batch's own leases are
+                // settled and their next renewal (or retry) planned, and the backlog's
+                // next batch starts. The wake-up planned by the last full pass still
+                // covers every lease outside the backlog and the calls in flight.
+                if let Some(t) = finish(backend_name, entries, done) {
+                    wake = Some(wake.map_or(t, |w| w.min(t)));
+                }
+                start_batches(
+                    &backend,
+                    backend_name,
+                    &owner,
+                    entries,
+                    &mut backlog,
+                    &mut in_flight,
+                );
             }
             _ = sleep_until_opt(until) => {
                 // A full pass only when an entry needs one; a wake-up that is only the
@@ -431,7 +450,7 @@ async fn run(
     // The client and all its guards are gone; let in-flight renewals finish so that
     // nothing is left running against the store.
     while let Some(done) = in_flight.next().await {
-        finish(backend_name, entries, done);
+        let _ = finish(backend_name, entries, done);
     }
 }
 
@@ -446,6 +465,7 @@ fn apply(entries: &mut HashMap<u64, Entry>, cmd: Command) -> Option<Instant> {
                 deadline,
                 attempt: 0,
                 in_flight: false,
+                queued: false,
                 lost: false,
                 unregister_acks: None,
                 reg: *reg,
@@ -469,15 +489,15 @@ async fn sleep_until_opt(t: Option<Instant>) {
     }
 }
 
-/// When the heartbeat must look at its leases next: a lease's renewal (unless `calls_full`:
-/// then the next renewal starts when a call in flight finishes, which wakes the heartbeat
-/// anyway) or its deadline.
-fn next_wake(entries: &HashMap<u64, Entry>, calls_full: bool) -> Option<Instant> {
+/// When the heartbeat must look at its leases next: a lease's renewal or its deadline (only
+/// the deadline for a lease in flight or in the backlog, whose renewal starts when a call
+/// in flight finishes, which wakes the heartbeat anyway).
+fn next_wake(entries: &HashMap<u64, Entry>) -> Option<Instant> {
     entries
         .values()
         .filter(|e| !e.lost)
         .map(|e| {
-            if e.in_flight || calls_full {
+            if e.in_flight || e.queued {
                 e.deadline
             } else {
                 e.next_due.min(e.deadline)
@@ -576,21 +596,26 @@ fn joins_batch(next_due: Instant, now: Instant, renew_every: Duration) -> bool {
     next_due <= now + renew_every * 3 / 5
 }
 
-fn start_due(
-    backend: &Arc<dyn LeaseBackend>,
-    backend_name: &'static str,
-    owner: &HolderLabel,
+/// One `renew` call to make: leases of one TTL and call timeout.
+struct Batch {
+    ttl: Duration,
+    call_timeout: Duration,
+    ids: Vec<u64>,
+}
+
+/// The batches due now, in calls of at most `max_batch` leases, each lease marked queued.
+fn due_batches(
     max_batch: usize,
     entries: &mut HashMap<u64, Entry>,
-    in_flight: &mut FuturesUnordered<BatchFuture>,
     now: Instant,
-) {
+) -> VecDeque<Batch> {
     // Group due leases by (ttl, call timeout): one renew call per group per tick. When
     // any lease of a group is due, every lease of the group that `joins_batch` is renewed
     // with it, so leases acquired at different times fall into step within a round or two
     // and then cost one call per tick.
     let mut groups: HashMap<(Duration, Duration), (bool, Vec<u64>)> = HashMap::new();
-    for (id, e) in entries.iter() {
+    for (id, e) in entries.iter_mut() {
+        e.queued = false;
         if e.lost || e.in_flight || e.reg.shared.is_lost() {
             continue;
         }
@@ -603,68 +628,112 @@ fn start_due(
             group.1.push(*id);
         }
     }
+    let mut batches = VecDeque::new();
     for ((ttl, call_timeout), (any_due, mut ids)) in groups {
         if !any_due {
             continue;
         }
         ids.sort_unstable();
         for chunk in ids.chunks(max_batch) {
-            if in_flight.len() >= RENEW_CALLS_IN_FLIGHT {
-                // The rest of the due leases start when a call in flight finishes (the
-                // heartbeat then makes a full pass again).
-                return;
-            }
-            let mut items = Vec::with_capacity(chunk.len());
-            let mut ids = Vec::with_capacity(chunk.len());
             for id in chunk {
                 if let Some(e) = entries.get_mut(id) {
-                    // Mark in flight first, then check `released` (the guard sets
-                    // `released` first, then checks in flight): a release either sees
-                    // this renewal and waits for it, or this renewal sees the release.
-                    e.reg.shared.set_in_flight(true);
-                    if e.reg.shared.is_released() {
-                        e.reg.shared.set_in_flight(false);
-                        e.lost = true;
-                        continue;
-                    }
-                    e.in_flight = true;
-                    ids.push(*id);
-                    items.push(RenewItem {
-                        name: e.reg.name.clone(),
-                        token: e.reg.token,
-                    });
+                    e.queued = true;
                 }
             }
-            if ids.is_empty() {
+            batches.push_back(Batch {
+                ttl,
+                call_timeout,
+                ids: chunk.to_vec(),
+            });
+        }
+    }
+    batches
+}
+
+/// Starts batches of `backlog` while fewer than [`RENEW_CALLS_IN_FLIGHT`] calls are in
+/// flight. A lease released, lost or already in flight since the batch was made is left
+/// out of it.
+fn start_batches(
+    backend: &Arc<dyn LeaseBackend>,
+    backend_name: &'static str,
+    owner: &HolderLabel,
+    entries: &mut HashMap<u64, Entry>,
+    backlog: &mut VecDeque<Batch>,
+    in_flight: &mut FuturesUnordered<BatchFuture>,
+) {
+    while in_flight.len() < RENEW_CALLS_IN_FLIGHT {
+        let Some(Batch {
+            ttl,
+            call_timeout,
+            ids: chunk,
+        }) = backlog.pop_front()
+        else {
+            return;
+        };
+        let mut items = Vec::with_capacity(chunk.len());
+        let mut ids = Vec::with_capacity(chunk.len());
+        for id in &chunk {
+            let Some(e) = entries.get_mut(id) else {
+                continue;
+            };
+            if !e.queued {
                 continue;
             }
-            let backend = backend.clone();
-            let owner = owner.clone();
-            tracing::debug!(leases = items.len(), ?ttl, "renewing batch");
-            in_flight.push(Box::pin(async move {
-                let sent_at = Instant::now();
-                // A panic inside the backend's future is caught here and counts as a
-                // failed renewal; it cannot take the heartbeat down.
-                let site = Site {
-                    backend: backend_name,
-                    operation: "renew",
-                    lease: None,
-                    owner: Some(&owner),
-                    leases: Some(items.len()),
-                };
-                let result = call(site, call_timeout, backend.renew(&items, ttl)).await;
-                metrics::renew_call(backend_name, items.len(), sent_at.elapsed());
-                BatchResult {
-                    ids,
-                    sent_at,
-                    result,
-                }
-            }));
+            e.queued = false;
+            if e.lost || e.in_flight || e.reg.shared.is_lost() {
+                continue;
+            }
+            // Mark in flight first, then check `released` (the guard sets `released`
+            // first, then checks in flight): a release either sees this renewal and waits
+            // for it, or this renewal sees the release.
+            e.reg.shared.set_in_flight(true);
+            if e.reg.shared.is_released() {
+                e.reg.shared.set_in_flight(false);
+                e.lost = true;
+                continue;
+            }
+            e.in_flight = true;
+            ids.push(*id);
+            items.push(RenewItem {
+                name: e.reg.name.clone(),
+                token: e.reg.token,
+            });
         }
+        if ids.is_empty() {
+            continue;
+        }
+        let backend = backend.clone();
+        let owner = owner.clone();
+        tracing::debug!(leases = items.len(), ?ttl, "renewing batch");
+        in_flight.push(Box::pin(async move {
+            let sent_at = Instant::now();
+            // A panic inside the backend's future is caught here and counts as a failed
+            // renewal; it cannot take the heartbeat down.
+            let site = Site {
+                backend: backend_name,
+                operation: "renew",
+                lease: None,
+                owner: Some(&owner),
+                leases: Some(items.len()),
+            };
+            let result = call(site, call_timeout, backend.renew(&items, ttl)).await;
+            metrics::renew_call(backend_name, items.len(), sent_at.elapsed());
+            BatchResult {
+                ids,
+                sent_at,
+                result,
+            }
+        }));
     }
 }
 
-fn finish(backend: &'static str, entries: &mut HashMap<u64, Entry>, done: BatchResult) {
+/// Settles a finished renew call's leases; returns when the first of those it keeps needs
+/// the heartbeat again (its next renewal, or its retry after a failed call).
+fn finish(
+    backend: &'static str,
+    entries: &mut HashMap<u64, Entry>,
+    done: BatchResult,
+) -> Option<Instant> {
     let now = Instant::now();
     let BatchResult {
         ids,
@@ -691,6 +760,7 @@ fn finish(backend: &'static str, entries: &mut HashMap<u64, Entry>, done: BatchR
         .max()
         .unwrap_or(0);
     let mut retry: Option<(Duration, Vec<u64>)> = None;
+    let mut again: Option<Instant> = None;
     let mut not_ours = Vec::new();
     let mut late = Vec::new();
     for (i, id) in ids.iter().enumerate() {
@@ -720,6 +790,7 @@ fn finish(backend: &'static str, entries: &mut HashMap<u64, Entry>, done: BatchR
                         sent_at + e.reg.opts.ttl().saturating_sub(e.reg.opts.safety_margin());
                     e.reg.shared.set_deadline(e.deadline);
                     e.next_due = sent_at + e.reg.opts.renew_every();
+                    again = Some(again.map_or(e.next_due, |t: Instant| t.min(e.next_due)));
                     tracing::trace!(lease = %e.reg.name, "renewed");
                 }
                 Some(RenewOutcome::Renewed) => {
@@ -748,6 +819,7 @@ fn finish(backend: &'static str, entries: &mut HashMap<u64, Entry>, done: BatchR
                 failed.push(*id);
                 e.attempt = e.attempt.saturating_add(1);
                 e.next_due = (now + *delay).min(e.deadline);
+                again = Some(again.map_or(e.next_due, |t: Instant| t.min(e.next_due)));
             }
         }
     }
@@ -782,6 +854,7 @@ fn finish(backend: &'static str, entries: &mut HashMap<u64, Entry>, done: BatchR
             entries.remove(&id);
         }
     }
+    again
 }
 
 #[cfg(test)]
