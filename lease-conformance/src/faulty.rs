@@ -108,6 +108,7 @@ pub struct FaultyBackend {
     inner: Arc<dyn LeaseBackend>,
     state: Arc<Mutex<State>>,
     call_started: Arc<Notify>,
+    max_renew_batch: Option<usize>,
 }
 
 impl FaultyBackend {
@@ -117,7 +118,16 @@ impl FaultyBackend {
             inner,
             state: Arc::default(),
             call_started: Arc::new(Notify::new()),
+            max_renew_batch: None,
         }
+    }
+
+    /// Reports [`Capabilities::max_renew_batch`] as `max` instead of the inner backend's
+    /// (at least 1), so that a client splits its renewals into calls of at most `max`
+    /// leases; the calls still go to the inner backend.
+    pub fn with_max_renew_batch(mut self, max: usize) -> Self {
+        self.max_renew_batch = Some(max.max(1));
+        self
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -244,7 +254,11 @@ impl Drop for RenewEntry<'_> {
 #[async_trait]
 impl LeaseBackend for FaultyBackend {
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        let caps = self.inner.capabilities();
+        match self.max_renew_batch {
+            Some(max) => caps.with_max_renew_batch(max),
+            None => caps,
+        }
     }
 
     async fn acquire(

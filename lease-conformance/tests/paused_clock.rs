@@ -8,9 +8,8 @@ use std::time::Duration;
 
 use lease_conformance::{Fault, FaultyBackend, Op};
 use lease_core::{
-    AcquireOutcome, Capabilities, HolderLabel, JobStats, LeaseBackend, LeaseClient, LeaseInfo,
-    LeaseName, LeaseOptions, LossReason, MemoryBackend, Owner, OwnerToken, ReleaseOutcome,
-    RenewItem, RenewOutcome, ScheduledJob, TryAcquire,
+    HolderLabel, JobStats, LeaseBackend, LeaseClient, LeaseOptions, LossReason, MemoryBackend,
+    ScheduledJob, TryAcquire,
 };
 use tokio::time::Instant;
 
@@ -45,62 +44,16 @@ async fn thousand_leases_cost_one_renew_call_per_tick() {
     assert!(guards.iter().all(|g| g.is_held()));
 }
 
-/// A backend that renews at most 10 leases per call, passing everything else through.
-#[derive(Debug)]
-struct TenPerRenewCall(Arc<dyn LeaseBackend>);
-
-#[lease_core::async_trait]
-impl LeaseBackend for TenPerRenewCall {
-    fn capabilities(&self) -> Capabilities {
-        self.0.capabilities().with_max_renew_batch(10)
-    }
-    async fn acquire(
-        &self,
-        name: &LeaseName,
-        owner: &Owner,
-        ttl: Duration,
-    ) -> lease_core::Result<AcquireOutcome> {
-        self.0.acquire(name, owner, ttl).await
-    }
-    async fn renew(
-        &self,
-        leases: &[RenewItem],
-        ttl: Duration,
-    ) -> lease_core::Result<Vec<RenewOutcome>> {
-        self.0.renew(leases, ttl).await
-    }
-    async fn release(
-        &self,
-        name: &LeaseName,
-        token: &OwnerToken,
-        keep_for: Duration,
-    ) -> lease_core::Result<ReleaseOutcome> {
-        self.0.release(name, token, keep_for).await
-    }
-    async fn inspect(&self, name: &LeaseName) -> lease_core::Result<Option<LeaseInfo>> {
-        self.0.inspect(name).await
-    }
-    async fn wait_released(&self, name: &LeaseName, max_wait: Duration) -> lease_core::Result<()> {
-        self.0.wait_released(name, max_wait).await
-    }
-    async fn force_release(&self, name: &LeaseName) -> lease_core::Result<bool> {
-        self.0.force_release(name).await
-    }
-}
-
 /// A tick of many batches on a slow store: at most four `renew` calls are in flight at
 /// once (`lease_core::raw::RENEW_CALLS_IN_FLIGHT`), the others start as calls finish, so
 /// no call waits behind more than three others, and every lease is renewed.
 #[tokio::test(start_paused = true)]
 async fn a_tick_of_many_batches_keeps_at_most_four_renew_calls_in_flight() {
     let memory = Arc::new(MemoryBackend::new());
-    let faulty = Arc::new(FaultyBackend::new(memory));
-    // Every renew call takes the store a second.
+    // Renew calls of at most ten leases, each taking the store a second.
+    let faulty = Arc::new(FaultyBackend::new(memory).with_max_renew_batch(10));
     faulty.set(Op::Renew, Fault::Delay(Duration::from_secs(1)));
-    let client = LeaseClient::with_label(
-        Arc::new(TenPerRenewCall(faulty.clone())),
-        HolderLabel::new("paused").unwrap(),
-    );
+    let client = LeaseClient::with_label(faulty.clone(), HolderLabel::new("paused").unwrap());
     let opts = LeaseOptions::new(Duration::from_secs(30)).unwrap();
     let start = Instant::now();
     let mut guards = Vec::new();
