@@ -12,7 +12,7 @@
 //! ([`LossReason::HeartbeatStopped`]). The client sees the closed channel and starts a new
 //! heartbeat for its next acquire. Logs are written per batch, not per lease.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -271,7 +271,7 @@ pub(crate) fn spawn(
     });
     let span = tracing::info_span!("lease.heartbeat", backend = backend_name);
     let state = State {
-        entries: HashMap::new(),
+        entries: BTreeMap::new(),
         rx,
         queue: shared.clone(),
     };
@@ -286,7 +286,7 @@ pub(crate) fn spawn(
 /// guard are gone) it holds nothing live; when the runtime shuts down or the task
 /// panics, its drop tells every lease still registered that it is lost.
 struct State {
-    entries: HashMap<u64, Entry>,
+    entries: BTreeMap<u64, Entry>,
     rx: mpsc::UnboundedReceiver<Command>,
     queue: Arc<Queue>,
 }
@@ -296,8 +296,10 @@ impl Drop for State {
         // Close first, then drain: a registration pushed after the drain sees the closed
         // channel (the queue's lock orders the two), and its client starts a new heartbeat.
         self.rx.close();
-        let mut stranded: Vec<Arc<GuardShared>> =
-            self.entries.drain().map(|(_, e)| e.reg.shared).collect();
+        let mut stranded: Vec<Arc<GuardShared>> = std::mem::take(&mut self.entries)
+            .into_values()
+            .map(|e| e.reg.shared)
+            .collect();
         for cmd in self.queue.take() {
             if let Command::Register(reg) = cmd {
                 stranded.push(reg.shared);
@@ -316,7 +318,7 @@ impl Drop for State {
         if !lost.is_empty() {
             tracing::warn!(
                 leases = lost.len(),
-                names = %names_for_log(&lost),
+                names = %names_for_log(lost.iter().copied(), lost.len()),
                 "the heartbeat stopped (its runtime shut down, or it panicked): its leases \
                  are lost and lapse at their TTL"
             );
@@ -324,17 +326,17 @@ impl Drop for State {
     }
 }
 
-/// Up to [`NAMES_IN_LOG`] names, for a log event about many leases.
-fn names_for_log(names: &[&LeaseName]) -> String {
+/// Up to [`NAMES_IN_LOG`] of `names`, for a log event about `total` leases.
+fn names_for_log<'a>(names: impl IntoIterator<Item = &'a LeaseName>, total: usize) -> String {
     let mut out = String::new();
-    for (i, n) in names.iter().take(NAMES_IN_LOG).enumerate() {
+    for (i, n) in names.into_iter().take(NAMES_IN_LOG).enumerate() {
         if i > 0 {
             out.push_str(", ");
         }
         out.push_str(&n.to_string_lossy());
     }
-    if names.len() > NAMES_IN_LOG {
-        out.push_str(&format!(" and {} more", names.len() - NAMES_IN_LOG));
+    if total > NAMES_IN_LOG {
+        out.push_str(&format!(" and {} more", total - NAMES_IN_LOG));
     }
     out
 }
@@ -367,8 +369,12 @@ async fn run(
         }
         if dirty {
             let now = Instant::now();
-            expire(entries, now);
-            backlog = due_batches(max_batch, entries, now);
+            let Plan {
+                backlog: due,
+                wake: next,
+            } = plan(max_batch, entries, now);
+            backlog = due;
+            wake = next;
             start_batches(
                 &backend,
                 backend_name,
@@ -377,7 +383,6 @@ async fn run(
                 &mut backlog,
                 &mut in_flight,
             );
-            wake = next_wake(entries);
             dirty = false;
         }
         queue.leases.store(entries.len() as u64, Ordering::Relaxed);
@@ -455,7 +460,7 @@ async fn run(
 }
 
 /// Applies one command; returns the time the new entry needs attention, if any.
-fn apply(entries: &mut HashMap<u64, Entry>, cmd: Command) -> Option<Instant> {
+fn apply(entries: &mut BTreeMap<u64, Entry>, cmd: Command) -> Option<Instant> {
     match cmd {
         Command::Register(reg) => {
             let deadline = reg.first_deadline;
@@ -489,79 +494,7 @@ async fn sleep_until_opt(t: Option<Instant>) {
     }
 }
 
-/// When the heartbeat must look at its leases next: a lease's renewal or its deadline (only
-/// the deadline for a lease in flight or in the backlog, whose renewal starts when a call
-/// in flight finishes, which wakes the heartbeat anyway).
-fn next_wake(entries: &HashMap<u64, Entry>) -> Option<Instant> {
-    entries
-        .values()
-        .filter(|e| !e.lost)
-        .map(|e| {
-            if e.in_flight || e.queued {
-                e.deadline
-            } else {
-                e.next_due.min(e.deadline)
-            }
-        })
-        .min()
-}
-
-/// Drops released leases and marks lost those whose deadline has passed (or that the
-/// guard's own timer marked lost already); one log event for all of them.
-fn expire(entries: &mut HashMap<u64, Entry>, now: Instant) {
-    let mut gone = Vec::new();
-    let mut lost = Vec::new();
-    for (id, e) in entries.iter_mut() {
-        if e.reg.shared.is_released() {
-            // Released (its unregistration may still be queued): never reported lost.
-            if !e.in_flight {
-                gone.push(*id);
-            }
-            continue;
-        }
-        if !e.lost && (e.deadline <= now || e.reg.shared.is_lost()) {
-            e.lost = true;
-            e.reg.shared.mark_lost(LossReason::DeadlinePassed);
-            lost.push(*id);
-            if !e.in_flight {
-                gone.push(*id);
-            }
-        }
-    }
-    if !lost.is_empty() {
-        let names: Vec<&LeaseName> = lost
-            .iter()
-            .filter_map(|id| entries.get(id))
-            .map(|e| &e.reg.name)
-            .collect();
-        log_lost(&names, entries.get(&lost[0]), LossReason::DeadlinePassed);
-    }
-    for id in gone {
-        entries.remove(&id);
-    }
-}
-
-/// One warning for leases lost together: with the lease's name, holder and fencing token
-/// when it is one, with their number and a few names when they are many.
-fn log_lost(names: &[&LeaseName], first: Option<&Entry>, reason: LossReason) {
-    match (names, first) {
-        ([one], Some(e)) => tracing::warn!(
-            lease = %one,
-            holder = %e.reg.shared.holder(),
-            fencing = e.reg.shared.fencing().get(),
-            %reason,
-            "lease lost"
-        ),
-        _ => tracing::warn!(
-            leases = names.len(),
-            names = %names_for_log(names),
-            %reason,
-            "leases lost"
-        ),
-    }
-}
-
-fn unregister(entries: &mut HashMap<u64, Entry>, id: u64, ack: Option<oneshot::Sender<()>>) {
+fn unregister(entries: &mut BTreeMap<u64, Entry>, id: u64, ack: Option<oneshot::Sender<()>>) {
     match entries.get_mut(&id) {
         Some(e) if e.in_flight => {
             e.lost = true; // stop scheduling it
@@ -603,51 +536,159 @@ struct Batch {
     ids: Vec<u64>,
 }
 
-/// The batches due now, in calls of at most `max_batch` leases, each lease marked queued.
-fn due_batches(
-    max_batch: usize,
-    entries: &mut HashMap<u64, Entry>,
-    now: Instant,
-) -> VecDeque<Batch> {
-    // Group due leases by (ttl, call timeout): one renew call per group per tick. When
-    // any lease of a group is due, every lease of the group that `joins_batch` is renewed
-    // with it, so leases acquired at different times fall into step within a round or two
-    // and then cost one call per tick.
-    let mut groups: HashMap<(Duration, Duration), (bool, Vec<u64>)> = HashMap::new();
-    for (id, e) in entries.iter_mut() {
+/// What the tick's one pass over every lease found.
+struct Plan {
+    /// The batches due now, in calls of at most `max_batch` leases, each lease marked
+    /// queued.
+    backlog: VecDeque<Batch>,
+    /// When the heartbeat must look at its leases next: a lease's renewal or its deadline
+    /// (only the deadline for a lease in flight or queued, whose renewal starts when a
+    /// call in flight finishes, which wakes the heartbeat anyway).
+    wake: Option<Instant>,
+}
+
+/// Leases that share a `(ttl, call timeout)`: one renew call per group per tick.
+struct Group {
+    key: (Duration, Duration),
+    any_due: bool,
+    ids: Vec<u64>,
+}
+
+/// The tick's one pass over every lease, in a single sweep of the table (at a million
+/// leases each sweep is a walk through hundreds of megabytes, and each look at a lease's
+/// shared state a cache miss, so the pass looks at each lease once):
+/// - drops released leases, and marks lost (one log event for all) those whose deadline
+///   has passed or that the guard's own timer marked lost already;
+/// - groups the leases that [`joins_batch`] by `(ttl, call timeout)`; a group with a lease
+///   due now is cut into batches of at most `max_batch`;
+/// - finds the next wake-up.
+fn plan(max_batch: usize, entries: &mut BTreeMap<u64, Entry>, now: Instant) -> Plan {
+    let mut groups: Vec<Group> = Vec::new();
+    // Nearly every lease of a client shares one group: look at the last one used first.
+    let mut index: HashMap<(Duration, Duration), usize> = HashMap::new();
+    let mut last = 0;
+    let mut lost = LostLog::default();
+    let mut wake: Option<Instant> = None;
+    let mut wake_at = |t: Instant| wake = Some(wake.map_or(t, |w| w.min(t)));
+    entries.retain(|id, e| {
         e.queued = false;
-        if e.lost || e.in_flight || e.reg.shared.is_lost() {
-            continue;
+        if e.reg.shared.is_released() {
+            // Released (its unregistration may still be queued): never reported lost;
+            // kept until its renewal in flight ends.
+            if e.in_flight && !e.lost {
+                wake_at(e.deadline);
+            }
+            return e.in_flight;
         }
-        let due = e.next_due <= now;
-        if joins_batch(e.next_due, now, e.reg.opts.renew_every()) {
-            let group = groups
-                .entry((e.reg.opts.ttl(), e.reg.opts.call_timeout()))
-                .or_default();
-            group.0 |= due;
-            group.1.push(*id);
+        if !e.lost && (e.deadline <= now || e.reg.shared.is_lost()) {
+            e.lost = true;
+            e.reg.shared.mark_lost(LossReason::DeadlinePassed);
+            lost.add(&e.reg);
+            return e.in_flight;
         }
-    }
-    let mut batches = VecDeque::new();
-    for ((ttl, call_timeout), (any_due, mut ids)) in groups {
+        if e.lost {
+            return true;
+        }
+        if e.in_flight {
+            wake_at(e.deadline);
+            return true;
+        }
+        if !joins_batch(e.next_due, now, e.reg.opts.renew_every()) {
+            wake_at(e.next_due.min(e.deadline));
+            return true;
+        }
+        let key = (e.reg.opts.ttl(), e.reg.opts.call_timeout());
+        if groups.get(last).is_none_or(|g| g.key != key) {
+            last = *index.entry(key).or_insert_with(|| {
+                groups.push(Group {
+                    key,
+                    any_due: false,
+                    ids: Vec::new(),
+                });
+                groups.len() - 1
+            });
+        }
+        if let Some(group) = groups.get_mut(last) {
+            group.any_due |= e.next_due <= now;
+            group.ids.push(*id);
+            e.queued = true;
+            wake_at(e.deadline);
+        }
+        true
+    });
+    lost.log(LossReason::DeadlinePassed);
+    // When any lease of a group is due, every lease of the group that `joins_batch` is
+    // renewed with it, so leases acquired at different times fall into step within a
+    // round or two and then cost one call per tick.
+    let mut backlog = VecDeque::new();
+    for Group {
+        key: (ttl, call_timeout),
+        any_due,
+        mut ids,
+    } in groups
+    {
         if !any_due {
+            // Not due yet after all: waits for its own renewal time.
+            for id in &ids {
+                if let Some(e) = entries.get_mut(id) {
+                    e.queued = false;
+                    wake_at(e.next_due.min(e.deadline));
+                }
+            }
             continue;
         }
         ids.sort_unstable();
         for chunk in ids.chunks(max_batch) {
-            for id in chunk {
-                if let Some(e) = entries.get_mut(id) {
-                    e.queued = true;
-                }
-            }
-            batches.push_back(Batch {
+            backlog.push_back(Batch {
                 ttl,
                 call_timeout,
                 ids: chunk.to_vec(),
             });
         }
     }
-    batches
+    Plan { backlog, wake }
+}
+
+/// Leases lost together, for one log event: how many, the first few names, and the
+/// first lease's shared state (its holder and fencing token when it is the only one).
+#[derive(Default)]
+struct LostLog {
+    count: usize,
+    names: Vec<LeaseName>,
+    first: Option<Arc<GuardShared>>,
+}
+
+impl LostLog {
+    fn add(&mut self, reg: &Registration) {
+        self.count += 1;
+        if self.names.len() < NAMES_IN_LOG {
+            self.names.push(reg.name.clone());
+        }
+        if self.first.is_none() {
+            self.first = Some(reg.shared.clone());
+        }
+    }
+
+    /// One warning for all of them: with the lease's name, holder and fencing token when
+    /// it is one, with their number and a few names when they are many.
+    fn log(&self, reason: LossReason) {
+        match (self.count, &self.first, self.names.first()) {
+            (0, _, _) => {}
+            (1, Some(shared), Some(name)) => tracing::warn!(
+                lease = %name,
+                holder = %shared.holder(),
+                fencing = shared.fencing().get(),
+                %reason,
+                "lease lost"
+            ),
+            _ => tracing::warn!(
+                leases = self.count,
+                names = %names_for_log(self.names.iter(), self.count),
+                %reason,
+                "leases lost"
+            ),
+        }
+    }
 }
 
 /// Starts batches of `backlog` while fewer than [`RENEW_CALLS_IN_FLIGHT`] calls are in
@@ -657,7 +698,7 @@ fn start_batches(
     backend: &Arc<dyn LeaseBackend>,
     backend_name: &'static str,
     owner: &HolderLabel,
-    entries: &mut HashMap<u64, Entry>,
+    entries: &mut BTreeMap<u64, Entry>,
     backlog: &mut VecDeque<Batch>,
     in_flight: &mut FuturesUnordered<BatchFuture>,
 ) {
@@ -731,7 +772,7 @@ fn start_batches(
 /// the heartbeat again (its next renewal, or its retry after a failed call).
 fn finish(
     backend: &'static str,
-    entries: &mut HashMap<u64, Entry>,
+    entries: &mut BTreeMap<u64, Entry>,
     done: BatchResult,
 ) -> Option<Instant> {
     let now = Instant::now();
@@ -752,17 +793,22 @@ fn finish(
         )),
         Err(e) => Err(e),
     };
-    // One backoff for the whole batch, so that its leases are retried together.
-    let attempt = ids
-        .iter()
-        .filter_map(|id| entries.get(id))
-        .map(|e| e.attempt)
-        .max()
-        .unwrap_or(0);
+    // One backoff for the whole batch, so that its leases are retried together (looked
+    // up only when the call failed: at a million leases each look is a cache miss).
+    let attempt = if result.is_err() {
+        ids.iter()
+            .filter_map(|id| entries.get(id))
+            .map(|e| e.attempt)
+            .max()
+            .unwrap_or(0)
+    } else {
+        0
+    };
+    let mut renewals = metrics::Renewals::new(backend);
     let mut retry: Option<(Duration, Vec<u64>)> = None;
     let mut again: Option<Instant> = None;
-    let mut not_ours = Vec::new();
-    let mut late = Vec::new();
+    let mut not_ours = LostLog::default();
+    let mut late = LostLog::default();
     for (i, id) in ids.iter().enumerate() {
         let Some(e) = entries.get_mut(id) else {
             continue;
@@ -783,8 +829,7 @@ fn finish(
         match &result {
             Ok(outcomes) => match outcomes.get(i) {
                 Some(RenewOutcome::Renewed) if now < e.deadline => {
-                    metrics::renewal(backend, &e.reg.name, "renewed");
-                    metrics::renewal_margin(backend, &e.reg.name, e.deadline - now);
+                    renewals.renewed(&e.reg.name, e.deadline - now);
                     e.attempt = 0;
                     e.deadline =
                         sent_at + e.reg.opts.ttl().saturating_sub(e.reg.opts.safety_margin());
@@ -799,13 +844,15 @@ fn finish(
                     metrics::renewal(backend, &e.reg.name, "lost");
                     e.lost = true;
                     e.reg.shared.mark_lost(LossReason::DeadlinePassed);
-                    late.push(*id);
+                    late.add(&e.reg);
+                    entries.remove(id);
                 }
                 _ => {
                     metrics::renewal(backend, &e.reg.name, "lost");
                     e.lost = true;
                     e.reg.shared.mark_lost(LossReason::NotOwner);
-                    not_ours.push(*id);
+                    not_ours.add(&e.reg);
+                    entries.remove(id);
                 }
             },
             Err(_) => {
@@ -823,37 +870,22 @@ fn finish(
             }
         }
     }
+    renewals.finish();
     if let (Err(err), Some((delay, failed))) = (&result, retry) {
-        let names: Vec<&LeaseName> = failed
+        let names = failed
             .iter()
             .filter_map(|id| entries.get(id))
-            .map(|e| &e.reg.name)
-            .collect();
+            .map(|e| &e.reg.name);
         tracing::warn!(
             leases = failed.len(),
-            names = %names_for_log(&names),
+            names = %names_for_log(names, failed.len()),
             error = %err,
             retry_in = ?delay,
             "renewal failed; retrying until the safety deadline"
         );
     }
-    for (ids, reason) in [
-        (not_ours, LossReason::NotOwner),
-        (late, LossReason::DeadlinePassed),
-    ] {
-        if ids.is_empty() {
-            continue;
-        }
-        let names: Vec<&LeaseName> = ids
-            .iter()
-            .filter_map(|id| entries.get(id))
-            .map(|e| &e.reg.name)
-            .collect();
-        log_lost(&names, entries.get(&ids[0]), reason);
-        for id in ids {
-            entries.remove(&id);
-        }
-    }
+    not_ours.log(LossReason::NotOwner);
+    late.log(LossReason::DeadlinePassed);
     again
 }
 

@@ -360,6 +360,62 @@ mod imp {
         );
     }
 
+    /// The successful renewals of one renew call, reported together: without the `lease`
+    /// label every lease of a batch reports to the same two series, so their handles are
+    /// registered once per batch and the counter moved once, instead of two key lookups
+    /// and registrations per lease (at a million leases, a measurable part of the
+    /// heartbeat's work). With the label, each lease reports as it is renewed.
+    pub(crate) struct Renewals {
+        backend: &'static str,
+        /// The margin histogram, the counter and the count so far, registered at the
+        /// first renewal (with the recorder installed then, as every report is).
+        batch: Option<(metrics::Histogram, metrics::Counter, u64)>,
+    }
+
+    impl Renewals {
+        pub(crate) fn new(backend: &'static str) -> Self {
+            Renewals {
+                backend,
+                batch: None,
+            }
+        }
+
+        /// One lease renewed with `margin` left before its safety deadline.
+        pub(crate) fn renewed(&mut self, name: &LeaseName, margin: Duration) {
+            if NAME_LABEL.load(Ordering::Relaxed) {
+                renewal(self.backend, name, "renewed");
+                renewal_margin(self.backend, name, margin);
+                return;
+            }
+            let backend = self.backend;
+            let (margins, _, n) = self.batch.get_or_insert_with(|| {
+                let margins = key("lease_renewal_margin_seconds", backend, name, None);
+                let renewed = key(
+                    "lease_renewals_total",
+                    backend,
+                    name,
+                    Some(("outcome", "renewed")),
+                );
+                metrics::with_recorder(|r| {
+                    (
+                        r.register_histogram(&margins, &METADATA),
+                        r.register_counter(&renewed, &METADATA),
+                        0,
+                    )
+                })
+            });
+            margins.record(margin.as_secs_f64());
+            *n += 1;
+        }
+
+        /// Moves the counter of renewals by the batch's count.
+        pub(crate) fn finish(self) {
+            if let Some((_, counter, n)) = self.batch {
+                counter.increment(n);
+            }
+        }
+    }
+
     pub(crate) fn renewal_margin(backend: &'static str, name: &LeaseName, margin: Duration) {
         record(
             &key("lease_renewal_margin_seconds", backend, name, None),
@@ -417,7 +473,8 @@ mod imp {
 
         /// A client's made keys report the same series as the per-report keys: the
         /// same names, labels and counts, for the outcomes they hold and (through the
-        /// process-wide keys) for the others.
+        /// process-wide keys) for the others; so do a renew call's renewals reported
+        /// together ([`Renewals`]).
         #[test]
         fn a_clients_keys_report_the_same_series() {
             let snapshot = |report: &dyn Fn()| {
@@ -472,6 +529,34 @@ mod imp {
             let made = snapshot(&through_series);
             assert_eq!(made, snapshot(&per_report));
             assert_eq!(made.len(), 9, "{made:#?}");
+            let batch = || {
+                let mut renewals = Renewals::new("series-test");
+                for ms in [5, 7, 9] {
+                    renewals.renewed(&name, Duration::from_millis(ms));
+                }
+                renewals.finish();
+                renewal("series-test", &name, "error");
+            };
+            let each = || {
+                for ms in [5, 7, 9] {
+                    renewal("series-test", &name, "renewed");
+                    renewal_margin("series-test", &name, Duration::from_millis(ms));
+                }
+                renewal("series-test", &name, "error");
+            };
+            let renewed = snapshot(&batch);
+            assert_eq!(renewed, snapshot(&each));
+            assert_eq!(
+                renewed,
+                [
+                    r#"lease_renewal_margin_seconds [("backend", "series-test")] 3 samples"#,
+                    r#"lease_renewals_total [("backend", "series-test"), ("outcome", "error")] 1"#,
+                    r#"lease_renewals_total [("backend", "series-test"), ("outcome", "renewed")] 3"#,
+                ]
+            );
+            // A batch with no renewal reports nothing.
+            assert!(snapshot(&|| Renewals::new("series-test").finish()).is_empty());
+
             // With the `lease` label on (process-wide, so not switched here: the other
             // tests of this binary run at the same time), reports take the per-report
             // keys; lease-lab's `metrics` tests read them back from real stores.
@@ -571,11 +656,21 @@ mod imp {
     pub(crate) fn describe() {}
     pub(crate) fn renew_call(_: &'static str, _: usize, _: Duration) {}
     pub(crate) fn renewal(_: &'static str, _: &LeaseName, _: &'static str) {}
-    pub(crate) fn renewal_margin(_: &'static str, _: &LeaseName, _: Duration) {}
+
+    /// Without the feature: nothing to report.
+    pub(crate) struct Renewals;
+
+    impl Renewals {
+        pub(crate) fn new(_: &'static str) -> Self {
+            Renewals
+        }
+        pub(crate) fn renewed(&mut self, _: &LeaseName, _: Duration) {}
+        pub(crate) fn finish(self) {}
+    }
     pub(crate) fn waiters(_: &'static str, _: &LeaseName, _: f64) {}
 }
 
-pub(crate) use imp::{Series, renew_call, renewal, renewal_margin, waiters};
+pub(crate) use imp::{Renewals, Series, renew_call, renewal, waiters};
 
 /// Describes every series (help text and unit) to the installed recorder. The client
 /// does so when it is created; call it again after installing a recorder later than
