@@ -967,6 +967,68 @@ mod tests {
         }
     }
 
+    /// The tick's one sweep: a group with a lease due is cut into batches and its leases
+    /// wait queued (the next wake-up is then their deadline); a group whose leases are
+    /// only within the joining window, none due, is left for its own renewal time, which
+    /// the next wake-up covers; a released lease is dropped; a lease past its deadline is
+    /// marked lost and dropped.
+    #[tokio::test(start_paused = true)]
+    async fn one_sweep_plans_due_groups_and_leaves_the_others_for_their_time() {
+        let label = HolderLabel::new("t").expect("label");
+        let epoch = Instant::now();
+        let now = Instant::now();
+        let short = LeaseOptions::new(Duration::from_secs(30)).expect("options");
+        let long = LeaseOptions::new(Duration::from_secs(60)).expect("options");
+        let mut entries = BTreeMap::new();
+        let mut add = |id: u64, opts: &LeaseOptions, next_due: Instant, deadline: Instant| {
+            let reg = registration(id, opts.clone(), deadline, &label, epoch);
+            let shared = reg.shared.clone();
+            entries.insert(
+                id,
+                Entry {
+                    reg,
+                    next_due,
+                    deadline,
+                    attempt: 0,
+                    in_flight: false,
+                    queued: false,
+                    lost: false,
+                    unregister_acks: None,
+                },
+            );
+            shared
+        };
+        let s = Duration::from_secs;
+        // Short group (renewal period 10 s): 0 is due, 1..=4 within 3/5 of a period.
+        add(0, &short, now, now + s(20));
+        for id in 1..=4 {
+            add(id, &short, now + s(id), now + s(20));
+        }
+        // Long group (period 20 s): within its window (12 s) but none due.
+        add(10, &long, now + s(7), now + s(50));
+        add(11, &long, now + s(9), now + s(50));
+        // Released, and past its deadline.
+        add(20, &short, now, now + s(20)).set_released();
+        let late = add(21, &short, now, now);
+        let plan = plan(2, &mut entries, now);
+        let batches: Vec<Vec<u64>> = plan.backlog.iter().map(|b| b.ids.clone()).collect();
+        assert_eq!(batches, [vec![0, 1], vec![2, 3], vec![4]]);
+        assert!(plan.backlog.iter().all(|b| b.ttl == s(30)));
+        assert_eq!(
+            plan.wake,
+            Some(now + s(7)),
+            "the long group's first renewal"
+        );
+        for id in [0, 1, 2, 3, 4] {
+            assert!(entries[&id].queued, "{id}");
+        }
+        for id in [10, 11] {
+            assert!(!entries[&id].queued, "{id}");
+        }
+        assert!(!entries.contains_key(&20) && !entries.contains_key(&21));
+        assert_eq!(late.loss_reason(), Some(LossReason::DeadlinePassed));
+    }
+
     /// A lease acquired and released before the heartbeat's next pass leaves nothing in
     /// its queue (before: a registration and an unregistration per lease, each holding
     /// the guard's state until the next pass).
