@@ -27,8 +27,8 @@ const TTL: Duration = Duration::from_secs(30);
 
 /// What keeps the server running, and where its Redis primaries listen (for the script
 /// time per primary).
-struct Server {
-    url: String,
+pub(crate) struct Server {
+    pub(crate) url: String,
     redis_ports: Vec<u16>,
     _keep: Box<dyn std::any::Any + Send>,
 }
@@ -44,7 +44,8 @@ impl Server {
     }
 }
 
-async fn server(store: &str) -> Server {
+/// A throwaway server of `store` (the stores this subcommand names).
+pub(crate) async fn server(store: &str) -> Server {
     match store {
         "redis" => {
             let s = RedisServer::start().await.unwrap_or_else(|e| panic!("{e}"));

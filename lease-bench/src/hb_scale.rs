@@ -1,7 +1,10 @@
-//! `lease-bench heartbeat-at-scale N [BATCH]`: N leases (TTL 30 s) held through one
-//! `LeaseClient` on the in-memory backend, renewed by the client's own heartbeat in calls
-//! of at most BATCH leases (default 10,000, Redis's `max_renew_batch`), for three renewal
-//! periods. Prints each tick's calls and duration, the process's CPU time per renewal
+//! `lease-bench heartbeat-at-scale N [BATCH [STORE]]`: N leases (TTL 30 s) held through
+//! one `LeaseClient` on the in-memory backend, renewed by the client's own heartbeat in
+//! calls of at most BATCH leases (default 10,000, Redis's `max_renew_batch`), for three
+//! renewal periods. With STORE (`redis`, `redis-cluster`, `etcd`, ... as for
+//! `renew-at-scale`), the leases are held on a throwaway server of that store instead,
+//! end to end through the client and its heartbeat; BATCH 0 keeps the backend's own
+//! `max_renew_batch`. Prints each tick's calls and duration, the process's CPU time per renewal
 //! period, and, for comparison, one tick of the same calls sent straight to the backend:
 //! the difference is what the heartbeat's own bookkeeping costs at that size (the
 //! in-memory store's renewal work is in both).
@@ -20,10 +23,10 @@ use crate::scale::cpu_now;
 
 const TTL: Duration = Duration::from_secs(30);
 
-/// The in-memory backend with a given renew batch, recording when each `renew` call ran.
+/// A backend with a given renew batch (0: its own), recording when each `renew` call ran.
 #[derive(Debug)]
 struct Recorded {
-    inner: MemoryBackend,
+    inner: Arc<dyn LeaseBackend>,
     batch: usize,
     calls: Mutex<Vec<(Instant, Instant, usize)>>,
     /// While `Some`, every renewed item is copied here (after the measured periods).
@@ -33,7 +36,10 @@ struct Recorded {
 #[lease_core::async_trait]
 impl LeaseBackend for Recorded {
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities().with_max_renew_batch(self.batch)
+        match self.batch {
+            0 => self.inner.capabilities(),
+            n => self.inner.capabilities().with_max_renew_batch(n),
+        }
     }
     async fn acquire(
         &self,
@@ -85,9 +91,22 @@ impl LeaseBackend for Recorded {
 }
 
 /// Runs the subcommand.
-pub async fn run(n: usize, batch: usize) {
+pub async fn run(n: usize, batch: usize, store: Option<&str>) {
+    // Kept until the process exits.
+    let mut _server = None;
+    let inner: Arc<dyn LeaseBackend> = match store {
+        None | Some("memory") => Arc::new(MemoryBackend::new()),
+        Some(store) => {
+            let server = crate::at_scale::server(store).await;
+            let backend = leasehold::connect(&server.url)
+                .await
+                .unwrap_or_else(|e| panic!("connect: {e}"));
+            _server = Some(server);
+            backend
+        }
+    };
     let rec = Arc::new(Recorded {
-        inner: MemoryBackend::new(),
+        inner,
         batch,
         calls: Mutex::new(Vec::new()),
         captured: Mutex::new(None),
@@ -117,9 +136,11 @@ pub async fn run(n: usize, batch: usize) {
         guards.extend(h.await.expect("acquire task"));
     }
     println!(
-        "heartbeat-at-scale: {n} leases acquired through one LeaseClient in {:.1} s; renew \
-         batch {batch}, TTL {TTL:?}, renewal period {:?}",
+        "heartbeat-at-scale: {n} leases acquired through one LeaseClient on {} in {:.1} s; \
+         renew batch {}, TTL {TTL:?}, renewal period {:?}",
+        store.unwrap_or("memory"),
         started.elapsed().as_secs_f64(),
+        rec.capabilities().max_renew_batch,
         TTL / 3
     );
     // Three renewal periods from the end of the acquisitions.
@@ -178,7 +199,8 @@ pub async fn run(n: usize, batch: usize) {
         .take()
         .unwrap_or_default();
     let (cpu1, t1) = (cpu_now(), Instant::now());
-    for chunk in items.chunks(batch.max(1)) {
+    let batch = rec.capabilities().max_renew_batch.max(1);
+    for chunk in items.chunks(batch) {
         let r = rec.renew(chunk, TTL).await.expect("renew");
         assert!(
             r.iter().all(|o| *o == RenewOutcome::Renewed),
@@ -187,7 +209,7 @@ pub async fn run(n: usize, batch: usize) {
     }
     println!(
         "heartbeat-at-scale: the same {} calls straight to the backend: {} ms, CPU {:.0} ms",
-        items.len().div_ceil(batch.max(1)),
+        items.len().div_ceil(batch),
         t1.elapsed().as_millis(),
         cpu_now().saturating_sub(cpu1).as_secs_f64() * 1000.0
     );

@@ -10,8 +10,9 @@
 //! `lease-bench count-cycles STORE URL CASE N [TASKS]` runs N cycles of one case and nothing else,
 //! for `scripts/client-instructions.sh` (instructions per cycle under callgrind).
 //!
-//! `lease-bench heartbeat-at-scale N [BATCH]` holds N leases through one `LeaseClient` on
-//! the in-memory backend and reports what its heartbeat costs per renewal period.
+//! `lease-bench heartbeat-at-scale N [BATCH [STORE]]` holds N leases through one
+//! `LeaseClient` on the in-memory backend (or on a throwaway server of STORE) and reports
+//! what its heartbeat costs per renewal period.
 //!
 //! `lease-bench renew-at-scale STORE N [TICKS]` holds N leases (TTL 30 s) on a throwaway
 //! server and times the heartbeat's renewal ticks against TTL/3 (see `at_scale`).
@@ -57,7 +58,7 @@ struct Args {
 }
 
 const USAGE: &str = "usage: lease-bench [--out FILE] [--svg FILE] [--notes FILE] \
-                     [--only redis,postgres,etcd,mysql,zookeeper] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS\n       lease-bench renew-at-scale redis|redis-cluster|etcd|postgres|mysql|zookeeper N [TICKS]\n       lease-bench heartbeat-at-scale N [BATCH]\n       lease-bench count-cycles redis|etcd|postgres|zookeeper URL bare|backend|client|peer|raw|shedlock|advisory|advisory-10|backend-rt|client-rt N [TASKS]";
+                     [--only redis,postgres,etcd,mysql,zookeeper] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS\n       lease-bench renew-at-scale redis|redis-cluster|etcd|postgres|mysql|zookeeper N [TICKS]\n       lease-bench heartbeat-at-scale N [BATCH [STORE]]\n       lease-bench count-cycles redis|etcd|postgres|zookeeper URL bare|backend|client|peer|raw|shedlock|advisory|advisory-10|backend-rt|client-rt N [TASKS]";
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let mut a = Args {
@@ -739,9 +740,10 @@ async fn async_main(argv: Vec<String>) {
         return;
     }
     if argv.first().map(String::as_str) == Some("heartbeat-at-scale") {
-        let (n, batch) = match argv.as_slice() {
-            [_, n] => (n.as_str(), "10000"),
-            [_, n, batch] => (n.as_str(), batch.as_str()),
+        let (n, batch, store) = match argv.as_slice() {
+            [_, n] => (n.as_str(), "10000", None),
+            [_, n, batch] => (n.as_str(), batch.as_str(), None),
+            [_, n, batch, store] => (n.as_str(), batch.as_str(), Some(store.as_str())),
             _ => {
                 eprintln!("{USAGE}");
                 std::process::exit(64);
@@ -754,7 +756,7 @@ async fn async_main(argv: Vec<String>) {
             eprintln!("{USAGE}");
             std::process::exit(64);
         };
-        hb_scale::run(n, batch.max(1)).await;
+        hb_scale::run(n, batch, store).await;
         return;
     }
     if argv.first().map(String::as_str) == Some("renew-at-scale") {

@@ -85,6 +85,65 @@ async fn a_tick_of_many_batches_keeps_at_most_four_renew_calls_in_flight() {
     assert!(guards.iter().all(|g| g.is_held()));
 }
 
+/// The calls of one tick go out a few at a time, so on a slow store a tick lasts a
+/// while; the leases it renews are next due one period after the pass that planned the
+/// tick, not after their own call, so they stay together. 150 leases acquired over 25 s
+/// (longer than a renewal period), renew calls of ten leases taking a second each (a tick
+/// of all of them lasts 4 s): once settled, one tick per period renews every lease, and
+/// each lease is renewed a period after its last renewal. (Counted from each call's send,
+/// the leases of a tick were due spread over its 4 s, and the next tick, planned when the
+/// first of them was due, took only some: ticks of 122 and 148 leases every 6 to 7 s.)
+#[tokio::test(start_paused = true)]
+async fn the_leases_of_a_long_tick_stay_together() {
+    let memory = Arc::new(MemoryBackend::new());
+    let faulty = Arc::new(FaultyBackend::new(memory).with_max_renew_batch(10));
+    faulty.set(Op::Renew, Fault::Delay(Duration::from_secs(1)));
+    let client = LeaseClient::with_label(faulty.clone(), HolderLabel::new("paused").unwrap());
+    let opts = LeaseOptions::new(Duration::from_secs(30)).unwrap();
+    let mut guards = Vec::new();
+    for i in 0..150 {
+        guards.push(held(&client, &format!("lease-{i}"), &opts).await);
+        tokio::time::sleep(Duration::from_millis(166)).await; // spread over 25 s
+    }
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let settled = Instant::now();
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let log: Vec<_> = faulty
+        .renew_log()
+        .into_iter()
+        .filter(|c| c.started >= settled)
+        .collect();
+    // Ticks: calls that start within 2 s of the one before.
+    let mut ticks: Vec<Vec<&lease_conformance::RenewCall>> = Vec::new();
+    for c in &log {
+        match ticks.last_mut() {
+            Some(t) if c.started <= t[t.len() - 1].started + Duration::from_secs(2) => t.push(c),
+            _ => ticks.push(vec![c]),
+        }
+    }
+    let sizes: Vec<usize> = ticks
+        .iter()
+        .map(|t| t.iter().map(|c| c.names.len()).sum())
+        .collect();
+    assert!(
+        sizes.len() >= 5 && sizes[1..sizes.len() - 1].iter().all(|n| *n == 150),
+        "one tick of every lease per period, leases per tick: {sizes:?}"
+    );
+    for name in (0..150).map(|i| format!("lease-{i}")) {
+        let at: Vec<Instant> = log
+            .iter()
+            .filter(|c| c.names.iter().any(|n| n.to_string_lossy() == name))
+            .map(|c| c.started)
+            .collect();
+        let apart: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
+        assert!(
+            apart.iter().all(|d| *d >= Duration::from_secs(10)),
+            "{name} renewed {apart:?} apart"
+        );
+    }
+    assert!(guards.iter().all(|g| g.is_held()));
+}
+
 #[tokio::test(start_paused = true)]
 async fn leases_acquired_apart_fall_into_step() {
     let (_memory, faulty, client) = setup();
