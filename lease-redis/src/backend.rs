@@ -537,9 +537,16 @@ impl LeaseBackend for RedisBackend {
         }
         let mut inv = scripts::RENEW_SCRIPT.prepare_invoke();
         inv.arg(ttl_ms);
+        // The invocation copies each key and token: built in two reused buffers, not in a
+        // string each (at 10,000 leases a call, allocation was a large part of the
+        // client's work).
+        let (mut key, mut token) = (String::new(), String::new());
         for item in leases {
-            inv.key(keys::lock_key(prefix, &item.name))
-                .arg(item.token.to_string());
+            keys::write_lock_key(&mut key, prefix, &item.name);
+            token.clear();
+            // Writing into a `String` cannot fail.
+            let _ = fmt::Write::write_fmt(&mut token, format_args!("{}", item.token));
+            inv.key(key.as_str()).arg(token.as_str());
         }
         let WriteReply {
             value: reply,
