@@ -20,6 +20,15 @@ fn setup() -> (Arc<MemoryBackend>, Arc<FaultyBackend>, LeaseClient) {
     (memory, faulty, client)
 }
 
+/// A slow store: renew calls of at most ten leases, each taking the store a second.
+fn slow_store() -> (Arc<FaultyBackend>, LeaseClient) {
+    let memory = Arc::new(MemoryBackend::new());
+    let faulty = Arc::new(FaultyBackend::new(memory).with_max_renew_batch(10));
+    faulty.set(Op::Renew, Fault::Delay(Duration::from_secs(1)));
+    let client = LeaseClient::with_label(faulty.clone(), HolderLabel::new("paused").unwrap());
+    (faulty, client)
+}
+
 async fn held(client: &LeaseClient, name: &str, opts: &LeaseOptions) -> lease_core::LeaseGuard {
     match client.try_acquire(name, opts).await.unwrap() {
         TryAcquire::Acquired(g) => g,
@@ -49,11 +58,7 @@ async fn thousand_leases_cost_one_renew_call_per_tick() {
 /// no call waits behind more than three others, and every lease is renewed.
 #[tokio::test(start_paused = true)]
 async fn a_tick_of_many_batches_keeps_at_most_four_renew_calls_in_flight() {
-    let memory = Arc::new(MemoryBackend::new());
-    // Renew calls of at most ten leases, each taking the store a second.
-    let faulty = Arc::new(FaultyBackend::new(memory).with_max_renew_batch(10));
-    faulty.set(Op::Renew, Fault::Delay(Duration::from_secs(1)));
-    let client = LeaseClient::with_label(faulty.clone(), HolderLabel::new("paused").unwrap());
+    let (faulty, client) = slow_store();
     let opts = LeaseOptions::new(Duration::from_secs(30)).unwrap();
     let start = Instant::now();
     let mut guards = Vec::new();
@@ -95,10 +100,7 @@ async fn a_tick_of_many_batches_keeps_at_most_four_renew_calls_in_flight() {
 /// first of them was due, took only some: ticks of 122 and 148 leases every 6 to 7 s.)
 #[tokio::test(start_paused = true)]
 async fn the_leases_of_a_long_tick_stay_together() {
-    let memory = Arc::new(MemoryBackend::new());
-    let faulty = Arc::new(FaultyBackend::new(memory).with_max_renew_batch(10));
-    faulty.set(Op::Renew, Fault::Delay(Duration::from_secs(1)));
-    let client = LeaseClient::with_label(faulty.clone(), HolderLabel::new("paused").unwrap());
+    let (faulty, client) = slow_store();
     let opts = LeaseOptions::new(Duration::from_secs(30)).unwrap();
     let mut guards = Vec::new();
     for i in 0..150 {

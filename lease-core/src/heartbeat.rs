@@ -111,6 +111,22 @@ struct Entry {
     unregister_acks: Option<Vec<oneshot::Sender<()>>>,
 }
 
+impl Entry {
+    /// A lease just handed to the heartbeat: not renewed yet, nothing in flight.
+    fn new(reg: Registration, next_due: Instant, deadline: Instant) -> Self {
+        Entry {
+            reg,
+            next_due,
+            deadline,
+            attempt: 0,
+            in_flight: false,
+            queued: false,
+            lost: false,
+            unregister_acks: None,
+        }
+    }
+}
+
 type BatchFuture = Pin<Box<dyn Future<Output = BatchResult> + Send>>;
 
 struct BatchResult {
@@ -467,16 +483,8 @@ fn apply(entries: &mut BTreeMap<u64, Entry>, cmd: Command) -> Option<Instant> {
         Command::Register(reg) => {
             let deadline = reg.first_deadline;
             reg.shared.set_deadline(deadline);
-            let entry = Entry {
-                next_due: reg.first_due(),
-                deadline,
-                attempt: 0,
-                in_flight: false,
-                queued: false,
-                lost: false,
-                unregister_acks: None,
-                reg: *reg,
-            };
+            let next_due = reg.first_due();
+            let entry = Entry::new(*reg, next_due, deadline);
             let attention = entry.next_due.min(entry.deadline);
             entries.insert(entry.reg.id, entry);
             Some(attention)
@@ -1002,19 +1010,7 @@ mod tests {
         let mut add = |id: u64, opts: &LeaseOptions, next_due: Instant, deadline: Instant| {
             let reg = registration(id, opts.clone(), deadline, &label, epoch);
             let shared = reg.shared.clone();
-            entries.insert(
-                id,
-                Entry {
-                    reg,
-                    next_due,
-                    deadline,
-                    attempt: 0,
-                    in_flight: false,
-                    queued: false,
-                    lost: false,
-                    unregister_acks: None,
-                },
-            );
+            entries.insert(id, Entry::new(reg, next_due, deadline));
             shared
         };
         let s = Duration::from_secs;

@@ -382,7 +382,7 @@ mod imp {
 
         /// One lease renewed with `margin` left before its safety deadline.
         pub(crate) fn renewed(&mut self, name: &LeaseName, margin: Duration) {
-            if NAME_LABEL.load(Ordering::Relaxed) {
+            if Series::per_lease() {
                 renewal(self.backend, name, "renewed");
                 renewal_margin(self.backend, name, margin);
                 return;
