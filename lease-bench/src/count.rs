@@ -208,8 +208,42 @@ async fn build(store: &str, url: &str, case: &str) -> Result<Case, String> {
                 other => return Err(format!("unknown case {other:?} on zookeeper")),
             })
         }
+        "mysql" => {
+            let backend = || async {
+                lease_mysql::MysqlBackend::connect(url)
+                    .await
+                    .map_err(|e| e.to_string())
+            };
+            // The statements sent raw go through a backend's pool, as in the benchmark
+            // (no ping before each statement).
+            let pool = backend().await?.pool().clone();
+            cycles::mysql_bare_tables(&pool).await;
+            Ok(match case {
+                "bare" => cycles::mysql_bare(pool),
+                "bare-held" => cycles::mysql_bare_held(pool),
+                "shedlock" => cycles::mysql_shedlock(pool),
+                "backend" => cycles::backend_case("backend", Arc::new(backend().await?)),
+                // The backend on a pool of the caller's: every statement gives its
+                // connection back to the pool (which pings it).
+                "backend-pool" => cycles::backend_case(
+                    "backend-pool",
+                    Arc::new(
+                        lease_mysql::MysqlBackend::from_pool(pool, Default::default())
+                            .await
+                            .map_err(|e| e.to_string())?,
+                    ),
+                ),
+                "client" => cycles::client_case("client", Arc::new(backend().await?)),
+                "raw" => {
+                    let b = backend().await?;
+                    let (acquire, release) = b.cycle_statements();
+                    cycles::mysql_library_statements_raw(pool, acquire.to_owned(), release.to_owned())
+                }
+                other => return Err(format!("unknown case {other:?} on mysql")),
+            })
+        }
         other => Err(format!(
-            "count-cycles runs on redis, etcd, postgres or zookeeper, not {other:?}"
+            "count-cycles runs on redis, etcd, postgres, mysql or zookeeper, not {other:?}"
         )),
     }
 }

@@ -888,6 +888,58 @@ pub fn mysql_bare(pool: MySqlPool) -> Case {
     )
 }
 
+/// The bare floor's statements on one connection the loop holds from start to end, so
+/// that no statement returns its connection to the pool (sqlx pings every connection
+/// that goes back, one more round trip per statement).
+pub fn mysql_bare_held(pool: MySqlPool) -> Case {
+    Case::new(
+        "diagnostic: bare statements on a connection held by the loop (no ping on return)",
+        move |prefix, n| {
+            let pool = pool.clone();
+            async move {
+                let mut conn = pool.acquire().await.expect("a connection");
+                for i in 0..n {
+                    let name = format!("{prefix}:{}", i % 64);
+                    let token = *uuid::Uuid::new_v4().as_bytes();
+                    let taken = lease_mysql::sqlx::query(
+                        "UPDATE bare_locks SET owner_token = ?, \
+                         lock_until = NOW(6) + INTERVAL 30 SECOND \
+                         WHERE name = ? AND lock_until <= NOW(6)",
+                    )
+                    .bind(&token[..])
+                    .bind(name.as_bytes())
+                    .execute(&mut *conn)
+                    .await
+                    .expect("update")
+                    .rows_affected();
+                    if taken == 0 {
+                        let r = lease_mysql::sqlx::query(
+                            "INSERT IGNORE INTO bare_locks (name, owner_token, lock_until) \
+                             VALUES (?, ?, NOW(6) + INTERVAL 30 SECOND)",
+                        )
+                        .bind(name.as_bytes())
+                        .bind(&token[..])
+                        .execute(&mut *conn)
+                        .await
+                        .expect("insert");
+                        assert_eq!(r.rows_affected(), 1, "{name} taken");
+                    }
+                    let r = lease_mysql::sqlx::query(
+                        "UPDATE bare_locks SET owner_token = NULL, lock_until = NOW(6) \
+                         WHERE name = ? AND owner_token = ?",
+                    )
+                    .bind(name.as_bytes())
+                    .bind(&token[..])
+                    .execute(&mut *conn)
+                    .await
+                    .expect("release");
+                    assert_eq!(r.rows_affected(), 1, "{name} not released");
+                }
+            }
+        },
+    )
+}
+
 /// ShedLock's MySQL statements with the database's time (`usingDbTime()`), on its table:
 /// the `UPDATE` of a name it has seen before, its `INSERT IGNORE` the first time, and its
 /// unlock. ShedLock is Java and cannot be run here; these are its statements, sent by the

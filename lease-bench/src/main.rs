@@ -58,7 +58,7 @@ struct Args {
 }
 
 const USAGE: &str = "usage: lease-bench [--out FILE] [--svg FILE] [--notes FILE] \
-                     [--only redis,postgres,etcd,mysql,zookeeper] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS\n       lease-bench renew-at-scale redis|redis-cluster|etcd|postgres|mysql|zookeeper N [TICKS]\n       lease-bench heartbeat-at-scale N [BATCH [STORE]]\n       lease-bench count-cycles redis|etcd|postgres|zookeeper URL bare|backend|client|peer|raw|shedlock|advisory|advisory-10|backend-rt|client-rt N [TASKS]";
+                     [--only redis,postgres,etcd,mysql,zookeeper] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS\n       lease-bench renew-at-scale redis|redis-cluster|etcd|postgres|mysql|zookeeper N [TICKS]\n       lease-bench heartbeat-at-scale N [BATCH [STORE]]\n       lease-bench count-cycles redis|etcd|postgres|mysql|zookeeper URL bare|backend|client|peer|raw|shedlock|advisory|advisory-10|backend-rt|client-rt N [TASKS]";
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let mut a = Args {
@@ -622,7 +622,15 @@ async fn mysql_store(mode: Mode) -> StoreResult {
     let my = MysqlBackend::connect_with(&url, config())
         .await
         .expect("mysql backend");
-    let pool = my.pool().clone();
+    // The statements sent raw go through a pool of their own, built as the backend builds
+    // its own (ten connections, no ping before a checkout); sqlx pings each connection
+    // that comes back to it, where the backend keeps its connections between statements.
+    let pool = lease_mysql::sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(10)
+        .test_before_acquire(false)
+        .connect(&url)
+        .await
+        .expect("mysql pool");
     let (version, flush): (String, i64) = lease_mysql::sqlx::query_as(
         "SELECT VERSION(), CAST(@@innodb_flush_log_at_trx_commit AS SIGNED)",
     )
@@ -631,10 +639,16 @@ async fn mysql_store(mode: Mode) -> StoreResult {
     .expect("version");
     cycles::mysql_bare_tables(&pool).await;
     // A table per case, as for PostgreSQL.
-    let on_table =
-        |table: &str| MysqlBackend::from_pool(pool.clone(), config().with_table(table.to_owned()));
-    let client_my = on_table("lease_locks_client").await.expect("mysql backend");
-    let raw_my = on_table("lease_locks_raw").await.expect("mysql backend");
+    let client_my =
+        MysqlBackend::connect_with(&url, config().with_table("lease_locks_client".to_owned()))
+            .await
+            .expect("mysql backend");
+    let raw_my = MysqlBackend::from_pool(
+        pool.clone(),
+        config().with_table("lease_locks_raw".to_owned()),
+    )
+    .await
+    .expect("mysql backend");
     let (acquire_sql, release_sql) = raw_my.cycle_statements();
     let raw = cycles::mysql_library_statements_raw(
         pool.clone(),
@@ -652,6 +666,7 @@ async fn mysql_store(mode: Mode) -> StoreResult {
         ),
         cycles::mysql_shedlock(pool.clone()),
         raw,
+        cycles::mysql_bare_held(pool.clone()),
         cycles::semaphore_case(SEMAPHORE_ROW, backend.clone()),
         // The LeaseClient row's cycle with its metrics recorded (last).
         metered::client_case(METRICS_ROW, client_backend.clone()),

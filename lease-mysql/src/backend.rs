@@ -9,6 +9,15 @@ use super::*;
 /// from the main pool's connect options), so that a renewal never waits for a pooled
 /// connection behind acquisitions or the application's own queries: the server sees up
 /// to `max_connections + 2` connections from one backend. Clones share both pools.
+///
+/// On a pool the backend built itself ([`MysqlBackend::connect`], `connect_with`), a
+/// statement that ended well keeps its connection for the backend's next statement
+/// instead of giving it back to the pool, which pings every connection that comes back
+/// (one more round trip per statement, for the client and the server). A connection
+/// unused for [`KEEP_IDLE`] or first kept [`KEEP_AT_MOST`] ago goes back to the pool, and
+/// so does one whose statement failed or was dropped; the pool's own checks then apply.
+/// While kept, a connection counts as taken from [`MysqlBackend::pool`]. A backend on a
+/// pool of the caller's ([`MysqlBackend::from_pool`]) gives every connection back.
 #[derive(Clone)]
 pub struct MysqlBackend {
     pub(crate) inner: Arc<Inner>,
@@ -16,6 +25,12 @@ pub struct MysqlBackend {
 
 pub(crate) struct Inner {
     pub(crate) pool: MySqlPool,
+    /// Connections kept between statements (only on a pool the backend built), and the
+    /// turns to run a statement: as many as the pool has connections, so that a statement
+    /// that finds no connection kept always finds one in the pool (a kept connection
+    /// never goes back to the pool's own queue, where a statement waiting there would
+    /// not see it).
+    pub(crate) idle: Option<(IdleList<PoolConnection<MySql>>, tokio::sync::Semaphore)>,
     /// A pool of its own for renewals (at most two connections, one kept open), so that
     /// a renewal never waits for a pooled connection behind a flood of acquisitions: a
     /// holder's lease must not lapse because others are trying to take it.
@@ -111,7 +126,7 @@ impl MysqlBackend {
             .test_before_acquire(false)
             .connect_lazy_with(options);
         let server = lease_core::redact_url(&driver_url);
-        Self::build(pool, config, server).await
+        Self::build(pool, config, server, true).await
     }
 
     /// A backend on a pool of your own. Its sessions may use any time zone: the
@@ -133,13 +148,14 @@ impl MysqlBackend {
             )
             .into());
         }
-        Self::build(pool, config, "(a pool of the caller's)".into()).await
+        Self::build(pool, config, "(a pool of the caller's)".into(), false).await
     }
 
     pub(crate) async fn build(
         pool: MySqlPool,
         config: MysqlConfig,
         server: String,
+        keep_connections: bool,
     ) -> Result<Self> {
         let table = config.validate()?;
         let timeout = config.request_timeout;
@@ -212,20 +228,68 @@ impl MysqlBackend {
         // Opened now: the first renewal must not pay a connect (a TLS handshake, the
         // password's hashing) inside the lease's deadline.
         drop(bounded("connect", timeout, renewals.acquire()).await?);
-        Ok(MysqlBackend {
-            inner: Arc::new(Inner {
-                pool,
-                renewals,
-                sql: Statements::new(&table),
-                table,
-                caps,
-                request_timeout: timeout,
-                server,
-            }),
+        let idle = keep_connections.then(|| {
+            let n = usize::try_from(config.max_connections).unwrap_or(usize::MAX);
+            (
+                IdleList::new(n, KEEP_IDLE, KEEP_AT_MOST),
+                tokio::sync::Semaphore::new(n.min(tokio::sync::Semaphore::MAX_PERMITS)),
+            )
+        });
+        let inner = Arc::new(Inner {
+            pool,
+            idle,
+            renewals,
+            sql: Statements::new(&table),
+            table,
+            caps,
+            request_timeout: timeout,
+            server,
+        });
+        if inner.idle.is_some() {
+            // Gives back the connections nobody took again within KEEP_IDLE; ends with
+            // the last clone of the backend.
+            let weak = Arc::downgrade(&inner);
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(KEEP_IDLE);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    let Some(inner) = weak.upgrade() else { break };
+                    if let Some((idle, _)) = &inner.idle {
+                        idle.drop_stale();
+                    }
+                }
+            });
+        }
+        Ok(MysqlBackend { inner })
+    }
+
+    /// A connection for one statement: the one the backend's last statement kept, or
+    /// one from the pool. Cancel safe: a dropped call leaves the connection with the
+    /// pool (if it was taken from there) or drops it back into the pool.
+    pub(crate) async fn connection(&self) -> std::result::Result<Conn<'_>, sqlx::Error> {
+        let Some((idle, turns)) = &self.inner.idle else {
+            let conn = self.inner.pool.acquire().await?;
+            return Ok(Conn {
+                idle: None,
+                conn: Kept::new(conn),
+            });
+        };
+        // Never closed, so an error cannot happen; said as the pool would say it.
+        let turn = turns.acquire().await.map_err(|_| sqlx::Error::PoolClosed)?;
+        let conn = match idle.take() {
+            Some(kept) => kept,
+            None => Kept::new(self.inner.pool.acquire().await?),
+        };
+        Ok(Conn {
+            idle: Some((idle, turn)),
+            conn,
         })
     }
 
-    /// The pool.
+    /// The pool. Connections the backend keeps between its statements (see
+    /// [`MysqlBackend`]) count as taken from it for up to [`KEEP_IDLE`] after their last
+    /// statement.
     pub fn pool(&self) -> &MySqlPool {
         &self.inner.pool
     }
@@ -297,6 +361,41 @@ impl MysqlBackend {
     }
 }
 
+/// How long a connection kept between statements may go unused before it goes back to
+/// the pool.
+pub const KEEP_IDLE: Duration = Duration::from_secs(1);
+
+/// How long after it was first kept a connection goes back to the pool (and its checks:
+/// the pool's ping, its `max_lifetime`) even while in use.
+pub const KEEP_AT_MOST: Duration = Duration::from_secs(60);
+
+/// A connection for one statement ([`MysqlBackend::connection`]). [`Conn::done`] keeps it
+/// for the next statement if this one ended well; dropped otherwise, it goes back to
+/// the pool, whose ping on its return finds a connection a dropped statement left
+/// half-way.
+pub(crate) struct Conn<'a> {
+    /// Where to keep it, and the statement's turn (given back when this is dropped).
+    idle: Option<(
+        &'a IdleList<PoolConnection<MySql>>,
+        tokio::sync::SemaphorePermit<'a>,
+    )>,
+    conn: Kept<PoolConnection<MySql>>,
+}
+
+impl Conn<'_> {
+    /// The connection, to run a statement on.
+    pub(crate) fn get(&mut self) -> &mut MySqlConnection {
+        self.conn.get_mut()
+    }
+
+    /// Keeps the connection for the next statement if `outcome` is a success.
+    pub(crate) fn done<T, E>(self, outcome: &std::result::Result<T, E>) {
+        if let (Some((idle, _turn)), Ok(_)) = (self.idle, outcome) {
+            idle.put(self.conn);
+        }
+    }
+}
+
 pub(crate) async fn bounded<T, F>(operation: &'static str, after: Duration, fut: F) -> Result<T>
 where
     F: Future<Output = std::result::Result<T, sqlx::Error>>,
@@ -336,15 +435,18 @@ impl LeaseBackend for MysqlBackend {
         let ttl = self.inner.caps.effective_ttl(ttl);
         let ttl_us = micros_ceil("ttl", ttl)?;
         let done = self
-            .call(
-                "acquire",
-                sqlx::query(AssertSqlSafe(self.inner.sql.acquire.as_str()))
+            .call("acquire", async {
+                let mut conn = self.connection().await?;
+                let done = sqlx::query(AssertSqlSafe(self.inner.sql.acquire.as_str()))
                     .bind(name.as_bytes())
                     .bind(&owner.token.as_bytes()[..])
                     .bind(owner.label.as_str())
                     .bind(ttl_us)
-                    .execute(&self.inner.pool),
-            )
+                    .execute(conn.get())
+                    .await;
+                conn.done(&done);
+                done
+            })
             .await?;
         let fencing = done.last_insert_id();
         if fencing > 0 {
@@ -445,12 +547,16 @@ impl LeaseBackend for MysqlBackend {
         let keep_us = micros_ceil("keep_for", keep_for)?;
         let pool = &self.inner.pool;
         let done = self
-            .call_again("release", pool, || {
-                sqlx::query(AssertSqlSafe(self.inner.sql.release.as_str()))
+            .call_again("release", pool, || async {
+                let mut conn = self.connection().await?;
+                let done = sqlx::query(AssertSqlSafe(self.inner.sql.release.as_str()))
                     .bind(keep_us)
                     .bind(name.as_bytes())
                     .bind(&token.as_bytes()[..])
-                    .execute(pool)
+                    .execute(conn.get())
+                    .await;
+                conn.done(&done);
+                done
             })
             .await?;
         let outcome = if done.rows_affected() > 0 {
@@ -465,10 +571,14 @@ impl LeaseBackend for MysqlBackend {
     async fn inspect(&self, name: &LeaseName) -> Result<Option<LeaseInfo>> {
         let pool = &self.inner.pool;
         let row: Option<(Option<String>, u64, i64)> = self
-            .call_again("inspect", pool, || {
-                sqlx::query_as(AssertSqlSafe(self.inner.sql.inspect.as_str()))
+            .call_again("inspect", pool, || async {
+                let mut conn = self.connection().await?;
+                let row = sqlx::query_as(AssertSqlSafe(self.inner.sql.inspect.as_str()))
                     .bind(name.as_bytes())
-                    .fetch_optional(pool)
+                    .fetch_optional(conn.get())
+                    .await;
+                conn.done(&row);
+                row
             })
             .await?;
         Ok(row.map(|(holder, fencing, us)| LeaseInfo {
@@ -481,10 +591,14 @@ impl LeaseBackend for MysqlBackend {
     async fn force_release(&self, name: &LeaseName) -> Result<bool> {
         let pool = &self.inner.pool;
         let done = self
-            .call_again("force release", pool, || {
-                sqlx::query(AssertSqlSafe(self.inner.sql.force_release.as_str()))
+            .call_again("force release", pool, || async {
+                let mut conn = self.connection().await?;
+                let done = sqlx::query(AssertSqlSafe(self.inner.sql.force_release.as_str()))
                     .bind(name.as_bytes())
-                    .execute(pool)
+                    .execute(conn.get())
+                    .await;
+                conn.done(&done);
+                done
             })
             .await?;
         tracing::info!(lease = %name, freed = done.rows_affected() > 0, "force release");

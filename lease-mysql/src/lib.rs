@@ -72,7 +72,9 @@ use lease_core::{
     LeaseInfo, LeaseName, Owner, OwnerToken, ReleaseOutcome, RenewItem, RenewOutcome, Result,
     TlsFiles,
 };
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlSslMode};
+use lease_core::raw::idle::{IdleList, Kept};
+use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions, MySqlSslMode};
+use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, Row};
 
 mod backend;
@@ -94,7 +96,7 @@ pub const MAX_RENEW_BATCH: usize = 10_000;
 /// Default table name.
 pub const DEFAULT_TABLE: &str = "lease_locks";
 
-pub use backend::MysqlBackend;
+pub use backend::{KEEP_AT_MOST, KEEP_IDLE, MysqlBackend};
 use config::*;
 pub use config::{MysqlConfig, schema_sql};
 

@@ -1,8 +1,8 @@
 //! What only backend authors need: store URLs (strict percent-decoding, the password of a
 //! URL, redaction, the userinfo check), TLS (loaded PEM files, what a failed handshake
-//! means), a look into an error's causes, and the caller's deadline for a call (so that
-//! a call is not bounded by two timers). Applications need none of it: the crate
-//! root exports what they use ([`TlsFiles`](crate::TlsFiles) among it).
+//! means), a look into an error's causes, the caller's deadline for a call (so that a
+//! call is not bounded by two timers), and a list of connections kept between calls.
+//! Applications need none of it: the crate root exports what they use ([`TlsFiles`](crate::TlsFiles) among it).
 //!
 //! Every backend in this workspace uses these, so that a URL, a TLS file or a refused
 //! handshake is read and reported the same way on every store. A backend's
@@ -11,6 +11,7 @@
 
 pub mod deadline;
 pub mod errors;
+pub mod idle;
 pub mod tls;
 pub mod url;
 

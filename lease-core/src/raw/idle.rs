@@ -1,0 +1,194 @@
+//! Connections a backend keeps between its statements instead of giving them back to
+//! their pool after each one.
+//!
+//! A pool may do work on every return: `sqlx` pings each connection that goes back (one
+//! more round trip per statement, for the client and the server alike). A backend that
+//! runs one statement per call can keep the connection of a call that ended well in an
+//! [`IdleList`] and take it again for its next call. A call that ends in an error or is
+//! dropped mid-way drops its connection instead, so that it goes back through the pool's
+//! own checks. Kept connections go back to the pool, through the same checks, after
+//! [`IdleList::new`]'s `max_idle` without use and `max_age` after they were first kept:
+//! the pool's health checks and lifetime limits still see every connection now and then.
+//!
+//! ```
+//! use std::time::Duration;
+//! use lease_core::raw::idle::{IdleList, Kept};
+//!
+//! let list: IdleList<String> = IdleList::new(4, Duration::from_secs(1), Duration::from_secs(60));
+//! assert!(list.take().is_none());
+//! list.put(Kept::new("a connection".to_owned()));
+//! let kept = list.take().expect("kept");
+//! assert_eq!(kept.get(), "a connection");
+//! ```
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// An item kept in an [`IdleList`], with the time it was first kept.
+#[derive(Debug)]
+pub struct Kept<T> {
+    item: T,
+    since: Instant,
+}
+
+impl<T> Kept<T> {
+    /// `item`, kept from now on.
+    pub fn new(item: T) -> Self {
+        Kept {
+            item,
+            since: Instant::now(),
+        }
+    }
+
+    /// The item.
+    pub fn get(&self) -> &T {
+        &self.item
+    }
+
+    /// The item, to use.
+    pub fn get_mut(&mut self) -> &mut T {
+        &mut self.item
+    }
+
+    /// The item, no longer kept.
+    pub fn into_inner(self) -> T {
+        self.item
+    }
+}
+
+/// Items kept for reuse, the last one put taken first, at most `cap` of them.
+#[derive(Debug)]
+pub struct IdleList<T> {
+    items: Mutex<Vec<(Kept<T>, Instant)>>,
+    cap: usize,
+    max_idle: Duration,
+    max_age: Duration,
+}
+
+impl<T> IdleList<T> {
+    /// A list of at most `cap` items; an item unused for `max_idle`, or first kept
+    /// `max_age` ago, is not taken again (it is dropped instead).
+    pub fn new(cap: usize, max_idle: Duration, max_age: Duration) -> Self {
+        IdleList {
+            items: Mutex::new(Vec::with_capacity(cap)),
+            cap,
+            max_idle,
+            max_age,
+        }
+    }
+
+    /// The item put last, if it has not been idle for `max_idle`. Items idle longer are
+    /// dropped, outside the list's lock (they were all put earlier than the one found
+    /// idle too long).
+    pub fn take(&self) -> Option<Kept<T>> {
+        let now = Instant::now();
+        let stale = {
+            let mut items = self.items.lock().unwrap_or_else(|e| e.into_inner());
+            match items.pop() {
+                None => return None,
+                Some((kept, put)) if now.saturating_duration_since(put) < self.max_idle => {
+                    return Some(kept);
+                }
+                Some(stale) => {
+                    let mut all = std::mem::take(&mut *items);
+                    all.push(stale);
+                    all
+                }
+            }
+        };
+        drop(stale);
+        None
+    }
+
+    /// Keeps `kept` for the next [`IdleList::take`], unless the list is full or the item
+    /// was first kept `max_age` ago: then it is dropped.
+    pub fn put(&self, kept: Kept<T>) {
+        let now = Instant::now();
+        if now.saturating_duration_since(kept.since) >= self.max_age {
+            return;
+        }
+        let mut items = self.items.lock().unwrap_or_else(|e| e.into_inner());
+        if items.len() < self.cap {
+            items.push((kept, now));
+            return;
+        }
+        drop(items);
+        drop(kept);
+    }
+
+    /// Drops every item unused for `max_idle` (for a task that runs now and then, so that
+    /// a list nobody takes from does not keep its items for ever).
+    pub fn drop_stale(&self) {
+        let now = Instant::now();
+        let stale: Vec<(Kept<T>, Instant)> = {
+            let mut items = self.items.lock().unwrap_or_else(|e| e.into_inner());
+            // Oldest first: the items put before the first fresh one are stale.
+            let fresh = items
+                .iter()
+                .position(|(_, put)| now.saturating_duration_since(*put) < self.max_idle)
+                .unwrap_or(items.len());
+            items.drain(..fresh).collect()
+        };
+        drop(stale);
+    }
+
+    /// How many items are kept now.
+    pub fn len(&self) -> usize {
+        self.items.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Whether no item is kept now.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_last_item_put_is_taken_first_until_it_has_idled_too_long() {
+        let list = IdleList::new(2, Duration::from_secs(1), Duration::from_secs(60));
+        list.put(Kept::new(1));
+        list.put(Kept::new(2));
+        // Full: a third is dropped.
+        list.put(Kept::new(3));
+        assert_eq!(list.len(), 2);
+        assert_eq!(list.take().map(Kept::into_inner), Some(2));
+        let one = list.take().expect("the first item");
+        assert_eq!(*one.get(), 1);
+        list.put(one);
+        tokio::time::advance(Duration::from_millis(600)).await;
+        list.put(Kept::new(4));
+        tokio::time::advance(Duration::from_millis(500)).await;
+        // `1` has idled 1.1 s, `4` 0.5 s.
+        list.drop_stale();
+        assert_eq!(list.len(), 1);
+        assert_eq!(list.take().map(Kept::into_inner), Some(4));
+        list.put(Kept::new(5));
+        tokio::time::advance(Duration::from_millis(1001)).await;
+        // Idle for more than a second: dropped, and with it every item put before it.
+        assert!(list.take().is_none());
+        assert!(list.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_item_first_kept_long_ago_is_not_kept_again() {
+        let list = IdleList::new(2, Duration::from_secs(1), Duration::from_secs(60));
+        let mut kept = Kept::new("conn");
+        for _ in 0..59 {
+            list.put(kept);
+            tokio::time::advance(Duration::from_millis(999)).await;
+            kept = list.take().expect("in use, so kept");
+            tokio::time::advance(Duration::from_millis(1)).await;
+        }
+        assert_eq!(*kept.get_mut(), "conn");
+        // 60 s since it was first kept: it goes back where it came from.
+        tokio::time::advance(Duration::from_secs(1)).await;
+        list.put(kept);
+        assert!(list.take().is_none());
+    }
+}
