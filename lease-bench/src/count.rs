@@ -237,7 +237,11 @@ async fn build(store: &str, url: &str, case: &str) -> Result<Case, String> {
                 "raw" => {
                     let b = backend().await?;
                     let (acquire, release) = b.cycle_statements();
-                    cycles::mysql_library_statements_raw(pool, acquire.to_owned(), release.to_owned())
+                    cycles::mysql_library_statements_raw(
+                        pool,
+                        acquire.to_owned(),
+                        release.to_owned(),
+                    )
                 }
                 other => return Err(format!("unknown case {other:?} on mysql")),
             })

@@ -25,12 +25,8 @@ pub struct MysqlBackend {
 
 pub(crate) struct Inner {
     pub(crate) pool: MySqlPool,
-    /// Connections kept between statements (only on a pool the backend built), and the
-    /// turns to run a statement: as many as the pool has connections, so that a statement
-    /// that finds no connection kept always finds one in the pool (a kept connection
-    /// never goes back to the pool's own queue, where a statement waiting there would
-    /// not see it).
-    pub(crate) idle: Option<(IdleList<PoolConnection<MySql>>, tokio::sync::Semaphore)>,
+    /// Connections kept between statements (only on a pool the backend built).
+    pub(crate) idle: Option<IdleList<PoolConnection<MySql>>>,
     /// A pool of its own for renewals (at most two connections, one kept open), so that
     /// a renewal never waits for a pooled connection behind a flood of acquisitions: a
     /// holder's lease must not lapse because others are trying to take it.
@@ -229,10 +225,10 @@ impl MysqlBackend {
         // password's hashing) inside the lease's deadline.
         drop(bounded("connect", timeout, renewals.acquire()).await?);
         let idle = keep_connections.then(|| {
-            let n = usize::try_from(config.max_connections).unwrap_or(usize::MAX);
-            (
-                IdleList::new(n, KEEP_IDLE, KEEP_AT_MOST),
-                tokio::sync::Semaphore::new(n.min(tokio::sync::Semaphore::MAX_PERMITS)),
+            IdleList::new(
+                usize::try_from(config.max_connections).unwrap_or(usize::MAX),
+                KEEP_IDLE,
+                KEEP_AT_MOST,
             )
         });
         let inner = Arc::new(Inner {
@@ -255,7 +251,7 @@ impl MysqlBackend {
                 loop {
                     tick.tick().await;
                     let Some(inner) = weak.upgrade() else { break };
-                    if let Some((idle, _)) = &inner.idle {
+                    if let Some(idle) = &inner.idle {
                         idle.drop_stale();
                     }
                 }
@@ -268,28 +264,32 @@ impl MysqlBackend {
     /// one from the pool. Cancel safe: a dropped call leaves the connection with the
     /// pool (if it was taken from there) or drops it back into the pool.
     pub(crate) async fn connection(&self) -> std::result::Result<Conn<'_>, sqlx::Error> {
-        let Some((idle, turns)) = &self.inner.idle else {
-            let conn = self.inner.pool.acquire().await?;
+        let pool = &self.inner.pool;
+        let Some(idle) = &self.inner.idle else {
             return Ok(Conn {
                 idle: None,
-                conn: Kept::new(conn),
+                conn: Kept::new(pool.acquire().await?),
             });
         };
-        // Never closed, so an error cannot happen; said as the pool would say it.
-        let turn = turns.acquire().await.map_err(|_| sqlx::Error::PoolClosed)?;
-        let conn = match idle.take() {
-            Some(kept) => kept,
-            None => Kept::new(self.inner.pool.acquire().await?),
-        };
+        let max = pool.options().get_max_connections();
+        let conn = idle
+            .checkout(
+                || pool.try_acquire(),
+                || pool.size() < max,
+                || pool.acquire(),
+            )
+            .await?;
         Ok(Conn {
-            idle: Some((idle, turn)),
+            idle: Some(idle),
             conn,
         })
     }
 
     /// The pool. Connections the backend keeps between its statements (see
-    /// [`MysqlBackend`]) count as taken from it for up to [`KEEP_IDLE`] after their last
-    /// statement.
+    /// [`MysqlBackend`]) count as taken from it until they go back, at most about two
+    /// [`KEEP_IDLE`] after their last statement: while the backend's statements keep
+    /// coming, a query of your own on a full pool waits for a connection the pool holds
+    /// (or opens), not for one the backend keeps.
     pub fn pool(&self) -> &MySqlPool {
         &self.inner.pool
     }
@@ -374,11 +374,8 @@ pub const KEEP_AT_MOST: Duration = Duration::from_secs(60);
 /// the pool, whose ping on its return finds a connection a dropped statement left
 /// half-way.
 pub(crate) struct Conn<'a> {
-    /// Where to keep it, and the statement's turn (given back when this is dropped).
-    idle: Option<(
-        &'a IdleList<PoolConnection<MySql>>,
-        tokio::sync::SemaphorePermit<'a>,
-    )>,
+    /// Where to keep it.
+    idle: Option<&'a IdleList<PoolConnection<MySql>>>,
     conn: Kept<PoolConnection<MySql>>,
 }
 
@@ -390,7 +387,7 @@ impl Conn<'_> {
 
     /// Keeps the connection for the next statement if `outcome` is a success.
     pub(crate) fn done<T, E>(self, outcome: &std::result::Result<T, E>) {
-        if let (Some((idle, _turn)), Ok(_)) = (self.idle, outcome) {
+        if let (Some(idle), Ok(_)) = (self.idle, outcome) {
             idle.put(self.conn);
         }
     }

@@ -67,13 +67,15 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lease_core::raw::idle::{IdleList, Kept};
 use lease_core::{
     AcquireOutcome, Capabilities, Error, Fencing, FencingToken, HeldBy, InvalidInput, LeaseBackend,
     LeaseInfo, LeaseName, Owner, OwnerToken, ReleaseOutcome, RenewItem, RenewOutcome, Result,
     TlsFiles,
 };
-use lease_core::raw::idle::{IdleList, Kept};
-use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions, MySqlSslMode};
+use sqlx::mysql::{
+    MySql, MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions, MySqlSslMode,
+};
 use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, Row};
 

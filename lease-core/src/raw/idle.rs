@@ -21,9 +21,11 @@
 //! assert_eq!(kept.get(), "a connection");
 //! ```
 
+use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 /// An item kept in an [`IdleList`], with the time it was first kept.
@@ -59,12 +61,20 @@ impl<T> Kept<T> {
 }
 
 /// Items kept for reuse, the last one put taken first, at most `cap` of them.
+///
+/// [`IdleList::checkout`] takes its connections in turn (first come, first served), from
+/// the list first, then from the pool: a caller never waits on a full pool while the
+/// list's connections go round among later callers.
 #[derive(Debug)]
 pub struct IdleList<T> {
     items: Mutex<Vec<(Kept<T>, Instant)>>,
     cap: usize,
     max_idle: Duration,
     max_age: Duration,
+    /// Callers of `checkout`, in turn.
+    queue: tokio::sync::Mutex<()>,
+    /// Told of every `put`.
+    put_signal: Notify,
 }
 
 impl<T> IdleList<T> {
@@ -76,6 +86,51 @@ impl<T> IdleList<T> {
             cap,
             max_idle,
             max_age,
+            queue: tokio::sync::Mutex::new(()),
+            put_signal: Notify::new(),
+        }
+    }
+
+    /// An item for one use, callers served in turn: a kept one ([`IdleList::take`]), else
+    /// one the pool has idle (`idle_in_pool`), else a new one from the pool (`acquire`)
+    /// when `pool_has_room`. With the pool full, waits for whichever comes first: an
+    /// item put back here, or one from `acquire` (the pool's own queue).
+    ///
+    /// Cancel safe: dropped while waiting, it has taken nothing (a dropped `acquire` must
+    /// leave nothing taken, as a pool's does).
+    pub async fn checkout<E, F, Fut>(
+        &self,
+        idle_in_pool: impl Fn() -> Option<T>,
+        pool_has_room: impl Fn() -> bool,
+        acquire: F,
+    ) -> Result<Kept<T>, E>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let _turn = self.queue.lock().await;
+        loop {
+            if let Some(kept) = self.take() {
+                return Ok(kept);
+            }
+            if let Some(item) = idle_in_pool() {
+                return Ok(Kept::new(item));
+            }
+            if pool_has_room() {
+                return acquire().await.map(Kept::new);
+            }
+            let put = self.put_signal.notified();
+            tokio::pin!(put);
+            // Registered before looking again, so that a put in between is not missed.
+            put.as_mut().enable();
+            if let Some(kept) = self.take() {
+                return Ok(kept);
+            }
+            tokio::select! {
+                biased;
+                () = &mut put => {}
+                item = acquire() => return item.map(Kept::new),
+            }
         }
     }
 
@@ -112,6 +167,8 @@ impl<T> IdleList<T> {
         let mut items = self.items.lock().unwrap_or_else(|e| e.into_inner());
         if items.len() < self.cap {
             items.push((kept, now));
+            drop(items);
+            self.put_signal.notify_waiters();
             return;
         }
         drop(items);
@@ -173,6 +230,54 @@ mod tests {
         // Idle for more than a second: dropped, and with it every item put before it.
         assert!(list.take().is_none());
         assert!(list.is_empty());
+    }
+
+    /// A pool of one item, which the list keeps between uses: a second caller waits for
+    /// the first one's put, in turn, even though the pool's queue never sees it back.
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_facing_a_full_pool_gets_the_item_put_back() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let list = std::sync::Arc::new(IdleList::new(
+            4,
+            Duration::from_secs(1),
+            Duration::from_secs(60),
+        ));
+        let opened = std::sync::Arc::new(AtomicUsize::new(0));
+        let checkout = |list: std::sync::Arc<IdleList<usize>>,
+                        opened: std::sync::Arc<AtomicUsize>| async move {
+            list.checkout(
+                || None,
+                || opened.load(Ordering::SeqCst) == 0,
+                || {
+                    let opened = opened.clone();
+                    async move {
+                        if opened.fetch_add(1, Ordering::SeqCst) == 0 {
+                            Ok::<usize, ()>(7)
+                        } else {
+                            // A full pool's queue: nothing comes back through it.
+                            std::future::pending().await
+                        }
+                    }
+                },
+            )
+            .await
+        };
+        let first = checkout(list.clone(), opened.clone())
+            .await
+            .expect("opened");
+        let waiting = tokio::spawn(checkout(list.clone(), opened.clone()));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(
+            !waiting.is_finished(),
+            "the pool is full and nothing was put back"
+        );
+        list.put(first);
+        let second = tokio::time::timeout(Duration::from_secs(1), waiting)
+            .await
+            .expect("the item put back reaches the waiting caller")
+            .expect("joined")
+            .expect("an item");
+        assert_eq!(second.into_inner(), 7);
     }
 
     #[tokio::test(start_paused = true)]
