@@ -89,7 +89,10 @@ impl Usage {
 /// lock service), and on Redis `raw` (the library's commands sent with the bare floor's
 /// client code); on PostgreSQL also `shedlock` (ShedLock's statements), `advisory` (the
 /// advisory-lock mode's backend), `advisory-10` (the same with at most 10 sessions) and
-/// `peer` (sqlx's `PgAdvisoryLock` on a pool of 10); on ZooKeeper
+/// `peer` (sqlx's `PgAdvisoryLock` on a pool of 10); on PostgreSQL and MySQL also
+/// `bare-held` (the floor's statements on a connection the loop holds: no ping on the
+/// way back to the pool) and `backend-pool` (the backend on a pool of the caller's, which
+/// gives every connection back); on MySQL `shedlock` and `raw` too; on ZooKeeper
 /// `raw` (the library's requests sent with the bare floor's client code), `backend-rt`
 /// and `client-rt` (the sessions on the calling runtime: `ZkConfig::with_runtime`) and
 /// `peer` (Curator's `InterProcessMutex` recipe sent raw).
@@ -140,8 +143,10 @@ async fn build(store: &str, url: &str, case: &str) -> Result<Case, String> {
             Ok(case)
         }
         "postgres" => {
+            // No ping before a checkout, as the backend's pool and the benchmark's.
             let pool = lease_postgres::sqlx::postgres::PgPoolOptions::new()
                 .max_connections(1)
+                .test_before_acquire(false)
                 .connect(url)
                 .await
                 .map_err(|e| e.to_string())?;
@@ -149,7 +154,18 @@ async fn build(store: &str, url: &str, case: &str) -> Result<Case, String> {
             let table = || async { shared(lease_postgres::PostgresBackend::connect(url).await) };
             Ok(match case {
                 "bare" => cycles::postgres_bare(pool),
+                "bare-held" => cycles::postgres_bare_held(pool),
                 "backend" => cycles::backend_case("backend", table().await?),
+                // The backend on a pool of the caller's: every statement gives its
+                // connection back to the pool (which pings it).
+                "backend-pool" => cycles::backend_case(
+                    "backend-pool",
+                    Arc::new(
+                        lease_postgres::PostgresBackend::from_pool(pool, Default::default())
+                            .await
+                            .map_err(|e| e.to_string())?,
+                    ),
+                ),
                 "client" => cycles::client_case("client", table().await?),
                 "shedlock" => cycles::postgres_shedlock(pool),
                 "advisory" => cycles::backend_case(

@@ -524,6 +524,46 @@ pub fn postgres_bare(pool: PgPool) -> Case {
     })
 }
 
+/// The bare floor's statements on one connection the loop holds from start to end, so
+/// that no statement returns its connection to the pool (sqlx pings every connection
+/// that goes back, one more round trip per statement).
+pub fn postgres_bare_held(pool: PgPool) -> Case {
+    Case::new(
+        "diagnostic: bare statements on a connection held by the loop (no ping on return)",
+        move |prefix, n| {
+            let pool = pool.clone();
+            async move {
+                let mut conn = pool.acquire().await.expect("a connection");
+                for i in 0..n {
+                    let name = format!("{prefix}:{}", i % 64);
+                    let token = uuid::Uuid::new_v4();
+                    let r = sqlx::query(
+                        "INSERT INTO bare_locks (name, owner_token, lock_until) \
+                         VALUES ($1, $2, clock_timestamp() + interval '30 seconds') \
+                         ON CONFLICT (name) DO UPDATE SET owner_token = EXCLUDED.owner_token, \
+                         lock_until = EXCLUDED.lock_until WHERE bare_locks.lock_until <= clock_timestamp()",
+                    )
+                    .bind(name.as_bytes())
+                    .bind(token)
+                    .execute(&mut *conn)
+                    .await
+                    .expect("upsert");
+                    assert_eq!(r.rows_affected(), 1, "{name} taken");
+                    sqlx::query(
+                        "UPDATE bare_locks SET lock_until = clock_timestamp() \
+                         WHERE name = $1 AND owner_token = $2",
+                    )
+                    .bind(name.as_bytes())
+                    .bind(token)
+                    .execute(&mut *conn)
+                    .await
+                    .expect("release");
+                }
+            }
+        },
+    )
+}
+
 /// The library's own acquire and release statements, sent with the bare floor's client
 /// code (no library code around them): splits the library's cost into the server's and
 /// the client's. A diagnostic, not a way to use the table.

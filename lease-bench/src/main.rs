@@ -58,7 +58,7 @@ struct Args {
 }
 
 const USAGE: &str = "usage: lease-bench [--out FILE] [--svg FILE] [--notes FILE] \
-                     [--only redis,postgres,etcd,mysql,zookeeper] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS\n       lease-bench renew-at-scale redis|redis-cluster|etcd|postgres|mysql|zookeeper N [TICKS]\n       lease-bench heartbeat-at-scale N [BATCH [STORE]]\n       lease-bench count-cycles redis|etcd|postgres|mysql|zookeeper URL bare|backend|client|peer|raw|shedlock|advisory|advisory-10|backend-rt|client-rt N [TASKS]";
+                     [--only redis,postgres,etcd,mysql,zookeeper] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS\n       lease-bench renew-at-scale redis|redis-cluster|etcd|postgres|mysql|zookeeper N [TICKS]\n       lease-bench heartbeat-at-scale N [BATCH [STORE]]\n       lease-bench count-cycles redis|etcd|postgres|mysql|zookeeper URL bare|bare-held|backend|backend-pool|client|peer|raw|shedlock|advisory|advisory-10|backend-rt|client-rt N [TASKS]";
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let mut a = Args {
@@ -354,7 +354,16 @@ async fn postgres_store(mode: Mode) -> StoreResult {
     )
     .await
     .expect("postgres backend");
-    let pool = pg.pool().clone();
+    // The statements sent raw (and sqlx's `PgAdvisoryLock`) go through a pool of their
+    // own, of ten connections with no ping before a checkout, as the backend's is; sqlx
+    // pings each connection that comes back to it, where the backend keeps its
+    // connections between statements.
+    let pool = lease_postgres::sqlx::postgres::PgPoolOptions::new()
+        .max_connections(10)
+        .test_before_acquire(false)
+        .connect(&url)
+        .await
+        .expect("postgres pool");
     let (version,): (String,) = lease_postgres::sqlx::query_as("SHOW server_version")
         .fetch_one(&pool)
         .await
@@ -366,16 +375,18 @@ async fn postgres_store(mode: Mode) -> StoreResult {
     cycles::postgres_bare_table(&pool).await;
     // Every case has a table of its own, as the floor has: cases sharing one table would
     // share its pages, and each case's row versions would crowd the others'.
-    let on_table = |table: &str| {
-        PostgresBackend::from_pool(
-            pool.clone(),
-            lease_postgres::PostgresConfig::default().with_table(table.to_owned()),
-        )
-    };
-    let client_pg = on_table("lease_locks_client")
-        .await
-        .expect("postgres backend");
-    let raw_pg = on_table("lease_locks_raw").await.expect("postgres backend");
+    let client_pg = PostgresBackend::connect_with(
+        &url,
+        lease_postgres::PostgresConfig::default().with_table("lease_locks_client".to_owned()),
+    )
+    .await
+    .expect("postgres backend");
+    let raw_pg = PostgresBackend::from_pool(
+        pool.clone(),
+        lease_postgres::PostgresConfig::default().with_table("lease_locks_raw".to_owned()),
+    )
+    .await
+    .expect("postgres backend");
     let (acquire_sql, release_sql) = raw_pg.cycle_statements();
     let raw = cycles::postgres_library_statements_raw(
         pool.clone(),
@@ -416,6 +427,7 @@ async fn postgres_store(mode: Mode) -> StoreResult {
             advisory_limited,
         ),
         raw,
+        cycles::postgres_bare_held(pool.clone()),
         cycles::semaphore_case(SEMAPHORE_ROW, backend.clone()),
         // The LeaseClient row's cycle with its metrics recorded (last).
         metered::client_case(METRICS_ROW, client_backend.clone()),

@@ -242,20 +242,8 @@ impl MysqlBackend {
             server,
         });
         if inner.idle.is_some() {
-            // Gives back the connections nobody took again within KEEP_IDLE; ends with
-            // the last clone of the backend.
-            let weak = Arc::downgrade(&inner);
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(KEEP_IDLE);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    tick.tick().await;
-                    let Some(inner) = weak.upgrade() else { break };
-                    if let Some(idle) = &inner.idle {
-                        idle.drop_stale();
-                    }
-                }
-            });
+            // Gives back the connections nobody took again within KEEP_IDLE.
+            idle::sweep(Arc::downgrade(&inner), |i| i.idle.as_ref(), KEEP_IDLE);
         }
         Ok(MysqlBackend { inner })
     }
@@ -263,26 +251,20 @@ impl MysqlBackend {
     /// A connection for one statement: the one the backend's last statement kept, or
     /// one from the pool. Cancel safe: a dropped call leaves the connection with the
     /// pool (if it was taken from there) or drops it back into the pool.
-    pub(crate) async fn connection(&self) -> std::result::Result<Conn<'_>, sqlx::Error> {
+    pub(crate) async fn connection(
+        &self,
+    ) -> std::result::Result<Checkout<'_, PoolConnection<MySql>>, sqlx::Error> {
         let pool = &self.inner.pool;
         let Some(idle) = &self.inner.idle else {
-            return Ok(Conn {
-                idle: None,
-                conn: Kept::new(pool.acquire().await?),
-            });
+            return Ok(Checkout::unkept(pool.acquire().await?));
         };
         let max = pool.options().get_max_connections();
-        let conn = idle
-            .checkout(
-                || pool.try_acquire(),
-                || pool.size() < max,
-                || pool.acquire(),
-            )
-            .await?;
-        Ok(Conn {
-            idle: Some(idle),
-            conn,
-        })
+        idle.checkout(
+            || pool.try_acquire(),
+            || pool.size() < max,
+            || pool.acquire(),
+        )
+        .await
     }
 
     /// The pool. Connections the backend keeps between its statements (see
@@ -361,38 +343,6 @@ impl MysqlBackend {
     }
 }
 
-/// How long a connection kept between statements may go unused before it goes back to
-/// the pool.
-pub const KEEP_IDLE: Duration = Duration::from_secs(1);
-
-/// How long after it was first kept a connection goes back to the pool (and its checks:
-/// the pool's ping, its `max_lifetime`) even while in use.
-pub const KEEP_AT_MOST: Duration = Duration::from_secs(60);
-
-/// A connection for one statement ([`MysqlBackend::connection`]). [`Conn::done`] keeps it
-/// for the next statement if this one ended well; dropped otherwise, it goes back to
-/// the pool, whose ping on its return finds a connection a dropped statement left
-/// half-way.
-pub(crate) struct Conn<'a> {
-    /// Where to keep it.
-    idle: Option<&'a IdleList<PoolConnection<MySql>>>,
-    conn: Kept<PoolConnection<MySql>>,
-}
-
-impl Conn<'_> {
-    /// The connection, to run a statement on.
-    pub(crate) fn get(&mut self) -> &mut MySqlConnection {
-        self.conn.get_mut()
-    }
-
-    /// Keeps the connection for the next statement if `outcome` is a success.
-    pub(crate) fn done<T, E>(self, outcome: &std::result::Result<T, E>) {
-        if let (Some(idle), Ok(_)) = (self.idle, outcome) {
-            idle.put(self.conn);
-        }
-    }
-}
-
 pub(crate) async fn bounded<T, F>(operation: &'static str, after: Duration, fut: F) -> Result<T>
 where
     F: Future<Output = std::result::Result<T, sqlx::Error>>,
@@ -439,7 +389,7 @@ impl LeaseBackend for MysqlBackend {
                     .bind(&owner.token.as_bytes()[..])
                     .bind(owner.label.as_str())
                     .bind(ttl_us)
-                    .execute(conn.get())
+                    .execute(&mut **conn.get_mut())
                     .await;
                 conn.done(&done);
                 done
@@ -550,7 +500,7 @@ impl LeaseBackend for MysqlBackend {
                     .bind(keep_us)
                     .bind(name.as_bytes())
                     .bind(&token.as_bytes()[..])
-                    .execute(conn.get())
+                    .execute(&mut **conn.get_mut())
                     .await;
                 conn.done(&done);
                 done
@@ -572,7 +522,7 @@ impl LeaseBackend for MysqlBackend {
                 let mut conn = self.connection().await?;
                 let row = sqlx::query_as(AssertSqlSafe(self.inner.sql.inspect.as_str()))
                     .bind(name.as_bytes())
-                    .fetch_optional(conn.get())
+                    .fetch_optional(&mut **conn.get_mut())
                     .await;
                 conn.done(&row);
                 row
@@ -592,7 +542,7 @@ impl LeaseBackend for MysqlBackend {
                 let mut conn = self.connection().await?;
                 let done = sqlx::query(AssertSqlSafe(self.inner.sql.force_release.as_str()))
                     .bind(name.as_bytes())
-                    .execute(conn.get())
+                    .execute(&mut **conn.get_mut())
                     .await;
                 conn.done(&done);
                 done

@@ -67,15 +67,13 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lease_core::raw::idle::{IdleList, Kept};
+use lease_core::raw::idle::{self, Checkout, IdleList};
 use lease_core::{
     AcquireOutcome, Capabilities, Error, Fencing, FencingToken, HeldBy, InvalidInput, LeaseBackend,
     LeaseInfo, LeaseName, Owner, OwnerToken, ReleaseOutcome, RenewItem, RenewOutcome, Result,
     TlsFiles,
 };
-use sqlx::mysql::{
-    MySql, MySqlConnectOptions, MySqlConnection, MySqlPool, MySqlPoolOptions, MySqlSslMode,
-};
+use sqlx::mysql::{MySql, MySqlConnectOptions, MySqlPool, MySqlPoolOptions, MySqlSslMode};
 use sqlx::pool::PoolConnection;
 use sqlx::{AssertSqlSafe, Row};
 
@@ -98,9 +96,10 @@ pub const MAX_RENEW_BATCH: usize = 10_000;
 /// Default table name.
 pub const DEFAULT_TABLE: &str = "lease_locks";
 
-pub use backend::{KEEP_AT_MOST, KEEP_IDLE, MysqlBackend};
+pub use backend::MysqlBackend;
 use config::*;
 pub use config::{MysqlConfig, schema_sql};
+pub use lease_core::raw::idle::{KEEP_AT_MOST, KEEP_IDLE};
 
 #[cfg(test)]
 mod tests {

@@ -18,8 +18,16 @@ use super::*;
 /// | force_release | one `UPDATE` + `pg_notify` | 1 |
 ///
 /// (sqlx prepares each statement once per connection, which costs one extra round trip
-/// the first time a connection runs it; and when a connection goes back to the pool it
-/// sends a one-message liveness ping, after the caller already has its answer.)
+/// the first time a connection runs it.)
+///
+/// On a pool the backend built itself ([`PostgresBackend::connect`], `connect_with`; not
+/// behind a transaction pooler), a statement that ended well keeps its connection for
+/// the backend's next statement instead of giving it back to the pool, which pings every
+/// connection that comes back (one more round trip per statement, for the client and the
+/// server). A connection unused for [`KEEP_IDLE`](crate::KEEP_IDLE) or first kept
+/// [`KEEP_AT_MOST`](crate::KEEP_AT_MOST) ago goes back to the pool, and so does one whose
+/// statement failed or was dropped; the pool's own checks then apply. A backend on a
+/// pool of the caller's ([`PostgresBackend::from_pool`]) gives every connection back.
 ///
 /// `wait_released` listens for release notifications (`LISTEN lease_released`) on one
 /// extra connection per backend, started on first use. Renewals go through a pool of
@@ -46,6 +54,8 @@ pub(crate) struct Inner {
     pub(crate) releases: Releases,
     /// Behind a transaction pooler: statements as simple queries, no `LISTEN`.
     pub(crate) pooler: bool,
+    /// Connections kept between statements (only on a pool the backend built).
+    pub(crate) idle: Option<IdleList<PoolConnection<Postgres>>>,
     pub(crate) caps: Capabilities,
 }
 
@@ -108,7 +118,7 @@ impl PostgresBackend {
         )?;
         let pool =
             pool_options(config.max_connections, config.request_timeout).connect_lazy_with(options);
-        Self::from_pool(pool, config).await
+        Self::build(pool, config, true).await
     }
 
     /// Uses an existing pool. The pool's own settings apply (this crate's pools set
@@ -123,6 +133,10 @@ impl PostgresBackend {
     /// Cancel safety: cancel-safe: dropped, the table creation is rolled back or has
     /// committed (it is idempotent; call again); no lease is taken.
     pub async fn from_pool(pool: PgPool, config: PostgresConfig) -> Result<Self> {
+        Self::build(pool, config, false).await
+    }
+
+    async fn build(pool: PgPool, config: PostgresConfig, keep_connections: bool) -> Result<Self> {
         let table = config.validate()?;
         crate::tls::ensure_crypto_provider_for(&pool);
         if config.create_table {
@@ -171,21 +185,56 @@ impl PostgresBackend {
             )
             .await?,
         );
-        Ok(PostgresBackend {
-            inner: Arc::new(Inner {
-                sql: Statements::new(&table),
-                pool,
-                renewals,
-                table,
-                request_timeout: config.request_timeout,
-                releases,
-                pooler: config.transaction_pooler,
-                caps,
-            }),
-        })
+        let idle = (keep_connections && !config.transaction_pooler).then(|| {
+            IdleList::new(
+                usize::try_from(config.max_connections).unwrap_or(usize::MAX),
+                KEEP_IDLE,
+                KEEP_AT_MOST,
+            )
+        });
+        let inner = Arc::new(Inner {
+            sql: Statements::new(&table),
+            pool,
+            renewals,
+            table,
+            request_timeout: config.request_timeout,
+            releases,
+            pooler: config.transaction_pooler,
+            idle,
+            caps,
+        });
+        if inner.idle.is_some() {
+            // Gives back the connections nobody took again within KEEP_IDLE.
+            idle::sweep(Arc::downgrade(&inner), |i| i.idle.as_ref(), KEEP_IDLE);
+        }
+        Ok(PostgresBackend { inner })
     }
 
-    /// The pool (for your own queries against the same database).
+    /// A connection for one statement: the one the backend's last statement kept, or
+    /// one from the pool ([`IdleList::checkout`]). Cancel safe: a dropped call has taken
+    /// nothing, or drops what it took back into the pool.
+    pub(crate) async fn connection(
+        &self,
+    ) -> std::result::Result<Checkout<'_, PoolConnection<Postgres>>, sqlx::Error> {
+        let pool = &self.inner.pool;
+        let Some(idle) = &self.inner.idle else {
+            return Ok(Checkout::unkept(pool.acquire().await?));
+        };
+        let max = pool.options().get_max_connections();
+        idle.checkout(
+            || pool.try_acquire(),
+            || pool.size() < max,
+            || pool.acquire(),
+        )
+        .await
+    }
+
+    /// The pool (for your own queries against the same database). Connections the backend
+    /// keeps between its statements (see [`PostgresBackend`]) count as taken from it until
+    /// they go back, at most about two [`KEEP_IDLE`](crate::KEEP_IDLE) after their last
+    /// statement: while the backend's statements keep coming, a query of your own on a
+    /// full pool waits for a connection the pool holds (or opens), not for one the
+    /// backend keeps.
     pub fn pool(&self) -> &PgPool {
         &self.inner.pool
     }
@@ -383,13 +432,16 @@ impl PostgresBackend {
 
     /// Whether `name` is held right now (unexpired on the server's clock).
     pub(crate) async fn add_waiter(&self, name: &LeaseName, delta: i32) -> Result<()> {
-        self.bounded(
-            "wait_released",
-            sqlx::query(AssertSqlSafe(self.inner.sql.waiters.clone()))
+        self.bounded("wait_released", async {
+            let mut conn = self.connection().await?;
+            let done = sqlx::query(AssertSqlSafe(self.inner.sql.waiters.clone()))
                 .bind(name.as_bytes())
                 .bind(delta)
-                .execute(&self.inner.pool),
-        )
+                .execute(&mut **conn.get_mut())
+                .await;
+            conn.done(&done);
+            done
+        })
         .await?;
         Ok(())
     }
@@ -414,7 +466,22 @@ impl LeaseBackend for PostgresBackend {
         if self.inner.pooler {
             return self.acquire_inline(name, owner, ttl).await;
         }
-        self.acquire_with(&self.inner.pool, name, owner, ttl).await
+        let ttl_ms = checked_ms("ttl", ttl)?;
+        let row: AcquireRow = self
+            .bounded("acquire", async {
+                let mut conn = self.connection().await?;
+                let row = sqlx::query_as(AssertSqlSafe(self.inner.sql.acquire.clone()))
+                    .bind(name.as_bytes())
+                    .bind(owner.token.as_uuid())
+                    .bind(owner.label.as_str())
+                    .bind(ttl_ms)
+                    .fetch_one(&mut **conn.get_mut())
+                    .await;
+                conn.done(&row);
+                row
+            })
+            .await?;
+        acquire_outcome(name, ttl_ms, row)
     }
 
     async fn renew(&self, leases: &[RenewItem], ttl: Duration) -> Result<Vec<RenewOutcome>> {
@@ -530,12 +597,16 @@ impl LeaseBackend for PostgresBackend {
             )
             .await?
         } else {
-            self.bounded_retry("release", || {
-                sqlx::query(AssertSqlSafe(self.inner.sql.release.clone()))
+            self.bounded_retry("release", || async {
+                let mut conn = self.connection().await?;
+                let done = sqlx::query(AssertSqlSafe(self.inner.sql.release.clone()))
                     .bind(name.as_bytes())
                     .bind(token.as_uuid())
                     .bind(keep_ms)
-                    .execute(&self.inner.pool)
+                    .execute(&mut **conn.get_mut())
+                    .await;
+                conn.done(&done);
+                done
             })
             .await?
             .rows_affected()
@@ -569,10 +640,14 @@ impl LeaseBackend for PostgresBackend {
                 Some(r) => Some((column(r, 0, OP)?, column(r, 1, OP)?, column(r, 2, OP)?)),
             }
         } else {
-            self.bounded_retry("inspect", || {
-                sqlx::query_as(AssertSqlSafe(self.inner.sql.inspect.clone()))
+            self.bounded_retry("inspect", || async {
+                let mut conn = self.connection().await?;
+                let row = sqlx::query_as(AssertSqlSafe(self.inner.sql.inspect.clone()))
                     .bind(name.as_bytes())
-                    .fetch_optional(&self.inner.pool)
+                    .fetch_optional(&mut **conn.get_mut())
+                    .await;
+                conn.done(&row);
+                row
             })
             .await?
         };
@@ -603,10 +678,15 @@ impl LeaseBackend for PostgresBackend {
                 .is_empty()
         } else {
             let row: Option<Option<bool>> = self
-                .bounded_retry("force release", || {
-                    sqlx::query_scalar(AssertSqlSafe(self.inner.sql.force_release.clone()))
-                        .bind(name.as_bytes())
-                        .fetch_optional(&self.inner.pool)
+                .bounded_retry("force release", || async {
+                    let mut conn = self.connection().await?;
+                    let row =
+                        sqlx::query_scalar(AssertSqlSafe(self.inner.sql.force_release.clone()))
+                            .bind(name.as_bytes())
+                            .fetch_optional(&mut **conn.get_mut())
+                            .await;
+                    conn.done(&row);
+                    row
                 })
                 .await?;
             row.is_some()

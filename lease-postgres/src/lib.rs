@@ -19,12 +19,16 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use lease_core::raw::idle::{self, Checkout, IdleList};
 use lease_core::{
     AcquireOutcome, Capabilities, Error, Fencing, FencingToken, HeldBy, InvalidInput, LeaseBackend,
     LeaseInfo, LeaseName, MAX_TTL, Owner, OwnerToken, ReleaseOutcome, RenewItem, RenewOutcome,
     Result, TlsFiles,
 };
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgExecutor, PgPool, PgPoolOptions, PgRow};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{
+    PgConnectOptions, PgConnection, PgExecutor, PgPool, PgPoolOptions, PgRow, Postgres,
+};
 use sqlx::{AssertSqlSafe, Row};
 
 pub use crate::advisory::AdvisoryLockBackend;
@@ -47,6 +51,7 @@ pub use backend::PostgresBackend;
 use config::*;
 pub use config::{PostgresConfig, schema_sql};
 use connection::*;
+pub use lease_core::raw::idle::{KEEP_AT_MOST, KEEP_IDLE};
 use reply::*;
 
 #[cfg(test)]

@@ -28,6 +28,35 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+/// How long the backends of this workspace keep a connection unused before it goes back
+/// to its pool (their `max_idle`).
+pub const KEEP_IDLE: Duration = Duration::from_secs(1);
+
+/// How long after it was first kept a connection goes back to its pool (and its checks:
+/// the pool's ping, its `max_lifetime`) even while in use (their `max_age`).
+pub const KEEP_AT_MOST: Duration = Duration::from_secs(60);
+
+/// Drops the stale items of `owner`'s list ([`IdleList::drop_stale`]) every `every`, in a
+/// task of its own (on the current tokio runtime), until `owner` is dropped: a list
+/// nobody takes from does not keep its items for ever.
+pub fn sweep<O, T>(owner: std::sync::Weak<O>, list: fn(&O) -> Option<&IdleList<T>>, every: Duration)
+where
+    O: Send + Sync + 'static,
+    T: Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(owner) = owner.upgrade() else { break };
+            if let Some(list) = list(&owner) {
+                list.drop_stale();
+            }
+        }
+    });
+}
+
 /// An item kept in an [`IdleList`], with the time it was first kept.
 #[derive(Debug)]
 pub struct Kept<T> {
@@ -103,12 +132,31 @@ impl<T> IdleList<T> {
         idle_in_pool: impl Fn() -> Option<T>,
         pool_has_room: impl Fn() -> bool,
         acquire: F,
+    ) -> Result<Checkout<'_, T>, E>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let kept = {
+            let _turn = self.queue.lock().await;
+            self.next(idle_in_pool, pool_has_room, acquire).await?
+        };
+        Ok(Checkout {
+            list: Some(self),
+            item: kept,
+        })
+    }
+
+    async fn next<E, F, Fut>(
+        &self,
+        idle_in_pool: impl Fn() -> Option<T>,
+        pool_has_room: impl Fn() -> bool,
+        acquire: F,
     ) -> Result<Kept<T>, E>
     where
         F: Fn() -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let _turn = self.queue.lock().await;
         loop {
             if let Some(kept) = self.take() {
                 return Ok(kept);
@@ -202,6 +250,39 @@ impl<T> IdleList<T> {
     }
 }
 
+/// An item for one use, from [`IdleList::checkout`] (or [`Checkout::unkept`]).
+/// [`Checkout::done`] keeps it for the next use if this one ended well; dropped
+/// otherwise, it goes back where it came from (a pool connection's drop returns it to the
+/// pool, whose checks then find a connection a dropped statement left half-way).
+#[derive(Debug)]
+pub struct Checkout<'a, T> {
+    list: Option<&'a IdleList<T>>,
+    item: Kept<T>,
+}
+
+impl<T> Checkout<'_, T> {
+    /// `item` for one use, never kept (for a backend that keeps nothing).
+    pub fn unkept(item: T) -> Self {
+        Checkout {
+            list: None,
+            item: Kept::new(item),
+        }
+    }
+
+    /// The item, to use.
+    pub fn get_mut(&mut self) -> &mut T {
+        self.item.get_mut()
+    }
+
+    /// Keeps the item for the next checkout if `outcome` is a success; drops it
+    /// otherwise.
+    pub fn done<R, E>(self, outcome: &Result<R, E>) {
+        if let (Some(list), Ok(_)) = (self.list, outcome) {
+            list.put(self.item);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,6 +342,7 @@ mod tests {
                 },
             )
             .await
+            .map(|c| c.item)
         };
         let first = checkout(list.clone(), opened.clone())
             .await
