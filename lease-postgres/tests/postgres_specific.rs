@@ -1427,3 +1427,53 @@ async fn a_busy_pool_does_not_delay_renewals() {
     drop(taken);
     guard.release().await.expect("release");
 }
+
+/// The table mode keeps a statement's connection for its next statement (no ping on the
+/// way back to the pool): after the cycles, the pool holds none of the backend's
+/// connections idle, and after `KEEP_IDLE` and one turn of the backend's sweep (every
+/// `KEEP_IDLE`) it has them back. Many tasks on a pool of two, one connection held by a
+/// query of the caller's own the whole time, all finish: a task that finds the pool full
+/// gets a connection another statement kept instead of waiting in the pool's queue, where
+/// kept connections never come back, until its timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_connections_serve_every_statement_and_go_back_when_unused() {
+    let db = PostgresServer::shared().await.expect("server");
+    let b = PostgresBackend::connect_with(&db.url(), config(&table()).with_max_connections(2))
+        .await
+        .expect("connect");
+    let ttl = Duration::from_secs(30);
+    let held_elsewhere = b.pool().acquire().await.expect("a connection of our own");
+    let tasks: Vec<_> = (0..16)
+        .map(|t| {
+            let b = b.clone();
+            tokio::spawn(async move {
+                for i in 0..20 {
+                    let lease = name(&format!("small-pool-{t}-{i}"));
+                    let o = owner("small-pool");
+                    acquired(b.acquire(&lease, &o, ttl).await.expect("acquire"));
+                    release_ours(&b, &lease, &o).await;
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("task");
+    }
+    // The backend's one connection is kept, not idle in the pool (the other one is still
+    // held above).
+    assert_eq!(b.pool().size(), 2);
+    assert_eq!(b.pool().num_idle(), 0, "the backend's connection is kept");
+    drop(held_elsewhere);
+    // Back within KEEP_IDLE plus a sweep's period, with 3 s of margin for a loaded
+    // machine: both connections taken by callers of our own.
+    let deadline = lease_postgres::KEEP_IDLE * 2 + Duration::from_secs(3);
+    let both = tokio::time::timeout(deadline, async {
+        (
+            b.pool().acquire().await.expect("first"),
+            b.pool().acquire().await.expect("second"),
+        )
+    })
+    .await
+    .expect("the kept connection went back to the pool");
+    drop(both);
+}
