@@ -255,11 +255,9 @@ impl MysqlBackend {
         &self,
     ) -> std::result::Result<Checkout<'_, PoolConnection<MySql>>, sqlx::Error> {
         let pool = &self.inner.pool;
-        let Some(idle) = &self.inner.idle else {
-            return Ok(Checkout::unkept(pool.acquire().await?));
-        };
         let max = pool.options().get_max_connections();
-        idle.checkout(
+        IdleList::checkout_from(
+            self.inner.idle.as_ref(),
             || pool.try_acquire(),
             || pool.size() < max,
             || pool.acquire(),

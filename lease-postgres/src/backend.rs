@@ -217,11 +217,9 @@ impl PostgresBackend {
         &self,
     ) -> std::result::Result<Checkout<'_, PoolConnection<Postgres>>, sqlx::Error> {
         let pool = &self.inner.pool;
-        let Some(idle) = &self.inner.idle else {
-            return Ok(Checkout::unkept(pool.acquire().await?));
-        };
         let max = pool.options().get_max_connections();
-        idle.checkout(
+        IdleList::checkout_from(
+            self.inner.idle.as_ref(),
             || pool.try_acquire(),
             || pool.size() < max,
             || pool.acquire(),
@@ -381,18 +379,27 @@ impl PostgresBackend {
         ttl: Duration,
     ) -> Result<AcquireOutcome> {
         let ttl_ms = checked_ms("ttl", ttl)?;
-        let row: AcquireRow = self
-            .bounded(
-                "acquire",
-                sqlx::query_as(AssertSqlSafe(self.inner.sql.acquire.clone()))
-                    .bind(name.as_bytes())
-                    .bind(owner.token.as_uuid())
-                    .bind(owner.label.as_str())
-                    .bind(ttl_ms)
-                    .fetch_one(executor),
-            )
+        let row = self
+            .bounded("acquire", self.acquire_row(executor, name, owner, ttl_ms))
             .await?;
         acquire_outcome(name, ttl_ms, row)
+    }
+
+    /// The acquire statement's one row, on `executor`.
+    async fn acquire_row<'e>(
+        &self,
+        executor: impl PgExecutor<'e>,
+        name: &LeaseName,
+        owner: &Owner,
+        ttl_ms: i64,
+    ) -> std::result::Result<AcquireRow, sqlx::Error> {
+        sqlx::query_as(AssertSqlSafe(self.inner.sql.acquire.clone()))
+            .bind(name.as_bytes())
+            .bind(owner.token.as_uuid())
+            .bind(owner.label.as_str())
+            .bind(ttl_ms)
+            .fetch_one(executor)
+            .await
     }
 
     /// Acquire as one simple query (behind a transaction pooler).
@@ -467,15 +474,11 @@ impl LeaseBackend for PostgresBackend {
             return self.acquire_inline(name, owner, ttl).await;
         }
         let ttl_ms = checked_ms("ttl", ttl)?;
-        let row: AcquireRow = self
+        let row = self
             .bounded("acquire", async {
                 let mut conn = self.connection().await?;
-                let row = sqlx::query_as(AssertSqlSafe(self.inner.sql.acquire.clone()))
-                    .bind(name.as_bytes())
-                    .bind(owner.token.as_uuid())
-                    .bind(owner.label.as_str())
-                    .bind(ttl_ms)
-                    .fetch_one(&mut **conn.get_mut())
+                let row = self
+                    .acquire_row(&mut **conn.get_mut(), name, owner, ttl_ms)
                     .await;
                 conn.done(&row);
                 row

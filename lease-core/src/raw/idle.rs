@@ -147,6 +147,27 @@ impl<T> IdleList<T> {
         })
     }
 
+    /// [`IdleList::checkout`] on `list`, or with no list an item from `acquire` that is
+    /// never kept ([`Checkout::unkept`]): for a backend that keeps items only on some
+    /// pools.
+    ///
+    /// Cancel safe, as [`IdleList::checkout`].
+    pub async fn checkout_from<E, F, Fut>(
+        list: Option<&IdleList<T>>,
+        idle_in_pool: impl Fn() -> Option<T>,
+        pool_has_room: impl Fn() -> bool,
+        acquire: F,
+    ) -> Result<Checkout<'_, T>, E>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        match list {
+            Some(list) => list.checkout(idle_in_pool, pool_has_room, acquire).await,
+            None => acquire().await.map(Checkout::unkept),
+        }
+    }
+
     async fn next<E, F, Fut>(
         &self,
         idle_in_pool: impl Fn() -> Option<T>,
