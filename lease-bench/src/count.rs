@@ -157,15 +157,24 @@ async fn build(store: &str, url: &str, case: &str) -> Result<Case, String> {
                 "bare-held" => cycles::postgres_bare_held(pool),
                 "backend" => cycles::backend_case("backend", table().await?),
                 // The backend on a pool of the caller's: every statement gives its
-                // connection back to the pool (which pings it).
-                "backend-pool" => cycles::backend_case(
-                    "backend-pool",
-                    Arc::new(
-                        lease_postgres::PostgresBackend::from_pool(pool, Default::default())
-                            .await
-                            .map_err(|e| e.to_string())?,
-                    ),
-                ),
+                // connection back to the pool (which pings it). A pool of 10, as the
+                // backend's own, not the floor's pool of one.
+                "backend-pool" => {
+                    let ten = lease_postgres::sqlx::postgres::PgPoolOptions::new()
+                        .max_connections(10)
+                        .test_before_acquire(false)
+                        .connect(url)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    cycles::backend_case(
+                        "backend-pool",
+                        Arc::new(
+                            lease_postgres::PostgresBackend::from_pool(ten, Default::default())
+                                .await
+                                .map_err(|e| e.to_string())?,
+                        ),
+                    )
+                }
                 "client" => cycles::client_case("client", table().await?),
                 "shedlock" => cycles::postgres_shedlock(pool),
                 "advisory" => cycles::backend_case(
