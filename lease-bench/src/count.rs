@@ -144,12 +144,15 @@ async fn build(store: &str, url: &str, case: &str) -> Result<Case, String> {
         }
         "postgres" => {
             // No ping before a checkout, as the backend's pool and the benchmark's.
-            let pool = lease_postgres::sqlx::postgres::PgPoolOptions::new()
-                .max_connections(1)
-                .test_before_acquire(false)
-                .connect(url)
-                .await
-                .map_err(|e| e.to_string())?;
+            let pool_of = |max: u32| async move {
+                lease_postgres::sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(max)
+                    .test_before_acquire(false)
+                    .connect(url)
+                    .await
+                    .map_err(|e| e.to_string())
+            };
+            let pool = pool_of(1).await?;
             cycles::postgres_bare_table(&pool).await;
             let table = || async { shared(lease_postgres::PostgresBackend::connect(url).await) };
             Ok(match case {
@@ -160,12 +163,7 @@ async fn build(store: &str, url: &str, case: &str) -> Result<Case, String> {
                 // connection back to the pool (which pings it). A pool of 10, as the
                 // backend's own, not the floor's pool of one.
                 "backend-pool" => {
-                    let ten = lease_postgres::sqlx::postgres::PgPoolOptions::new()
-                        .max_connections(10)
-                        .test_before_acquire(false)
-                        .connect(url)
-                        .await
-                        .map_err(|e| e.to_string())?;
+                    let ten = pool_of(10).await?;
                     cycles::backend_case(
                         "backend-pool",
                         Arc::new(

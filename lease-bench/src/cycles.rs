@@ -489,6 +489,27 @@ pub fn postgres_shedlock(pool: PgPool) -> Case {
     )
 }
 
+/// The PostgreSQL floor's acquire: the upsert that takes a new or expired row. The
+/// pooled floor and the held-connection diagnostic send the same statements.
+const PG_BARE_TAKE: &str = "INSERT INTO bare_locks (name, owner_token, lock_until) \
+    VALUES ($1, $2, clock_timestamp() + interval '30 seconds') \
+    ON CONFLICT (name) DO UPDATE SET owner_token = EXCLUDED.owner_token, \
+    lock_until = EXCLUDED.lock_until WHERE bare_locks.lock_until <= clock_timestamp()";
+/// The PostgreSQL floor's owner-checked release.
+const PG_BARE_RELEASE: &str = "UPDATE bare_locks SET lock_until = clock_timestamp() \
+    WHERE name = $1 AND owner_token = $2";
+/// The MySQL floor's acquire: the `UPDATE` that takes an expired row. The pooled floor
+/// and the held-connection diagnostic send the same statements.
+const MY_BARE_TAKE: &str = "UPDATE bare_locks SET owner_token = ?, \
+    lock_until = NOW(6) + INTERVAL 30 SECOND \
+    WHERE name = ? AND lock_until <= NOW(6)";
+/// The MySQL floor's first acquire of a name (when its `UPDATE` found no row).
+const MY_BARE_INSERT: &str = "INSERT IGNORE INTO bare_locks (name, owner_token, lock_until) \
+    VALUES (?, ?, NOW(6) + INTERVAL 30 SECOND)";
+/// The MySQL floor's owner-checked release.
+const MY_BARE_RELEASE: &str = "UPDATE bare_locks SET owner_token = NULL, lock_until = NOW(6) \
+    WHERE name = ? AND owner_token = ?";
+
 /// The upsert (`INSERT ... ON CONFLICT DO UPDATE ... WHERE lock_until <= clock_timestamp()`)
 /// + an owner-checked `UPDATE` release, on the pool.
 pub fn postgres_bare(pool: PgPool) -> Case {
@@ -498,27 +519,19 @@ pub fn postgres_bare(pool: PgPool) -> Case {
             for i in 0..n {
                 let name = format!("{prefix}:{}", i % 64);
                 let token = uuid::Uuid::new_v4();
-                let r = sqlx::query(
-                    "INSERT INTO bare_locks (name, owner_token, lock_until) \
-                     VALUES ($1, $2, clock_timestamp() + interval '30 seconds') \
-                     ON CONFLICT (name) DO UPDATE SET owner_token = EXCLUDED.owner_token, \
-                     lock_until = EXCLUDED.lock_until WHERE bare_locks.lock_until <= clock_timestamp()",
-                )
-                .bind(name.as_bytes())
-                .bind(token)
-                .execute(&pool)
-                .await
-                .expect("upsert");
+                let r = sqlx::query(PG_BARE_TAKE)
+                    .bind(name.as_bytes())
+                    .bind(token)
+                    .execute(&pool)
+                    .await
+                    .expect("upsert");
                 assert_eq!(r.rows_affected(), 1, "{name} taken");
-                sqlx::query(
-                    "UPDATE bare_locks SET lock_until = clock_timestamp() \
-                     WHERE name = $1 AND owner_token = $2",
-                )
-                .bind(name.as_bytes())
-                .bind(token)
-                .execute(&pool)
-                .await
-                .expect("release");
+                sqlx::query(PG_BARE_RELEASE)
+                    .bind(name.as_bytes())
+                    .bind(token)
+                    .execute(&pool)
+                    .await
+                    .expect("release");
             }
         }
     })
@@ -537,27 +550,19 @@ pub fn postgres_bare_held(pool: PgPool) -> Case {
                 for i in 0..n {
                     let name = format!("{prefix}:{}", i % 64);
                     let token = uuid::Uuid::new_v4();
-                    let r = sqlx::query(
-                        "INSERT INTO bare_locks (name, owner_token, lock_until) \
-                         VALUES ($1, $2, clock_timestamp() + interval '30 seconds') \
-                         ON CONFLICT (name) DO UPDATE SET owner_token = EXCLUDED.owner_token, \
-                         lock_until = EXCLUDED.lock_until WHERE bare_locks.lock_until <= clock_timestamp()",
-                    )
-                    .bind(name.as_bytes())
-                    .bind(token)
-                    .execute(&mut *conn)
-                    .await
-                    .expect("upsert");
+                    let r = sqlx::query(PG_BARE_TAKE)
+                        .bind(name.as_bytes())
+                        .bind(token)
+                        .execute(&mut *conn)
+                        .await
+                        .expect("upsert");
                     assert_eq!(r.rows_affected(), 1, "{name} taken");
-                    sqlx::query(
-                        "UPDATE bare_locks SET lock_until = clock_timestamp() \
-                         WHERE name = $1 AND owner_token = $2",
-                    )
-                    .bind(name.as_bytes())
-                    .bind(token)
-                    .execute(&mut *conn)
-                    .await
-                    .expect("release");
+                    sqlx::query(PG_BARE_RELEASE)
+                        .bind(name.as_bytes())
+                        .bind(token)
+                        .execute(&mut *conn)
+                        .await
+                        .expect("release");
                 }
             }
         },
@@ -889,38 +894,28 @@ pub fn mysql_bare(pool: MySqlPool) -> Case {
                 for i in 0..n {
                     let name = format!("{prefix}:{}", i % 64);
                     let token = *uuid::Uuid::new_v4().as_bytes();
-                    let taken = lease_mysql::sqlx::query(
-                        "UPDATE bare_locks SET owner_token = ?, \
-                         lock_until = NOW(6) + INTERVAL 30 SECOND \
-                         WHERE name = ? AND lock_until <= NOW(6)",
-                    )
-                    .bind(&token[..])
-                    .bind(name.as_bytes())
-                    .execute(&pool)
-                    .await
-                    .expect("update")
-                    .rows_affected();
+                    let taken = lease_mysql::sqlx::query(MY_BARE_TAKE)
+                        .bind(&token[..])
+                        .bind(name.as_bytes())
+                        .execute(&pool)
+                        .await
+                        .expect("update")
+                        .rows_affected();
                     if taken == 0 {
-                        let r = lease_mysql::sqlx::query(
-                            "INSERT IGNORE INTO bare_locks (name, owner_token, lock_until) \
-                             VALUES (?, ?, NOW(6) + INTERVAL 30 SECOND)",
-                        )
+                        let r = lease_mysql::sqlx::query(MY_BARE_INSERT)
+                            .bind(name.as_bytes())
+                            .bind(&token[..])
+                            .execute(&pool)
+                            .await
+                            .expect("insert");
+                        assert_eq!(r.rows_affected(), 1, "{name} taken");
+                    }
+                    let r = lease_mysql::sqlx::query(MY_BARE_RELEASE)
                         .bind(name.as_bytes())
                         .bind(&token[..])
                         .execute(&pool)
                         .await
-                        .expect("insert");
-                        assert_eq!(r.rows_affected(), 1, "{name} taken");
-                    }
-                    let r = lease_mysql::sqlx::query(
-                        "UPDATE bare_locks SET owner_token = NULL, lock_until = NOW(6) \
-                         WHERE name = ? AND owner_token = ?",
-                    )
-                    .bind(name.as_bytes())
-                    .bind(&token[..])
-                    .execute(&pool)
-                    .await
-                    .expect("release");
+                        .expect("release");
                     assert_eq!(r.rows_affected(), 1, "{name} not released");
                 }
             }
@@ -941,38 +936,28 @@ pub fn mysql_bare_held(pool: MySqlPool) -> Case {
                 for i in 0..n {
                     let name = format!("{prefix}:{}", i % 64);
                     let token = *uuid::Uuid::new_v4().as_bytes();
-                    let taken = lease_mysql::sqlx::query(
-                        "UPDATE bare_locks SET owner_token = ?, \
-                         lock_until = NOW(6) + INTERVAL 30 SECOND \
-                         WHERE name = ? AND lock_until <= NOW(6)",
-                    )
-                    .bind(&token[..])
-                    .bind(name.as_bytes())
-                    .execute(&mut *conn)
-                    .await
-                    .expect("update")
-                    .rows_affected();
+                    let taken = lease_mysql::sqlx::query(MY_BARE_TAKE)
+                        .bind(&token[..])
+                        .bind(name.as_bytes())
+                        .execute(&mut *conn)
+                        .await
+                        .expect("update")
+                        .rows_affected();
                     if taken == 0 {
-                        let r = lease_mysql::sqlx::query(
-                            "INSERT IGNORE INTO bare_locks (name, owner_token, lock_until) \
-                             VALUES (?, ?, NOW(6) + INTERVAL 30 SECOND)",
-                        )
+                        let r = lease_mysql::sqlx::query(MY_BARE_INSERT)
+                            .bind(name.as_bytes())
+                            .bind(&token[..])
+                            .execute(&mut *conn)
+                            .await
+                            .expect("insert");
+                        assert_eq!(r.rows_affected(), 1, "{name} taken");
+                    }
+                    let r = lease_mysql::sqlx::query(MY_BARE_RELEASE)
                         .bind(name.as_bytes())
                         .bind(&token[..])
                         .execute(&mut *conn)
                         .await
-                        .expect("insert");
-                        assert_eq!(r.rows_affected(), 1, "{name} taken");
-                    }
-                    let r = lease_mysql::sqlx::query(
-                        "UPDATE bare_locks SET owner_token = NULL, lock_until = NOW(6) \
-                         WHERE name = ? AND owner_token = ?",
-                    )
-                    .bind(name.as_bytes())
-                    .bind(&token[..])
-                    .execute(&mut *conn)
-                    .await
-                    .expect("release");
+                        .expect("release");
                     assert_eq!(r.rows_affected(), 1, "{name} not released");
                 }
             }
