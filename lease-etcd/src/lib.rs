@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KeyValue,
-    LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
+    LeaseTimeToLiveOptions, PutOptions, Txn, TxnOp,
 };
 use futures::StreamExt;
 use lease_core::{

@@ -277,6 +277,32 @@ impl Inner {
         })
     }
 
+    /// Who holds the name of `key` (a name's key, not a record's), for an acquire that
+    /// found it taken: the holder's record, read with a request of its own; `None` when
+    /// the name is free by then. How long it has left is known without another request
+    /// only when the holder is this instance (a waiting client is woken by the release
+    /// notification, which also covers expiry).
+    ///
+    /// Cancel-safe: a read.
+    pub(crate) async fn held_by(&self, name: &LeaseName, key: &[u8]) -> Result<Option<HeldBy>> {
+        let mut resp = self
+            .call("acquire", || {
+                let mut kv = self.client.kv_client();
+                let opts = GetOptions::new().with_range(range_end(key)).with_limit(1);
+                async move { kv.get(key, Some(opts)).await }
+            })
+            .await?;
+        let Some(kv) = resp.take_kvs().into_iter().next() else {
+            return Ok(None);
+        };
+        let stored = decode_value(kv.value())
+            .map_err(|e| unexpected("acquire", format!("lease {name}: {e}")))?;
+        Ok(Some(HeldBy {
+            holder: Some(stored.label),
+            remaining: self.local_remaining(&kv),
+        }))
+    }
+
     /// How long `kv` has left, if it is a key this instance holds (a lower bound: counted
     /// from when the last keepalive was sent).
     pub(crate) fn local_remaining(&self, kv: &KeyValue) -> Option<Duration> {
