@@ -579,19 +579,9 @@ impl LeaseBackend for EtcdBackend {
     async fn inspect(&self, name: &LeaseName) -> Result<Option<LeaseInfo>> {
         let inner = &*self.inner;
         let key = inner.layout.key(name.as_bytes());
-        let mut resp = inner
-            .call("inspect", || {
-                let mut kv = inner.client.kv_client();
-                let key = key.clone();
-                let opts = GetOptions::new().with_range(range_end(&key)).with_limit(1);
-                async move { kv.get(key, Some(opts)).await }
-            })
-            .await?;
-        let Some(kv) = resp.take_kvs().into_iter().next() else {
+        let Some((kv, stored)) = inner.holder_record("inspect", name, &key).await? else {
             return Ok(None);
         };
-        let stored = decode_value(kv.value())
-            .map_err(|e| unexpected("inspect", format!("lease {name}: {e}")))?;
         let fencing = fencing_of("inspect", kv.create_revision())?;
         let remaining = match inner.remaining("inspect", &kv).await? {
             Remaining::Left(d) => Some(d),

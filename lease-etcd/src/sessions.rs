@@ -285,8 +285,25 @@ impl Inner {
     ///
     /// Cancel-safe: a read.
     pub(crate) async fn held_by(&self, name: &LeaseName, key: &[u8]) -> Result<Option<HeldBy>> {
+        Ok(self
+            .holder_record("acquire", name, key)
+            .await?
+            .map(|(kv, stored)| HeldBy {
+                holder: Some(stored.label),
+                remaining: self.local_remaining(&kv),
+            }))
+    }
+
+    /// The record of whoever holds the name of `key` (a name's key), decoded; `None` when
+    /// the name is free. One range read (limit 1). Cancel-safe: a read.
+    pub(crate) async fn holder_record(
+        &self,
+        operation: &'static str,
+        name: &LeaseName,
+        key: &[u8],
+    ) -> Result<Option<(KeyValue, crate::keys::Stored)>> {
         let mut resp = self
-            .call("acquire", || {
+            .call(operation, || {
                 let mut kv = self.client.kv_client();
                 let opts = GetOptions::new().with_range(range_end(key)).with_limit(1);
                 async move { kv.get(key, Some(opts)).await }
@@ -296,11 +313,8 @@ impl Inner {
             return Ok(None);
         };
         let stored = decode_value(kv.value())
-            .map_err(|e| unexpected("acquire", format!("lease {name}: {e}")))?;
-        Ok(Some(HeldBy {
-            holder: Some(stored.label),
-            remaining: self.local_remaining(&kv),
-        }))
+            .map_err(|e| unexpected(operation, format!("lease {name}: {e}")))?;
+        Ok(Some((kv, stored)))
     }
 
     /// How long `kv` has left, if it is a key this instance holds (a lower bound: counted
