@@ -177,21 +177,22 @@ impl LeaseBackend for EtcdBackend {
             // names that takes the request past h2's 256 bytes, above which it is
             // written apart (an extra system call and packet on every acquire). A held
             // attempt reads the holder with a request of its own (`held_by`).
-            let end = range_end(&key);
             // `version == 0` holds for every key of the range exactly when it has none
             // (etcd compares an empty range with an absent key), as `create_revision == 0`
             // does; its target is the protocol's default, 2 bytes shorter on the wire.
-            let txn = Txn::new()
-                .when([Compare::version(key.clone(), CompareOp::Equal, 0).with_range(end)])
-                .and_then([TxnOp::put(
-                    own.clone(),
-                    value.clone(),
-                    Some(PutOptions::new().with_lease(session.id)),
-                )]);
+            // Built for each attempt from the parts, not built once and cloned for each:
+            // a clone copies every part too, on top of the build.
             let reply = inner
                 .rpc("acquire", || {
                     let mut kv = inner.client.kv_client();
-                    let txn = txn.clone();
+                    let txn = Txn::new()
+                        .when([Compare::version(key.clone(), CompareOp::Equal, 0)
+                            .with_range(range_end(&key))])
+                        .and_then([TxnOp::put(
+                            own.clone(),
+                            value.clone(),
+                            Some(PutOptions::new().with_lease(session.id)),
+                        )]);
                     async move { kv.txn(txn).await }
                 })
                 .await?;
@@ -315,7 +316,7 @@ impl LeaseBackend for EtcdBackend {
         let orphans;
         let outcomes = {
             let mut st = inner.shared.lock();
-            let mut renewed: HashMap<i64, Instant> = HashMap::new();
+            let mut renewed: crate::state::HashMap<i64, Instant> = Default::default();
             for check in &checks {
                 if !check.alive {
                     tracing::warn!(

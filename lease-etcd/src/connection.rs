@@ -130,8 +130,9 @@ pub(crate) async fn bounded<T>(
     timeout: Duration,
     fut: impl Future<Output = Result<T, etcd_client::Error>>,
 ) -> Result<Result<T, etcd_client::Error>, Error> {
-    // No timer of ours where the caller (`LeaseClient`) drops the call first.
-    lease_core::raw::deadline::within(tokio::time::Instant::now() + timeout, fut)
+    // No timer of ours where the caller (`LeaseClient`) drops the call first. The
+    // request's future is boxed: see `retrying`.
+    lease_core::raw::deadline::within(tokio::time::Instant::now() + timeout, Box::pin(fut))
         .await
         .ok_or(Error::Timeout {
             operation,
@@ -181,7 +182,13 @@ where
     let mut tried = 1;
     loop {
         // No timer of ours where the caller (`LeaseClient`) drops the call first.
-        let result = lease_core::raw::deadline::within(deadline, attempt())
+        //
+        // The request's future (etcd-client's and tonic's, about 2 KB) is boxed: by value
+        // it would be copied whole at each move (into the timeout, into its `Either`,
+        // into this future's state), and would make every operation's future, which
+        // `#[async_trait]` boxes too, that much larger to copy. One allocation costs
+        // less than those copies (docs/benchmark-notes.md, etcd).
+        let result = lease_core::raw::deadline::within(deadline, Box::pin(attempt()))
             .await
             .ok_or(Error::Timeout {
                 operation,
