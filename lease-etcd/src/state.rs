@@ -1,11 +1,6 @@
 //! What one backend instance knows locally: its session leases, the keys it holds, the
 //! state of its watch and who waits for a release.
 
-/// The maps of the local state, keyed by etcd keys and lease ids, hashed with foldhash
-/// (seeded per process) rather than SipHash: an acquire + release cycle looks its key up
-/// about twenty times, and SipHash over keys of a hundred bytes was 2% of a cycle's
-/// client instructions (docs/benchmark-notes.md, etcd).
-pub(crate) type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -14,6 +9,12 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
 use crate::keys::owned_key;
+
+/// The maps of the local state, keyed by etcd keys and lease ids, hashed with foldhash
+/// (seeded per process) rather than SipHash: an acquire + release cycle looks its key up
+/// about twenty times, and SipHash over the benchmark's keys (50 to 70 bytes) was 2% of
+/// a cycle's client instructions (docs/benchmark-notes.md, etcd).
+pub(crate) type HashMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
 
 /// The shared, lock-protected state. Never held across an `.await`.
 #[derive(Debug, Default)]
