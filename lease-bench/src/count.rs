@@ -87,15 +87,16 @@ impl Usage {
 
 /// The case named `case` on `store`: `bare`, `backend`, `client`, `peer` (rslock; etcd's
 /// lock service), and on Redis `raw` (the library's commands sent with the bare floor's
-/// client code); on PostgreSQL also `shedlock` (ShedLock's statements), `advisory` (the
-/// advisory-lock mode's backend), `advisory-10` (the same with at most 10 sessions) and
-/// `peer` (sqlx's `PgAdvisoryLock` on a pool of 10); on PostgreSQL and MySQL also
-/// `bare-held` (the floor's statements on a connection the loop holds: no ping on the
-/// way back to the pool) and `backend-pool` (the backend on a pool of the caller's, which
-/// gives every connection back); on MySQL `shedlock` and `raw` too; on ZooKeeper
-/// `raw` (the library's requests sent with the bare floor's client code), `backend-rt`
-/// and `client-rt` (the sessions on the calling runtime: `ZkConfig::with_runtime`) and
-/// `peer` (Curator's `InterProcessMutex` recipe sent raw).
+/// client code) and `native` (an acquire without Lua, sent raw); on PostgreSQL also
+/// `shedlock` (ShedLock's statements), `advisory` (the advisory-lock mode's backend),
+/// `advisory-10` (the same with at most 10 sessions) and `peer` (sqlx's `PgAdvisoryLock`
+/// on a pool of 10); on PostgreSQL and MySQL also `bare-held` (the floor's statements on
+/// a connection the loop holds: no ping on the way back to the pool) and `backend-pool`
+/// (the backend on a pool of the caller's, which gives every connection back); on MySQL
+/// `shedlock` and `raw` too; on ZooKeeper `raw` (the library's requests sent with the
+/// bare floor's client code), `backend-rt` and `client-rt` (the sessions on the calling
+/// runtime: `ZkConfig::with_runtime`) and `peer` (Curator's `InterProcessMutex` recipe
+/// sent raw).
 async fn build(store: &str, url: &str, case: &str) -> Result<Case, String> {
     match store {
         "redis" => {
@@ -111,6 +112,7 @@ async fn build(store: &str, url: &str, case: &str) -> Result<Case, String> {
                 "client" => cycles::client_case("client", backend().await?),
                 "peer" => cycles::redis_rslock(url),
                 "raw" => cycles::redis_library_scripts_raw(conn),
+                "native" => cycles::redis_native_acquire_sketch(conn),
                 other => return Err(format!("unknown case {other:?}")),
             })
         }

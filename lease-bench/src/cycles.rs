@@ -359,6 +359,56 @@ pub fn redis_library_scripts_raw(conn: redis::aio::MultiplexedConnection) -> Cas
     )
 }
 
+/// A sketch of an acquire without Lua, sent raw: one `MULTI` of `HSET` of the owner's
+/// field into a key of the attempt's own, `PEXPIRE` of it, `RENAMENX` onto the lock key
+/// (which moves the key only where no lease is, its TTL with it), `DEL` of what is left
+/// and `INCR` of the fencing counter, with the library's `HDEL` as release. The `INCR`
+/// also counts held attempts (atomic with the rename, so tokens still rise from holder
+/// to holder), so the counter is no longer the holder's token, as the library's layout
+/// needs (`lease_redis::scripts`). A diagnostic of what the server would spend without
+/// a script, not a way to use Redis.
+pub fn redis_native_acquire_sketch(conn: redis::aio::MultiplexedConnection) -> Case {
+    Case::new(
+        "diagnostic: an acquire without Lua (MULTI: HSET, PEXPIRE, RENAMENX, DEL, INCR), sent raw",
+        move |prefix, n| {
+            let mut conn = conn.clone();
+            async move {
+                for i in 0..n {
+                    let base = format!("native:{{{prefix}:{}}}", i % 64);
+                    let token = uuid::Uuid::new_v4().simple().to_string();
+                    let (lock, fence) = (format!("{base}:lock"), format!("{base}:fence"));
+                    let attempt = format!("{base}:a:{token}");
+                    let (renamed, fencing): (i64, i64) = redis::pipe()
+                        .atomic()
+                        .hset(&attempt, &token, "~30000\nbench")
+                        .ignore()
+                        .pexpire(&attempt, 30_000)
+                        .ignore()
+                        .cmd("RENAMENX")
+                        .arg(&attempt)
+                        .arg(&lock)
+                        .del(&attempt)
+                        .ignore()
+                        .incr(&fence, 1)
+                        .query_async(&mut conn)
+                        .await
+                        .expect("acquire transaction");
+                    assert_eq!(renamed, 1, "{lock} taken");
+                    assert!(fencing > 0);
+                    let freed: i64 = redis::cmd("HDEL")
+                        .arg(&lock)
+                        .arg(&token)
+                        .arg(format!("{token}:w"))
+                        .query_async(&mut conn)
+                        .await
+                        .expect("release");
+                    assert_eq!(freed, 1);
+                }
+            }
+        },
+    )
+}
+
 /// rslock (Redlock on one instance): `lock` + `unlock`.
 pub fn redis_rslock(url: &str) -> Case {
     let manager = rslock::LockManager::new(vec![url.to_owned()]);

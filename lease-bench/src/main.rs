@@ -58,7 +58,7 @@ struct Args {
 }
 
 const USAGE: &str = "usage: lease-bench [--out FILE] [--svg FILE] [--notes FILE] \
-                     [--only redis,postgres,etcd,mysql,zookeeper] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS\n       lease-bench renew-at-scale redis|redis-cluster|etcd|postgres|mysql|zookeeper N [TICKS]\n       lease-bench heartbeat-at-scale N [BATCH [STORE]]\n       lease-bench count-cycles redis|etcd|postgres|mysql|zookeeper URL bare|bare-held|backend|backend-pool|client|peer|raw|shedlock|advisory|advisory-10|backend-rt|client-rt N [TASKS]";
+                     [--only redis,postgres,etcd,mysql,zookeeper] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS\n       lease-bench renew-at-scale redis|redis-cluster|etcd|postgres|mysql|zookeeper N [TICKS]\n       lease-bench heartbeat-at-scale N [BATCH [STORE]]\n       lease-bench count-cycles redis|etcd|postgres|mysql|zookeeper URL bare|bare-held|backend|backend-pool|client|peer|raw|native|shedlock|advisory|advisory-10|backend-rt|client-rt N [TASKS]";
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let mut a = Args {
