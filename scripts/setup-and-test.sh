@@ -81,8 +81,8 @@ step python3 scripts/check-msrv.py
 # the disk's scheduler has one): they get a core only when no test, server or container
 # wants it, and a waking test preempts them at once. Their output is printed after the
 # tests'; a failure fails the run. The test build, which no longer finds the packaging's
-# builds of shared dependencies, takes longer (7m59s against 4m26s in the runs compared):
-# the whole run took 39m10s against 44m05s on one machine. A CPU-bound test beside them
+# builds of shared dependencies, takes longer (6m06s and 7m59s against 4m26s):
+# the whole run took 39m10s, then 35m32s with the lanes evened, against 44m05s on one machine. A CPU-bound test beside them
 # is slower still (lease-conformance's external_backend, a cargo build: 150 s against 77);
 # tests that wait on time were not.
 checks_dir=target/checks
