@@ -321,6 +321,19 @@ pub fn redis_bare(conn: redis::aio::MultiplexedConnection) -> Case {
     )
 }
 
+/// The library's release without keep-for, sent raw: `HDEL <lock> <token> <token>:w`,
+/// which must find the owner's field.
+async fn library_release(conn: &mut redis::aio::MultiplexedConnection, lock: &str, token: &str) {
+    let freed: i64 = redis::cmd("HDEL")
+        .arg(lock)
+        .arg(token)
+        .arg(format!("{token}:w"))
+        .query_async(conn)
+        .await
+        .expect("release");
+    assert_eq!(freed, 1);
+}
+
 /// The library's own acquire script and release command, sent with the bare floor's
 /// client code (no library code around them): splits the library's cost into the server's
 /// (scripts) and the client's (everything else). A diagnostic, not a way to use Redis.
@@ -345,14 +358,7 @@ pub fn redis_library_scripts_raw(conn: redis::aio::MultiplexedConnection) -> Cas
                         .await
                         .expect("acquire script");
                     assert!(matches!(&r, redis::Value::Int(_)), "{lock} taken: {r:?}");
-                    let freed: i64 = redis::cmd("HDEL")
-                        .arg(&lock)
-                        .arg(&token)
-                        .arg(format!("{token}:w"))
-                        .query_async(&mut conn)
-                        .await
-                        .expect("release");
-                    assert_eq!(freed, 1);
+                    library_release(&mut conn, &lock, &token).await;
                 }
             }
         },
@@ -395,14 +401,7 @@ pub fn redis_native_acquire_sketch(conn: redis::aio::MultiplexedConnection) -> C
                         .expect("acquire transaction");
                     assert_eq!(renamed, 1, "{lock} taken");
                     assert!(fencing > 0);
-                    let freed: i64 = redis::cmd("HDEL")
-                        .arg(&lock)
-                        .arg(&token)
-                        .arg(format!("{token}:w"))
-                        .query_async(&mut conn)
-                        .await
-                        .expect("release");
-                    assert_eq!(freed, 1);
+                    library_release(&mut conn, &lock, &token).await;
                 }
             }
         },
