@@ -333,7 +333,10 @@ mod tests {
     use super::*;
 
     /// An image that cannot be started (here: one that exists nowhere) is tried once per
-    /// process: the second request returns at once without asking the engine again.
+    /// process: a later request does not ask the engine to start it again. The count of
+    /// start attempts shows it; the time the later request takes does not (it still asks
+    /// the engine which image it has, which a loaded machine can make take 100 ms and
+    /// more: CI failed a bound of 100 ms on it while clippy ran beside the tests).
     #[tokio::test]
     async fn a_failed_image_is_tried_once() {
         if engine().await.is_err() {
@@ -357,10 +360,9 @@ mod tests {
         // Eight at once, as the tests of a binary begin: one attempt.
         let all = futures::future::join_all((0..8).map(|_| try_start(spec()))).await;
         assert!(all.iter().all(Option::is_none));
-        let started = std::time::Instant::now();
         assert!(try_start(spec()).await.is_none());
-        assert!(started.elapsed() < Duration::from_millis(100));
-        // One attempt per image: the official one and the project's own.
+        // One attempt per image (the official one and the project's own), none for the
+        // request after the first eight.
         assert_eq!(
             START_ATTEMPTS.load(std::sync::atomic::Ordering::Relaxed),
             before + 2
