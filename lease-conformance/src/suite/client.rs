@@ -280,8 +280,9 @@ pub async fn scheduled_job_once_per_period(backend: Arc<dyn LeaseBackend>) {
     let runs = runs.lock().expect("lock").clone();
     assert!(
         runs.len() >= 3 && runs.len() <= 6,
-        "{} runs in 4.5 periods: {stats:?}",
-        runs.len()
+        "{} runs in 4.5 periods: {stats:?}\n{}",
+        runs.len(),
+        acquire_timeline(&calls)
     );
     for w in runs.windows(2) {
         if caps.fencing != Fencing::None {

@@ -19,7 +19,9 @@ use lease_core::{
 };
 use tokio::time::Instant;
 
-use super::{assert_acquisitions_keep_for_apart, base_ttl, client, name, namespace, opts};
+use super::{
+    acquire_timeline, assert_acquisitions_keep_for_apart, base_ttl, client, name, namespace, opts,
+};
 use crate::faulty::{Fault, FaultyBackend, Op};
 
 /// How many acquire calls [`cancelled_acquires_leave_nothing_held`] drops.
@@ -682,8 +684,9 @@ pub async fn scheduled_job_defaults_once_per_period(backend: Arc<dyn LeaseBacken
         // Ticks at 0, P, .., 5P by the first instance: six periods begun.
         assert!(
             log.len() <= periods as usize + 1 && log.len() >= periods as usize - 1,
-            "{} runs in {periods}.5 periods of {period:?}, instances {offset:?} apart",
-            log.len()
+            "{} runs in {periods}.5 periods of {period:?}, instances {offset:?} apart\n{}",
+            log.len(),
+            acquire_timeline(&calls)
         );
         assert_acquisitions_keep_for_apart(
             &calls,

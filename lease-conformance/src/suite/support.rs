@@ -143,6 +143,29 @@ pub fn min_ttl_tail(caps: &lease_core::Capabilities) -> Duration {
 /// store took a lease between its call's start and return, so this bounds keep-for where
 /// the store applied it, however late each run's work started. `context` goes into the
 /// failure messages.
+/// The acquire calls `calls` recorded, per instance, for a failure message: each call's
+/// start (ms from the first call's), how long it took and whether it took the lease. A
+/// run count or a keep-for bound that fails under load then shows where the time went.
+pub(crate) fn acquire_timeline(calls: &[Arc<crate::FaultyBackend>]) -> String {
+    let logs: Vec<_> = calls.iter().map(|c| c.acquire_log()).collect();
+    let Some(origin) = logs.iter().flatten().map(|c| c.started).min() else {
+        return "no acquire calls".to_owned();
+    };
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let mut out = format!("acquire calls (ms from the first call's start; {origin:?}):");
+    for (i, log) in logs.iter().enumerate() {
+        out.push_str(&format!("\n  instance {i}:"));
+        for c in log {
+            let took = c.finished.map_or("unanswered".to_owned(), |f| {
+                format!("{:.1}", ms(f - c.started))
+            });
+            let what = if c.acquired { "taken" } else { "refused" };
+            out.push_str(&format!(" {:.1}+{took} {what};", ms(c.started - origin)));
+        }
+    }
+    out
+}
+
 pub(crate) fn assert_acquisitions_keep_for_apart(
     calls: &[Arc<crate::FaultyBackend>],
     runs: usize,
@@ -157,16 +180,18 @@ pub(crate) fn assert_acquisitions_keep_for_apart(
     taken.sort_by_key(|c| c.started);
     assert!(
         taken.len() >= runs,
-        "{} acquisitions for {runs} runs ({context})",
-        taken.len()
+        "{} acquisitions for {runs} runs ({context})\n{}",
+        taken.len(),
+        acquire_timeline(calls)
     );
     for w in taken.windows(2) {
         let returned = w[1].finished.expect("an acquisition that returned");
         assert!(
             returned - w[0].started >= keep_for,
             "a lease taken again within {:?} of the call that took it before (at most; \
-             keep-for {keep_for:?}, {context})",
-            returned - w[0].started
+             keep-for {keep_for:?}, {context})\n{}",
+            returned - w[0].started,
+            acquire_timeline(calls)
         );
     }
 }
