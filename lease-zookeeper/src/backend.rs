@@ -799,9 +799,9 @@ impl ZkBackend {
             }
         };
         let released = encode_name(RELEASED, token, &label);
-        let rest_ms = u64::try_from(rest.as_millis()).unwrap_or(u64::MAX);
+        // Rounded up: the server counts whole milliseconds, and keep-for is never short.
+        let rest_ms = u64::try_from(rest.as_micros().div_ceil(1000)).unwrap_or(u64::MAX);
         let keep = encode_keep(rest_ms, fencing);
-        let mut ttl_nodes = true;
         // Sent again once where a retired connection of the session took it back with the
         // release in flight; the second run then finds the name node moved on if the first
         // was applied, and the name node tells.
@@ -815,14 +815,15 @@ impl ZkBackend {
             let mut added = multi
                 .add_set_data(&path, &released, Some(version))
                 .and_then(|()| multi.add_delete(&holder, None));
+            // The keep-for node is persistent, not a TTL node: the server's reaper of TTL
+            // nodes lists the lapsed ones, then deletes each by its path with no second
+            // look at its TTL, so a TTL node put at the holder's path after the listing
+            // (the name taken and released again while a pass is under way) would be
+            // deleted with its keep-for still running. The next acquirer that finds it
+            // lapsed (by the server's clock) replaces it; one node per name stays meanwhile,
+            // beside the name node.
             if rest_ms > 0 {
-                let opts = if ttl_nodes {
-                    zk::CreateMode::Persistent
-                        .with_acls(self.inner.acls)
-                        .with_ttl(Duration::from_millis(rest_ms))
-                } else {
-                    zk::CreateMode::Persistent.with_acls(self.inner.acls)
-                };
+                let opts = zk::CreateMode::Persistent.with_acls(self.inner.acls);
                 added = added.and_then(|()| multi.add_create(&holder, &keep, &opts));
             }
             added.map_err(|e| convert("release", t, e))?;
@@ -830,17 +831,6 @@ impl ZkBackend {
                 Ok(_) => {
                     self.inner.sessions.records().remove(&key);
                     return Ok(ReleaseOutcome::Released);
-                }
-                Err(zk::MultiWriteError::OperationFailed {
-                    index: 2,
-                    source: zk::Error::Unimplemented,
-                }) if ttl_nodes => {
-                    // TTL nodes are disabled on the server (extendedTypesEnabled): a
-                    // persistent keep-for node, removed by the next acquirer once expired.
-                    tracing::warn!(
-                        "zookeeper refuses TTL nodes (extendedTypesEnabled=false): keep-for nodes stay until the name is next acquired"
-                    );
-                    ttl_nodes = false;
                 }
                 Err(zk::MultiWriteError::OperationFailed {
                     source: zk::Error::BadVersion | zk::Error::NoNode,

@@ -171,9 +171,10 @@ pub(crate) fn decode_keep(data: &[u8]) -> Option<(u64, u64)> {
 pub(crate) enum Kind {
     /// Ephemeral, of this session.
     Ephemeral(i64),
-    /// A TTL node (a keep-for node) with this TTL in ms.
+    /// A TTL node with this TTL in ms (read as a keep-for node: releases write
+    /// persistent ones, see `release_in_span`).
     Ttl(u64),
-    /// Persistent (a keep-for node where TTL nodes are disabled) or a container.
+    /// Persistent (a keep-for node) or a container.
     Persistent,
 }
 

@@ -639,3 +639,75 @@ async fn sessions_on_a_given_runtime_end_with_it() {
     .await;
     eprintln!("free {:?} after the runtime ended", start.elapsed());
 }
+
+/// Releases every name of `names` (taken as `taken` says) with `keep_for`, all at once.
+async fn release_all(
+    b: &ZkBackend,
+    names: &[LeaseName],
+    taken: &[(lease_core::OwnerToken, Instant)],
+    keep_for: Duration,
+) {
+    let released = futures::future::join_all(
+        names
+            .iter()
+            .zip(taken)
+            .map(|(n, (token, _))| b.release(n, token, keep_for)),
+    )
+    .await;
+    for r in released {
+        assert_eq!(r.unwrap(), lease_core::ReleaseOutcome::Released);
+    }
+}
+
+/// Keep-for holds although the server's reaper of TTL and container nodes listed the
+/// name's holder path before. The reaper (ZooKeeper's container manager) lists the
+/// lapsed TTL nodes, then deletes them one at a time (6 ms apart at its default of 10,000
+/// per minute), by path: the server checks at the delete that the node there has no
+/// children and is a TTL or container node, not that its TTL has passed. A keep-for
+/// kept in a TTL node at the holder's path was deleted that way when the name was taken
+/// and released again while the pass was under way, and the name was free long before
+/// its keep-for ended (a scheduled job ran twice within its period on a loaded machine:
+/// instances 112 ms apart with a keep-for of 540 ms).
+///
+/// Here 200 names get a keep-for of 300 ms at once, so that one pass lists them all and
+/// takes 1.2 s to delete them; 200 ms after they lapsed (the reaper looks every 100 ms on
+/// the test servers) each is taken over and released with a keep-for of 30 s; once the
+/// pass is over (2 s on), none may be free.
+#[tokio::test]
+async fn keep_for_outlives_a_reaper_pass_that_listed_the_name_before() {
+    const NAMES: usize = 200;
+    let server = ZooKeeperServer::start().await.unwrap();
+    let b = ZkBackend::connect_with(&server.address(), config())
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(5);
+    let names: Vec<LeaseName> = (0..NAMES).map(|i| name(&format!("reaped-{i}"))).collect();
+    let take = |n: &LeaseName, label: &str| {
+        let (b, n, o) = (b.clone(), n.clone(), owner(label));
+        async move {
+            match b.acquire(&n, &o, ttl).await.unwrap() {
+                AcquireOutcome::Acquired { .. } => (o.token, Instant::now()),
+                other => panic!("{n} not free: {other:?}"),
+            }
+        }
+    };
+    let first = futures::future::join_all(names.iter().map(|n| take(n, "first"))).await;
+    let lapse = first.iter().map(|(_, at)| *at).max().unwrap() + Duration::from_millis(300);
+    release_all(&b, &names, &first, Duration::from_millis(300)).await;
+    tokio::time::sleep_until(lapse + Duration::from_millis(200)).await;
+    let second = futures::future::join_all(names.iter().map(|n| take(n, "second"))).await;
+    release_all(&b, &names, &second, Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let third = owner("third");
+    let mut free = Vec::new();
+    for n in &names {
+        if let AcquireOutcome::Acquired { .. } = b.acquire(n, &third, ttl).await.unwrap() {
+            free.push(n.to_string());
+        }
+    }
+    assert!(
+        free.is_empty(),
+        "{} of {NAMES} names free within their keep-for of 30 s: {free:?}",
+        free.len()
+    );
+}
