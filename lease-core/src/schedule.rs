@@ -217,13 +217,9 @@ impl ScheduledJob {
             "keep-for (lockAtLeastFor), which a scheduled job needs to run at most once per \
              period",
         )?;
-        // A lease released with a sliver of its keep-for left still lives the store's
+        // A lease released with a sliver of its keep-for left may still live the store's
         // minimum TTL (etcd grants at least 2 s): that much more must fit in the period.
-        let tail = if caps.min_ttl > caps.ttl_granularity {
-            caps.min_ttl
-        } else {
-            Duration::ZERO
-        };
+        let tail = caps.keep_for_overrun();
         let keep_for = if opts.keep_for().is_zero() {
             let derived = period
                 .saturating_sub((period / 10).max(caps.ttl_granularity))

@@ -287,6 +287,13 @@ pub struct Capabilities {
     pub holder_info: bool,
     /// Whether `release` honours a non-zero keep-for.
     pub keep_for: bool,
+    /// How long a lease released with a sliver of its keep-for left may still live past
+    /// the keep-for, which a scheduled job's period must leave room for. `None` (the
+    /// default): the minimum TTL where it exceeds the granularity, for a store that keeps
+    /// the lease as a TTL'd record of its own (etcd grants at least 2 s); a store that
+    /// ends keep-for to its granularity whatever is left (ZooKeeper's keep-for node,
+    /// judged by the server's clock) sets zero. See [`Capabilities::keep_for_overrun`].
+    pub keep_for_tail: Option<Duration>,
     /// Whether [`crate::LeaseBackend::wait_released`] is implemented by notification.
     pub release_notification: bool,
     /// Largest number of leases one `renew` call accepts; the client splits larger batches.
@@ -304,6 +311,7 @@ impl Default for Capabilities {
             ttl_granularity: Duration::from_millis(1),
             holder_info: true,
             keep_for: true,
+            keep_for_tail: None,
             release_notification: false,
             max_renew_batch: 100_000,
         }
@@ -367,6 +375,24 @@ impl Capabilities {
     pub fn with_keep_for(mut self, keep_for: bool) -> Self {
         self.keep_for = keep_for;
         self
+    }
+
+    /// Sets [`Capabilities::keep_for_tail`].
+    #[must_use]
+    pub fn with_keep_for_tail(mut self, tail: Duration) -> Self {
+        self.keep_for_tail = Some(tail);
+        self
+    }
+
+    /// How long past its keep-for a lease released with a sliver of it left may live:
+    /// [`Capabilities::keep_for_tail`] where set, else the minimum TTL where it exceeds
+    /// the TTL granularity, else zero.
+    pub fn keep_for_overrun(&self) -> Duration {
+        match self.keep_for_tail {
+            Some(tail) => tail,
+            None if self.min_ttl > self.ttl_granularity => self.min_ttl,
+            None => Duration::ZERO,
+        }
     }
 
     /// Sets [`Capabilities::release_notification`].

@@ -398,11 +398,7 @@ pub async fn lock_at_least_for(
     } else {
         Duration::ZERO
     };
-    let min_ttl_tail = if caps.min_ttl > caps.ttl_granularity {
-        caps.min_ttl
-    } else {
-        Duration::ZERO
-    };
+    let min_ttl_tail = caps.keep_for_overrun();
     let slack = coarse_slack.max(min_ttl_tail);
     let period = if coarse { ttl * 4 } else { ttl * 2 };
     let skew = period / 5;

@@ -908,6 +908,9 @@ impl LeaseBackend for ZkBackend {
             .with_ttl_granularity(Duration::from_millis(1))
             .with_holder_info(true)
             .with_keep_for(true)
+            // The keep-for node ends by the server's clock to the millisecond, however
+            // little keep-for was left (the session's minimum is the holder's, not its).
+            .with_keep_for_tail(Duration::ZERO)
             .with_release_notification(true)
             .with_max_renew_batch(MAX_RENEW_BATCH)
     }

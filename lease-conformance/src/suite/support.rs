@@ -125,15 +125,12 @@ pub(crate) async fn acquire_when_free(
     }
 }
 
-/// How long past its release a lease released with a sliver of keep-for left may live:
-/// the store's minimum TTL where it exceeds the TTL granularity (etcd: 2 s), else nothing.
-/// A scheduled job's period must leave room for it (see `ScheduledJob::new`).
+/// How long past its release a lease released with a sliver of keep-for left may live
+/// ([`Capabilities::keep_for_overrun`](lease_core::Capabilities::keep_for_overrun): etcd
+/// 2 s, most stores nothing). A scheduled job's period must leave room for it (see
+/// `ScheduledJob::new`).
 pub fn min_ttl_tail(caps: &lease_core::Capabilities) -> Duration {
-    if caps.min_ttl > caps.ttl_granularity {
-        caps.min_ttl
-    } else {
-        Duration::ZERO
-    }
+    caps.keep_for_overrun()
 }
 
 /// Checks the acquisitions that `calls` recorded (each a job instance's pass-through
