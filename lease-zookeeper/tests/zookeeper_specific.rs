@@ -666,8 +666,7 @@ async fn release_all(
 /// children and is a TTL or container node, not that its TTL has passed. A keep-for
 /// kept in a TTL node at the holder's path was deleted that way when the name was taken
 /// and released again while the pass was under way, and the name was free long before
-/// its keep-for ended (a scheduled job ran twice within its period on a loaded machine:
-/// instances 112 ms apart with a keep-for of 540 ms).
+/// its keep-for ended.
 ///
 /// Here 200 names get a keep-for of 300 ms at once, so that one pass lists them all and
 /// takes 1.2 s to delete them; 200 ms after they lapsed (the reaper looks every 100 ms on
