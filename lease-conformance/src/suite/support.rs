@@ -133,13 +133,6 @@ pub fn min_ttl_tail(caps: &lease_core::Capabilities) -> Duration {
     caps.keep_for_overrun()
 }
 
-/// Checks the acquisitions that `calls` recorded (each a job instance's pass-through
-/// [`FaultyBackend`](crate::FaultyBackend)) against the `runs` they ran: every run had an
-/// acquisition (one taken as the shutdown came may not have run), and each acquisition's
-/// call returned at least `keep_for` after the previous acquisition's call started. The
-/// store took a lease between its call's start and return, so this bounds keep-for where
-/// the store applied it, however late each run's work started. `context` goes into the
-/// failure messages.
 /// The acquire calls `calls` recorded, per instance, for a failure message: each call's
 /// start (ms from the first call's), how long it took and whether it took the lease. A
 /// run count or a keep-for bound that fails under load then shows where the time went.
@@ -163,6 +156,13 @@ pub(crate) fn acquire_timeline(calls: &[Arc<crate::FaultyBackend>]) -> String {
     out
 }
 
+/// Checks the acquisitions that `calls` recorded (each a job instance's pass-through
+/// [`FaultyBackend`](crate::FaultyBackend)) against the `runs` they ran: every run had an
+/// acquisition (one taken as the shutdown came may not have run), and each acquisition's
+/// call returned at least `keep_for` after the previous acquisition's call started. The
+/// store took a lease between its call's start and return, so this bounds keep-for where
+/// the store applied it, however late each run's work started. `context` goes into the
+/// failure messages.
 pub(crate) fn assert_acquisitions_keep_for_apart(
     calls: &[Arc<crate::FaultyBackend>],
     runs: usize,
