@@ -21,6 +21,10 @@ use crate::connection::{
 };
 use crate::error::ADVISORY_BACKEND;
 
+mod shared;
+
+use shared::{SharedLock, SharedSessions};
+
 /// The refusal of a connection through a pooler: advisory locks belong to a server
 /// session, and a transaction pooler shares one session among many clients (each would
 /// be told it holds the same lock) and hands one client's statements to several.
@@ -152,6 +156,9 @@ struct Inner {
     /// At most this many dedicated connections out at once, when limited
     /// ([`AdvisoryLockBackend::set_max_sessions`]): one permit per connection out.
     sessions: Option<Arc<Semaphore>>,
+    /// The sessions leases share, when they do
+    /// ([`AdvisoryLockBackend::set_shared_sessions`]).
+    shared: Option<SharedSessions>,
 }
 
 /// Idle dedicated connections kept whatever the recent peak.
@@ -163,6 +170,13 @@ const MAX_IDLE_KEPT: usize = 512;
 const MAX_IDLE_AGE: Duration = Duration::from_secs(60);
 
 impl Inner {
+    fn lock_held_is_empty(&self) -> bool {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+    }
+
     fn take_idle(&self) -> Option<Kept> {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
         // Anything idle longer than the limit goes (dropping closes it).
@@ -247,7 +261,24 @@ impl Drop for Checkout {
     }
 }
 
-struct HeldLock {
+/// A held lease's lock: on a session of its own, or on a shared one.
+enum HeldLock {
+    Dedicated(DedicatedLock),
+    Shared(SharedLock),
+}
+
+impl HeldLock {
+    /// The server process id of the session holding the lock.
+    fn pid(&self) -> i32 {
+        match self {
+            HeldLock::Dedicated(d) => d.pid,
+            HeldLock::Shared(s) => s.pid(),
+        }
+    }
+}
+
+/// A lock on a connection of its own.
+struct DedicatedLock {
     conn: PgConnection,
     pid: i32,
     checkout: Checkout,
@@ -257,6 +288,10 @@ impl fmt::Debug for AdvisoryLockBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AdvisoryLockBackend")
             .field("held", &self.lock_held().len())
+            .field(
+                "shared_sessions",
+                &self.inner.shared.as_ref().map(SharedSessions::len),
+            )
             .field("request_timeout", &self.inner.request_timeout)
             .finish_non_exhaustive()
     }
@@ -365,6 +400,7 @@ impl AdvisoryLockBackend {
                 out: Arc::new(AtomicUsize::new(0)),
                 peak: Mutex::new((0, Instant::now())),
                 sessions: None,
+                shared: None,
             }),
         }
     }
@@ -407,14 +443,101 @@ impl AdvisoryLockBackend {
             )
             .into());
         };
+        if inner.shared.is_some() {
+            return Err(InvalidInput::Other(
+                "AdvisoryLockBackend::set_max_sessions cannot follow set_shared_sessions".into(),
+            )
+            .into());
+        }
         inner.sessions = Some(Arc::new(Semaphore::new(max)));
+        Ok(())
+    }
+
+    /// Lets leases share at most `max` server sessions: each session holds the locks of
+    /// any number of leases, so the number of leases held at once is not bounded by the
+    /// sessions (as it is with [`set_max_sessions`](Self::set_max_sessions) and with
+    /// `sqlx`'s `PgAdvisoryLock` on a pool), and an attempt or a release waits only for
+    /// its session's current statement. New sessions open while every open one is busy,
+    /// up to `max`; a session with no lock on it that was not used for a minute is
+    /// closed.
+    ///
+    /// What sharing changes, against a session per lease:
+    /// - **A session lost loses every lease on it.** Its connection cut, a server-side
+    ///   timeout or an operator's `pg_terminate_backend` (which is what
+    ///   [`force_release`](LeaseBackend::force_release) does to the holder's session)
+    ///   frees the locks of every lease held there, here or in another process that
+    ///   shares the same backend; each is told at its next renewal. A statement that fails
+    ///   on the connection (not one the server refused) closes its session for the same
+    ///   reason: its state is unknown.
+    /// - **Each statement runs in a task of its own** (a spawn per acquire and per
+    ///   release), so that a caller giving up never cuts a connection other leases' locks
+    ///   live on; a lock taken for a caller that gave up is released on its session.
+    /// - **Advisory locks share the server's lock table**
+    ///   (`max_locks_per_transaction` × (`max_connections` + `max_prepared_transactions`)
+    ///   entries), which many leases on few sessions can fill: an attempt then fails with
+    ///   the server's "out of shared memory" error, and the session stays in use.
+    /// - Two names whose keys collide (see the type's docs) are both granted on one
+    ///   session where two sessions would refuse the second: each name still has one
+    ///   holder, and the second name's release leaves the key held until the first's.
+    ///
+    /// Set it on a new backend, before it is cloned: it fails with
+    /// [`InvalidInput::Other`], changing nothing, when `max` is zero, when the backend has
+    /// clones or when [`set_max_sessions`](Self::set_max_sessions) was called (the two
+    /// bound sessions in different ways).
+    ///
+    /// ```no_run
+    /// # async fn f() -> lease_core::Result<()> {
+    /// let mut backend = lease_postgres::AdvisoryLockBackend::connect("postgres://db/app").await?;
+    /// backend.set_shared_sessions(10)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn set_shared_sessions(&mut self, max: usize) -> Result<()> {
+        if max == 0 {
+            return Err(InvalidInput::Other(
+                "advisory shared sessions must be at least 1, not 0".into(),
+            )
+            .into());
+        }
+        let Some(inner) = Arc::get_mut(&mut self.inner) else {
+            return Err(InvalidInput::Other(
+                "AdvisoryLockBackend::set_shared_sessions must be called before the backend \
+                 is cloned"
+                    .into(),
+            )
+            .into());
+        };
+        if inner.sessions.is_some() || inner.shared.is_some() {
+            return Err(InvalidInput::Other(
+                "AdvisoryLockBackend::set_shared_sessions cannot follow set_max_sessions or \
+                 another set_shared_sessions"
+                    .into(),
+            )
+            .into());
+        }
+        if !inner.lock_held_is_empty() {
+            return Err(InvalidInput::Other(
+                "AdvisoryLockBackend::set_shared_sessions must be called before any lease is \
+                 held"
+                    .into(),
+            )
+            .into());
+        }
+        let shared = SharedSessions::new(max, inner.pool.clone(), inner.request_timeout);
+        // The sessions kept for the next attempt become the first shared ones.
+        let kept = std::mem::take(&mut *inner.idle.lock().unwrap_or_else(|p| p.into_inner()));
+        for Kept { conn, pid, .. } in kept {
+            shared.add_open(conn, pid);
+        }
+        inner.shared = Some(shared);
         Ok(())
     }
 
     /// The server process id of the session holding `name` for `token`, if this backend
     /// holds it (for operators and tests: `SELECT pg_terminate_backend(pid)`).
     pub fn holder_pid(&self, name: &LeaseName, token: &OwnerToken) -> Option<i32> {
-        self.lock_held().get(&(name.clone(), *token)).map(|h| h.pid)
+        self.lock_held()
+            .get(&(name.clone(), *token))
+            .map(HeldLock::pid)
     }
 
     fn lock_held(&self) -> MutexGuard<'_, HashMap<(LeaseName, OwnerToken), HeldLock>> {
@@ -440,7 +563,7 @@ impl AdvisoryLockBackend {
 async fn try_lock(
     inner: &Inner,
     name: &LeaseName,
-) -> std::result::Result<Option<HeldLock>, sqlx::Error> {
+) -> std::result::Result<Option<DedicatedLock>, sqlx::Error> {
     // A place under the session limit first (in arrival order); the caller's call
     // timeout bounds the wait.
     let permit = match &inner.sessions {
@@ -469,7 +592,7 @@ async fn try_lock(
         // silently must not use it all up.
         match tokio::time::timeout(inner.request_timeout / 2, lock_on(&mut conn, name)).await {
             Ok(Ok((true, pid))) => {
-                return Ok(Some(HeldLock {
+                return Ok(Some(DedicatedLock {
                     conn,
                     pid,
                     checkout,
@@ -494,7 +617,7 @@ async fn try_lock(
     loop {
         let (taken, pid) = lock_on(&mut conn, name).await?;
         if taken {
-            return Ok(Some(HeldLock {
+            return Ok(Some(DedicatedLock {
                 conn,
                 pid,
                 checkout,
@@ -579,12 +702,19 @@ impl LeaseBackend for AdvisoryLockBackend {
         // Boxed: the attempt's future holds sqlx's pool and query futures, kilobytes
         // that every move (into the timeout, into this call's own future) would
         // otherwise copy.
-        let joined = self
-            .bounded("acquire", Box::pin(try_lock(&self.inner, name)))
-            .await?;
+        let joined = match &self.inner.shared {
+            Some(shared) => self
+                .bounded("acquire", Box::pin(shared.try_lock(name)))
+                .await?
+                .map(|taken| HeldLock::Shared(taken.disarm())),
+            None => self
+                .bounded("acquire", Box::pin(try_lock(&self.inner, name)))
+                .await?
+                .map(HeldLock::Dedicated),
+        };
         match joined {
             Some(held) => {
-                tracing::debug!(lease = %name, pid = held.pid, "advisory lock taken");
+                tracing::debug!(lease = %name, pid = held.pid(), "advisory lock taken");
                 self.lock_held().insert((name.clone(), owner.token), held);
                 Ok(AcquireOutcome::Acquired {
                     fencing: FencingToken(0),
@@ -614,7 +744,10 @@ impl LeaseBackend for AdvisoryLockBackend {
             let held = self.lock_held();
             leases
                 .iter()
-                .map(|item| held.get(&(item.name.clone(), item.token)).map(|h| h.pid))
+                .map(|item| {
+                    held.get(&(item.name.clone(), item.token))
+                        .map(HeldLock::pid)
+                })
                 .collect()
         };
         let mut names: Vec<&[u8]> = Vec::new();
@@ -661,8 +794,28 @@ impl LeaseBackend for AdvisoryLockBackend {
         token: &OwnerToken,
         _keep_for: Duration,
     ) -> Result<ReleaseOutcome> {
-        let Some(mut held) = self.lock_held().remove(&(name.clone(), *token)) else {
+        let Some(held) = self.lock_held().remove(&(name.clone(), *token)) else {
             return Ok(ReleaseOutcome::NotOwner);
+        };
+        let mut held = match held {
+            HeldLock::Dedicated(held) => held,
+            HeldLock::Shared(lock) => {
+                let unlocked = self
+                    .bounded(
+                        "release",
+                        shared::release(lock, name, self.inner.request_timeout),
+                    )
+                    .await;
+                return match unlocked {
+                    Ok(true) => {
+                        tracing::debug!(lease = %name, "advisory lock released");
+                        Ok(ReleaseOutcome::Released)
+                    }
+                    // The session no longer held it: it was closed or terminated.
+                    Ok(false) | Err(Error::Unavailable { .. }) => Ok(ReleaseOutcome::NotOwner),
+                    Err(e) => Err(e),
+                };
+            }
         };
         let unlocked = self
             .bounded(
@@ -675,7 +828,7 @@ impl LeaseBackend for AdvisoryLockBackend {
         // Unlocked: the session holds nothing, keep it for the next attempt. Otherwise
         // close it: ending the session frees the lock (the server notices the closed
         // connection).
-        let HeldLock {
+        let DedicatedLock {
             conn,
             pid,
             checkout,

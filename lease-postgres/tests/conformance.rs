@@ -68,6 +68,26 @@ mod advisory_limited {
     lease_conformance::conformance_suite!(advisory_mode_limited);
 }
 
+/// The advisory-lock mode with leases sharing sessions (`set_shared_sessions`): the whole
+/// suite on at most 3 sessions, so that every check holds several leases on one session
+/// (`heartbeat_batches_renewals` holds 200 on them).
+mod advisory_shared {
+    use super::*;
+
+    async fn advisory_mode_shared() -> Fixture {
+        let db = PostgresServer::shared()
+            .await
+            .expect("postgres test server");
+        let mut backend = AdvisoryLockBackend::connect(&db.url())
+            .await
+            .expect("connect");
+        backend.set_shared_sessions(3).expect("shared sessions");
+        Fixture::new(Arc::new(backend)).keep(db)
+    }
+
+    lease_conformance::conformance_suite!(advisory_mode_shared);
+}
+
 /// The table mode behind a real PgBouncer in transaction pooling mode
 /// (`pooler=transaction`): the whole suite; checks that need release notification
 /// (off behind a transaction pooler) skip themselves.

@@ -1477,3 +1477,266 @@ async fn kept_connections_serve_every_statement_and_go_back_when_unused() {
     .expect("the kept connection went back to the pool");
     drop(both);
 }
+
+/// Shared sessions (`set_shared_sessions`): 60 leases held at once on at most 2 server
+/// sessions, each refused to another backend while held and free to it once released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_shared_sessions_hold_more_leases_than_sessions() {
+    let db = PostgresServer::shared().await.expect("server");
+    let mut b = AdvisoryLockBackend::connect(&db.url())
+        .await
+        .expect("connect");
+    b.set_shared_sessions(2).expect("shared");
+    let other = AdvisoryLockBackend::connect(&db.url())
+        .await
+        .expect("connect");
+    let ttl = Duration::from_secs(30);
+    let leases: Vec<(LeaseName, Owner)> = (0..60)
+        .map(|i| (name(&format!("shared-{i}")), owner("a")))
+        .collect();
+    let handles: Vec<_> = leases
+        .iter()
+        .cloned()
+        .map(|(n, o)| {
+            let b = b.clone();
+            tokio::spawn(async move { acquired(b.acquire(&n, &o, ttl).await.expect("acquire")) })
+        })
+        .collect();
+    for h in handles {
+        h.await.expect("task");
+    }
+    let pids: std::collections::HashSet<i32> = leases
+        .iter()
+        .map(|(n, o)| b.holder_pid(n, &o.token).expect("pid"))
+        .collect();
+    assert!(
+        pids.len() <= 2,
+        "60 leases on at most 2 sessions, {} used",
+        pids.len()
+    );
+    // A second owner through the same backend is refused (no re-entrant grant on the
+    // session that holds the lock), and so is another backend.
+    let (n0, _) = &leases[0];
+    assert!(matches!(
+        b.acquire(n0, &owner("b"), ttl).await.expect("acquire"),
+        AcquireOutcome::Held(_)
+    ));
+    for (n, _) in &leases {
+        assert!(
+            matches!(
+                other.acquire(n, &owner("c"), ttl).await.expect("acquire"),
+                AcquireOutcome::Held(_)
+            ),
+            "{n} taken by another backend while held"
+        );
+    }
+    let items: Vec<RenewItem> = leases
+        .iter()
+        .map(|(n, o)| RenewItem {
+            name: n.clone(),
+            token: o.token,
+        })
+        .collect();
+    let renewed = b.renew(&items, ttl).await.expect("renew");
+    assert!(
+        renewed.iter().all(|r| *r == RenewOutcome::Renewed),
+        "{renewed:?}"
+    );
+    for (n, o) in &leases {
+        release_ours(&b, n, o).await;
+    }
+    for (n, _) in &leases {
+        let o = owner("c");
+        acquired(other.acquire(n, &o, ttl).await.expect("acquire"));
+        release_ours(&other, n, &o).await;
+    }
+}
+
+/// A shared session that ends (here `pg_terminate_backend`, as an operator or
+/// `force_release` would) loses the leases on it, and only those: their renewal says
+/// lost, the other session's leases renew, and the names are taken again on a new
+/// session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_shared_session_lost_loses_the_leases_on_it_only() {
+    let db = PostgresServer::shared().await.expect("server");
+    let mut b = AdvisoryLockBackend::connect(&db.url())
+        .await
+        .expect("connect");
+    b.set_shared_sessions(2).expect("shared");
+    let ttl = Duration::from_secs(30);
+    // Two bursts of concurrent attempts spread the leases over both sessions.
+    let leases: Vec<(LeaseName, Owner)> = (0..20)
+        .map(|i| (name(&format!("shared-lost-{i}")), owner("a")))
+        .collect();
+    let handles: Vec<_> = leases
+        .iter()
+        .cloned()
+        .map(|(n, o)| {
+            let b = b.clone();
+            tokio::spawn(async move { acquired(b.acquire(&n, &o, ttl).await.expect("acquire")) })
+        })
+        .collect();
+    for h in handles {
+        h.await.expect("task");
+    }
+    let pid_of = |n: &LeaseName, o: &Owner| b.holder_pid(n, &o.token).expect("pid");
+    let pids: std::collections::BTreeSet<i32> = leases.iter().map(|(n, o)| pid_of(n, o)).collect();
+    assert_eq!(
+        pids.len(),
+        2,
+        "20 concurrent attempts used one session only"
+    );
+    let victim = *pids.iter().next().expect("pid");
+    let mut admin = PgConnection::connect(&db.url()).await.expect("admin");
+    let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(victim)
+        .fetch_one(&mut admin)
+        .await
+        .expect("terminate");
+    assert!(ended);
+    // Termination is asynchronous: wait until the server has let the session go.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let alive: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)")
+                .bind(victim)
+                .fetch_one(&mut admin)
+                .await
+                .expect("pg_stat_activity");
+        if !alive {
+            break;
+        }
+        assert!(Instant::now() < deadline, "session {victim} still there");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let items: Vec<RenewItem> = leases
+        .iter()
+        .map(|(n, o)| RenewItem {
+            name: n.clone(),
+            token: o.token,
+        })
+        .collect();
+    let renewed = b.renew(&items, ttl).await.expect("renew");
+    for ((n, o), outcome) in leases.iter().zip(&renewed) {
+        let expected = if pid_of(n, o) == victim {
+            RenewOutcome::Lost
+        } else {
+            RenewOutcome::Renewed
+        };
+        assert_eq!(*outcome, expected, "{n} on session {}", pid_of(n, o));
+    }
+    // Every lost name can be taken again through the same backend (its names are not
+    // left reserved on the dead session), and released.
+    for (n, o) in &leases {
+        if pid_of(n, o) == victim {
+            assert_eq!(
+                b.release(n, &o.token, Duration::ZERO)
+                    .await
+                    .expect("release"),
+                ReleaseOutcome::NotOwner
+            );
+            let again = owner("again");
+            acquired(b.acquire(n, &again, ttl).await.expect("acquire again"));
+            assert_ne!(b.holder_pid(n, &again.token), Some(victim));
+            release_ours(&b, n, &again).await;
+        } else {
+            release_ours(&b, n, o).await;
+        }
+    }
+}
+
+/// Attempts given up at every point of their flight (a timeout around each, from 0 to
+/// a few ms) on shared sessions leave no lock taken for nobody: once the backend's
+/// own tasks have finished, every name is free to another backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_shared_attempts_given_up_leave_nothing_held() {
+    let db = PostgresServer::shared().await.expect("server");
+    let mut b = AdvisoryLockBackend::connect(&db.url())
+        .await
+        .expect("connect");
+    b.set_shared_sessions(2).expect("shared");
+    let other = AdvisoryLockBackend::connect(&db.url())
+        .await
+        .expect("connect");
+    let ttl = Duration::from_secs(30);
+    let names: Vec<LeaseName> = (0..40).map(|i| name(&format!("given-up-{i}"))).collect();
+    let mut kept = Vec::new();
+    for (i, n) in names.iter().enumerate() {
+        let o = owner("a");
+        // 0, 100, ..., 3,900 µs: some before the statement is sent, some while it runs,
+        // some after the reply (those are taken and kept: released below).
+        let patience = Duration::from_micros(100 * i as u64);
+        if let Ok(Ok(AcquireOutcome::Acquired { .. })) =
+            tokio::time::timeout(patience, b.acquire(n, &o, ttl)).await
+        {
+            kept.push((n.clone(), o));
+        }
+    }
+    assert!(
+        kept.len() < names.len(),
+        "no attempt was given up: the check shows nothing"
+    );
+    for (n, o) in &kept {
+        release_ours(&b, n, o).await;
+    }
+    // A lock taken for a caller that gave up is released by a task of the backend's:
+    // wait for each name to be free, within a bound far above a statement's time.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for n in &names {
+        loop {
+            let o = owner("c");
+            match other.acquire(n, &o, ttl).await.expect("acquire") {
+                AcquireOutcome::Acquired { .. } => {
+                    release_ours(&other, n, &o).await;
+                    break;
+                }
+                AcquireOutcome::Held(_) => {
+                    assert!(Instant::now() < deadline, "{n} still held for nobody");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+    }
+    // And the backend itself takes every name again.
+    for n in &names {
+        let o = owner("d");
+        acquired(b.acquire(n, &o, ttl).await.expect("acquire"));
+        release_ours(&b, n, &o).await;
+    }
+}
+
+/// `set_shared_sessions` refuses zero, a cloned backend and a backend with a session
+/// limit, changing nothing; `set_max_sessions` refuses a backend with shared sessions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_shared_sessions_refuse_bad_settings() {
+    let db = PostgresServer::shared().await.expect("server");
+    let mut b = AdvisoryLockBackend::connect(&db.url())
+        .await
+        .expect("connect");
+    let other_msg = |err: &Error| match err {
+        Error::InvalidInput(InvalidInput::Other(m)) => m.clone(),
+        e => panic!("{e:?}"),
+    };
+    let err = b.set_shared_sessions(0).expect_err("zero");
+    assert!(other_msg(&err).contains("not 0"), "{err:?}");
+    let clone = b.clone();
+    let err = b.set_shared_sessions(2).expect_err("cloned");
+    assert!(other_msg(&err).contains("cloned"), "{err:?}");
+    drop(clone);
+    let mut limited = AdvisoryLockBackend::connect(&db.url())
+        .await
+        .expect("connect");
+    limited.set_max_sessions(2).expect("limit");
+    let err = limited.set_shared_sessions(2).expect_err("after a limit");
+    assert!(other_msg(&err).contains("set_max_sessions"), "{err:?}");
+    b.set_shared_sessions(2).expect("shared");
+    let err = b.set_max_sessions(2).expect_err("after sharing");
+    assert!(other_msg(&err).contains("set_shared_sessions"), "{err:?}");
+    let (n, a) = (name("shared-after-refusals"), owner("a"));
+    acquired(
+        b.acquire(&n, &a, Duration::from_secs(30))
+            .await
+            .expect("acquire"),
+    );
+    release_ours(&b, &n, &a).await;
+}

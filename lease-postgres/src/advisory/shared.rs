@@ -1,0 +1,437 @@
+//! Shared sessions for the advisory-lock mode
+//! ([`AdvisoryLockBackend::set_shared_sessions`](super::AdvisoryLockBackend::set_shared_sessions)):
+//! the locks of many leases on a few server sessions.
+//!
+//! A session advisory lock belongs to the session that took it, and one session may hold
+//! the locks of any number of keys. So a bounded set of sessions can hold any number of
+//! leases: each lease's lock sits on one of them, and an attempt or a release waits only
+//! for the session's current statement, never for another lease's release.
+//!
+//! Rules that keep each lease's lock its own:
+//! - A name is never tried on a session that holds it or is trying it (advisory locks are
+//!   re-entrant within a session: a second owner would be told it took the lease).
+//! - Every statement runs in a task of its own, which owns the session's connection for
+//!   the statement's length. A caller that gives up (timeout, drop) leaves the statement
+//!   to finish there, and a lock it took for nobody is released on the same session
+//!   ([`TakenLock`]'s drop). Dropping the connection instead would end every other
+//!   lease's lock on that session.
+//! - A session whose statement failed on the connection (I/O, protocol, the client's
+//!   bound) is closed and never used again: its state is unknown, and closing it ends
+//!   its session, which frees every lock on it. The leases held there are told at their
+//!   next renewal (`renew` asks the server whether the session still holds each lock).
+//!   An error the server reported for the statement (a `Database` error) leaves the
+//!   session in use.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use lease_core::LeaseName;
+use sqlx::postgres::{PgConnection, PgPool};
+use tokio::sync::{OwnedMutexGuard, oneshot};
+
+use super::{UNLOCK, lock_on};
+use crate::connection::client_bound;
+
+/// Sessions with no lock on them that were not used for this long are closed (a
+/// firewall may have dropped them silently), at the next attempt's pick.
+const MAX_IDLE_AGE: Duration = Duration::from_secs(60);
+
+/// How often an attempt picks another session when the one it was given ended before
+/// its turn (failed to open, or closed after a failed statement).
+const PICKS: usize = 3;
+
+/// The shared sessions of one backend.
+pub(super) struct SharedSessions {
+    max: usize,
+    pool: PgPool,
+    request_timeout: Duration,
+    sessions: Mutex<Vec<Arc<Session>>>,
+}
+
+/// One server session that holds the locks of any number of leases.
+pub(super) struct Session {
+    /// The connection, owned by whichever task runs a statement on it. `None` before the
+    /// session is opened (its opener holds the guard meanwhile) and after it was closed.
+    conn: Arc<tokio::sync::Mutex<Option<PgConnection>>>,
+    /// Its server process id (0 until it is opened).
+    pid: AtomicI32,
+    /// Names whose lock this session holds or is trying.
+    names: Mutex<HashSet<LeaseName>>,
+    /// Statements waiting for the connection or running on it.
+    queued: AtomicUsize,
+    /// Closed: never used again.
+    closed: AtomicBool,
+    /// When a statement last ended on it.
+    last_used: Mutex<Instant>,
+}
+
+fn locked<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every mutation is a single insert, remove or assignment: the data stays
+    // consistent even if a panic poisoned the mutex.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Session {
+    fn new(conn: Option<PgConnection>, pid: i32) -> Arc<Self> {
+        Arc::new(Session {
+            conn: Arc::new(tokio::sync::Mutex::new(conn)),
+            pid: AtomicI32::new(pid),
+            names: Mutex::new(HashSet::new()),
+            queued: AtomicUsize::new(0),
+            closed: AtomicBool::new(false),
+            last_used: Mutex::new(Instant::now()),
+        })
+    }
+
+    /// The session's server process id (0 if it never opened).
+    pub(super) fn pid(&self) -> i32 {
+        self.pid.load(Ordering::Relaxed)
+    }
+
+    fn idle_too_long(&self) -> bool {
+        self.queued.load(Ordering::Relaxed) == 0
+            && locked(&self.names).is_empty()
+            && locked(&self.last_used).elapsed() > MAX_IDLE_AGE
+    }
+
+    /// Closes the session: its connection is dropped, which ends it on the server and
+    /// frees every lock on it.
+    fn close(&self, conn: &mut Option<PgConnection>) {
+        self.closed.store(true, Ordering::Relaxed);
+        *conn = None;
+    }
+
+    /// A statement on this session ended (whatever its result).
+    fn done(&self, name: Option<&LeaseName>) {
+        if let Some(name) = name {
+            locked(&self.names).remove(name);
+        }
+        *locked(&self.last_used) = Instant::now();
+        self.queued.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What an attempt's pick found.
+enum Pick {
+    /// A session to run the attempt on (its name reserved, counted as queued).
+    Use(Arc<Session>),
+    /// A new session, not yet open; the guard is its connection's, held by the opener.
+    Open(Arc<Session>, OwnedMutexGuard<Option<PgConnection>>),
+    /// Every session already holds or tries the name, and no new one may be opened.
+    HeldHere,
+}
+
+/// What an attempt's task reports.
+enum Attempt {
+    Taken(TakenLock),
+    Refused,
+    /// The session ended before the statement could run: pick another.
+    SessionGone,
+}
+
+/// A lock taken on a shared session. Dropped without [`disarm`](Self::disarm), it is
+/// released on its session by a task of its own: an attempt whose caller gave up leaves
+/// nothing held.
+pub(super) struct TakenLock {
+    session: Option<Arc<Session>>,
+    name: LeaseName,
+    request_timeout: Duration,
+}
+
+impl TakenLock {
+    /// Keeps the lock: the caller records it as held.
+    pub(super) fn disarm(mut self) -> SharedLock {
+        let session = self.session.take();
+        SharedLock {
+            session: session.unwrap_or_else(|| Session::new(None, 0)),
+        }
+    }
+}
+
+impl Drop for TakenLock {
+    fn drop(&mut self) {
+        let Some(session) = self.session.take() else {
+            return;
+        };
+        tracing::debug!(
+            lease = %self.name,
+            pid = session.pid(),
+            "advisory lock taken for a caller that gave up; releasing it"
+        );
+        let name = self.name.clone();
+        let timeout = self.request_timeout;
+        session.queued.fetch_add(1, Ordering::Relaxed);
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move {
+                    let _ = unlock_on(&session, &name, timeout).await;
+                });
+            }
+            // No runtime to run the unlock on: close the session instead (which ends
+            // every lock on it; the leases held there are told at their next renewal).
+            Err(_) => {
+                if let Ok(mut conn) = session.conn.try_lock() {
+                    session.close(&mut conn);
+                }
+                session.done(Some(&name));
+            }
+        }
+    }
+}
+
+/// A held lease's lock on a shared session.
+pub(super) struct SharedLock {
+    session: Arc<Session>,
+}
+
+impl SharedLock {
+    /// The server process id of the session holding the lock.
+    pub(super) fn pid(&self) -> i32 {
+        self.session.pid()
+    }
+}
+
+impl SharedSessions {
+    pub(super) fn new(max: usize, pool: PgPool, request_timeout: Duration) -> Self {
+        SharedSessions {
+            max,
+            pool,
+            request_timeout,
+            sessions: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Adds an open session that holds no lock.
+    pub(super) fn add_open(&self, conn: PgConnection, pid: i32) {
+        let mut sessions = locked(&self.sessions);
+        if sessions.len() < self.max {
+            sessions.push(Session::new(Some(conn), pid));
+        }
+    }
+
+    /// Sessions open or being opened (for tests and `Debug`).
+    pub(super) fn len(&self) -> usize {
+        locked(&self.sessions).len()
+    }
+
+    fn pick(&self, name: &LeaseName) -> Pick {
+        let mut sessions = locked(&self.sessions);
+        sessions.retain(|s| !s.closed.load(Ordering::Relaxed) && !s.idle_too_long());
+        let mut best: Option<(&Arc<Session>, usize)> = None;
+        for s in sessions.iter() {
+            if locked(&s.names).contains(name) {
+                continue;
+            }
+            let queued = s.queued.load(Ordering::Relaxed);
+            if best.is_none_or(|(_, q)| queued < q) {
+                best = Some((s, queued));
+            }
+        }
+        let full = sessions.len() >= self.max;
+        if let Some((s, queued)) = best
+            && (queued == 0 || full)
+        {
+            locked(&s.names).insert(name.clone());
+            s.queued.fetch_add(1, Ordering::Relaxed);
+            return Pick::Use(s.clone());
+        }
+        if full {
+            return Pick::HeldHere;
+        }
+        let session = Session::new(None, 0);
+        let Ok(guard) = session.conn.clone().try_lock_owned() else {
+            // Unreachable: nobody else knows of the session yet. Use it anyway; its
+            // attempt waits for the guard like any other.
+            locked(&session.names).insert(name.clone());
+            session.queued.fetch_add(1, Ordering::Relaxed);
+            sessions.push(session.clone());
+            return Pick::Use(session);
+        };
+        locked(&session.names).insert(name.clone());
+        session.queued.fetch_add(1, Ordering::Relaxed);
+        sessions.push(session.clone());
+        Pick::Open(session, guard)
+    }
+
+    /// Tries `name`'s lock on a shared session. `Some` when taken: dropping it unlocks
+    /// it again ([`TakenLock`]).
+    ///
+    /// Cancel safety: cancel-safe. Dropped at any point, it leaves no lock taken for
+    /// nobody: the statement runs in a task of its own, which releases a lock its caller
+    /// did not receive.
+    pub(super) async fn try_lock(
+        &self,
+        name: &LeaseName,
+    ) -> std::result::Result<Option<TakenLock>, sqlx::Error> {
+        for _ in 0..PICKS {
+            let (session, guard) = match self.pick(name) {
+                Pick::Use(s) => (s, None),
+                Pick::Open(s, g) => (s, Some(g)),
+                Pick::HeldHere => {
+                    tracing::debug!(
+                        lease = %name,
+                        "every shared session holds or tries this name already"
+                    );
+                    return Ok(None);
+                }
+            };
+            let (tx, rx) = oneshot::channel();
+            tokio::spawn(attempt(
+                session,
+                guard,
+                self.pool.clone(),
+                name.clone(),
+                self.request_timeout,
+                tx,
+            ));
+            match rx.await {
+                Ok(Ok(Attempt::Taken(lock))) => return Ok(Some(lock)),
+                Ok(Ok(Attempt::Refused)) => return Ok(None),
+                Ok(Ok(Attempt::SessionGone)) => continue,
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Err(sqlx::Error::WorkerCrashed),
+            }
+        }
+        Err(sqlx::Error::PoolTimedOut)
+    }
+}
+
+/// Runs one attempt on `session` (opening it first when `opener` is given) and reports
+/// to `tx`.
+async fn attempt(
+    session: Arc<Session>,
+    opener: Option<OwnedMutexGuard<Option<PgConnection>>>,
+    pool: PgPool,
+    name: LeaseName,
+    request_timeout: Duration,
+    tx: oneshot::Sender<std::result::Result<Attempt, sqlx::Error>>,
+) {
+    let mut guard = match opener {
+        Some(guard) => guard,
+        None => session.conn.clone().lock_owned().await,
+    };
+    if tx.is_closed() {
+        // The caller gave up while it waited for the session: try nothing.
+        drop(guard);
+        session.done(Some(&name));
+        return;
+    }
+    if guard.is_none() && session.closed.load(Ordering::Relaxed) {
+        drop(guard);
+        session.done(Some(&name));
+        let _ = tx.send(Ok(Attempt::SessionGone));
+        return;
+    }
+    let run = async {
+        if guard.is_none() {
+            // Boxed: sqlx's pool future is large.
+            let conn = Box::pin(pool.acquire()).await?.detach();
+            *guard = Some(conn);
+        }
+        match guard.as_mut() {
+            Some(conn) => lock_on(conn, &name).await,
+            None => Err(sqlx::Error::PoolClosed),
+        }
+    };
+    let outcome = tokio::time::timeout(client_bound(request_timeout), run).await;
+    let report = match outcome {
+        Ok(Ok((taken, pid))) => {
+            session.pid.store(pid, Ordering::Relaxed);
+            if taken {
+                // Still reserved under the name: the lock is on this session now.
+                drop(guard);
+                *locked(&session.last_used) = Instant::now();
+                session.queued.fetch_sub(1, Ordering::Relaxed);
+                Ok(Attempt::Taken(TakenLock {
+                    session: Some(session),
+                    name,
+                    request_timeout,
+                }))
+            } else {
+                drop(guard);
+                session.done(Some(&name));
+                Ok(Attempt::Refused)
+            }
+        }
+        Ok(Err(error)) => {
+            let never_opened = session.pid() == 0;
+            if !matches!(error, sqlx::Error::Database(_)) || never_opened {
+                tracing::debug!(%error, pid = session.pid(), "shared advisory session failed; closing it");
+                session.close(&mut guard);
+            }
+            drop(guard);
+            session.done(Some(&name));
+            Err(error)
+        }
+        Err(_) => {
+            tracing::debug!(
+                pid = session.pid(),
+                "shared advisory session did not answer; closing it"
+            );
+            session.close(&mut guard);
+            drop(guard);
+            session.done(Some(&name));
+            Err(sqlx::Error::PoolTimedOut)
+        }
+    };
+    // A send that fails hands the report back, and with it a taken lock, whose drop
+    // releases it.
+    let _ = tx.send(report);
+}
+
+/// `pg_advisory_unlock` of `name` on `session` (whose statement count includes this
+/// one). `Ok(false)`: the session no longer held it (it was closed meanwhile).
+async fn unlock_on(
+    session: &Arc<Session>,
+    name: &LeaseName,
+    request_timeout: Duration,
+) -> std::result::Result<bool, sqlx::Error> {
+    let mut guard = session.conn.clone().lock_owned().await;
+    let result = match guard.as_mut() {
+        None => Ok(false),
+        Some(conn) => {
+            let run = sqlx::query_scalar::<_, bool>(UNLOCK)
+                .bind(name.as_bytes())
+                .fetch_one(conn);
+            match tokio::time::timeout(client_bound(request_timeout), run).await {
+                Ok(Ok(unlocked)) => Ok(unlocked),
+                // Even an error the server reported (a statement timeout under load)
+                // may leave the lock held, with no lease to release it later: closing
+                // the session frees it (and every other lock on it; those leases are
+                // told at their next renewal).
+                Ok(Err(error)) => {
+                    session.close(&mut guard);
+                    Err(error)
+                }
+                Err(_) => {
+                    session.close(&mut guard);
+                    Err(sqlx::Error::PoolTimedOut)
+                }
+            }
+        }
+    };
+    drop(guard);
+    session.done(Some(name));
+    result
+}
+
+/// Releases a held lease's lock on its shared session, in a task of its own: a caller
+/// that gives up leaves the release to finish.
+///
+/// Cancel safety: cancel-safe. Dropped at any point, the release still happens.
+pub(super) async fn release(
+    lock: SharedLock,
+    name: &LeaseName,
+    request_timeout: Duration,
+) -> std::result::Result<bool, sqlx::Error> {
+    let session = lock.session;
+    session.queued.fetch_add(1, Ordering::Relaxed);
+    let name = name.clone();
+    let task = tokio::spawn(async move { unlock_on(&session, &name, request_timeout).await });
+    match task.await {
+        Ok(result) => result,
+        Err(_) => Err(sqlx::Error::WorkerCrashed),
+    }
+}
