@@ -89,7 +89,8 @@ impl Usage {
 /// lock service), and on Redis `raw` (the library's commands sent with the bare floor's
 /// client code) and `native` (an acquire without Lua, sent raw); on PostgreSQL also
 /// `shedlock` (ShedLock's statements), `advisory` (the advisory-lock mode's backend),
-/// `advisory-10` (the same with at most 10 sessions) and `peer` (sqlx's `PgAdvisoryLock`
+/// `advisory-10` (the same with at most 10 sessions), `advisory-shared-10` (leases sharing
+/// at most 10 sessions) and `peer` (sqlx's `PgAdvisoryLock`
 /// on a pool of 10); on PostgreSQL and MySQL also `bare-held` (the floor's statements on
 /// a connection the loop holds: no ping on the way back to the pool) and `backend-pool`
 /// (the backend on a pool of the caller's, which gives every connection back); on MySQL
@@ -187,6 +188,13 @@ async fn build(store: &str, url: &str, case: &str) -> Result<Case, String> {
                         .map_err(|e| e.to_string())?;
                     b.set_max_sessions(10).map_err(|e| e.to_string())?;
                     cycles::backend_case("advisory-10", Arc::new(b))
+                }
+                "advisory-shared-10" => {
+                    let mut b = lease_postgres::AdvisoryLockBackend::connect(url)
+                        .await
+                        .map_err(|e| e.to_string())?;
+                    b.set_shared_sessions(10).map_err(|e| e.to_string())?;
+                    cycles::backend_case("advisory-shared-10", Arc::new(b))
                 }
                 // On a pool of 10, as in the benchmark: on the pool of one above, its
                 // tasks would take turns on one session.

@@ -58,7 +58,7 @@ struct Args {
 }
 
 const USAGE: &str = "usage: lease-bench [--out FILE] [--svg FILE] [--notes FILE] \
-                     [--only redis,postgres,etcd,mysql,zookeeper] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS\n       lease-bench renew-at-scale redis|redis-cluster|etcd|postgres|mysql|zookeeper N [TICKS]\n       lease-bench heartbeat-at-scale N [BATCH [STORE]]\n       lease-bench count-cycles redis|etcd|postgres|mysql|zookeeper URL bare|bare-held|backend|backend-pool|client|peer|raw|native|shedlock|advisory|advisory-10|backend-rt|client-rt N [TASKS]";
+                     [--only redis,postgres,etcd,mysql,zookeeper] [--quick] [--cycles-only]\n       lease-bench hold URL NAME TTL_MS\n       lease-bench renew-at-scale redis|redis-cluster|etcd|postgres|mysql|zookeeper N [TICKS]\n       lease-bench heartbeat-at-scale N [BATCH [STORE]]\n       lease-bench count-cycles redis|etcd|postgres|mysql|zookeeper URL bare|bare-held|backend|backend-pool|client|peer|raw|native|shedlock|advisory|advisory-10|advisory-shared-10|backend-rt|client-rt N [TASKS]";
 
 fn parse(args: &[String]) -> Result<Args, String> {
     let mut a = Args {
@@ -409,6 +409,15 @@ async fn postgres_store(mode: Mode) -> StoreResult {
         .set_max_sessions(peer_pool)
         .expect("advisory session limit");
     let advisory_limited: Arc<dyn LeaseBackend> = Arc::new(advisory_limited);
+    // The advisory mode with leases sharing as many sessions as sqlx's pool has
+    // connections: the holders are not bounded by them.
+    let mut advisory_shared = AdvisoryLockBackend::connect(&url)
+        .await
+        .expect("advisory backend");
+    advisory_shared
+        .set_shared_sessions(peer_pool)
+        .expect("advisory shared sessions");
+    let advisory_shared: Arc<dyn LeaseBackend> = Arc::new(advisory_shared);
     let cases = vec![
         cycles::postgres_bare(pool.clone()),
         cycles::backend_case("library backend acquire + release", backend.clone()),
@@ -425,6 +434,13 @@ async fn postgres_store(mode: Mode) -> StoreResult {
                  acquire + release"
             ),
             advisory_limited,
+        ),
+        cycles::backend_case(
+            &format!(
+                "library advisory mode, leases sharing at most {peer_pool} sessions: backend \
+                 acquire + release"
+            ),
+            advisory_shared,
         ),
         raw,
         cycles::postgres_bare_held(pool.clone()),
@@ -456,6 +472,7 @@ async fn postgres_store(mode: Mode) -> StoreResult {
     // The advisory mode against sqlx's `PgAdvisoryLock`.
     r.extra_pairs.push((5, 4));
     r.extra_pairs.push((6, 4));
+    r.extra_pairs.push((7, 4));
     r
 }
 

@@ -469,9 +469,9 @@ impl AdvisoryLockBackend {
     ///   shares the same backend; each is told at its next renewal. A statement that fails
     ///   on the connection (not one the server refused) closes its session for the same
     ///   reason: its state is unknown.
-    /// - **Each statement runs in a task of its own** (a spawn per acquire and per
-    ///   release), so that a caller giving up never cuts a connection other leases' locks
-    ///   live on; a lock taken for a caller that gave up is released on its session.
+    /// - **A caller giving up never cuts a connection** other leases' locks live on: a
+    ///   statement given up mid-flight is followed, on its session, by an unlock of its
+    ///   name in a task of the backend's, so a lock taken for nobody is released there.
     /// - **Advisory locks share the server's lock table**
     ///   (`max_locks_per_transaction` × (`max_connections` + `max_prepared_transactions`)
     ///   entries), which many leases on few sessions can fill: an attempt then fails with

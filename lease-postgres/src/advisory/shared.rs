@@ -10,17 +10,18 @@
 //! Rules that keep each lease's lock its own:
 //! - A name is never tried on a session that holds it or is trying it (advisory locks are
 //!   re-entrant within a session: a second owner would be told it took the lease).
-//! - Every statement runs in a task of its own, which owns the session's connection for
-//!   the statement's length. A caller that gives up (timeout, drop) leaves the statement
-//!   to finish there, and a lock it took for nobody is released on the same session
-//!   ([`TakenLock`]'s drop). Dropping the connection instead would end every other
-//!   lease's lock on that session.
-//! - A session whose statement failed on the connection (I/O, protocol, the client's
+//! - A statement runs in its caller's future, which owns the session's connection for
+//!   the statement's length. A caller that gives up (its call timeout, a drop) never
+//!   drops the connection, which would end every other lease's lock on it: its
+//!   [`Flight`] guard has a task of its own unlock the name on the session (sqlx's
+//!   connection first reads the reply of the statement given up), and only then gives
+//!   the name back.
+//! - A session whose statement failed on the connection (I/O, protocol, the cleanup's
 //!   bound) is closed and never used again: its state is unknown, and closing it ends
 //!   its session, which frees every lock on it. The leases held there are told at their
 //!   next renewal (`renew` asks the server whether the session still holds each lock).
-//!   An error the server reported for the statement (a `Database` error) leaves the
-//!   session in use.
+//!   An attempt the server refused with an error (a `Database` error) leaves the session
+//!   in use.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
@@ -29,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use lease_core::LeaseName;
 use sqlx::postgres::{PgConnection, PgPool};
-use tokio::sync::{OwnedMutexGuard, oneshot};
+use tokio::sync::OwnedMutexGuard;
 
 use super::{UNLOCK, lock_on};
 use crate::connection::client_bound;
@@ -123,24 +124,36 @@ enum Pick {
     HeldHere,
 }
 
-/// What an attempt's task reports.
-enum Attempt {
-    Taken(TakenLock),
-    Refused,
-    /// The session ended before the statement could run: pick another.
-    SessionGone,
-}
-
-/// A lock taken on a shared session. Dropped without [`disarm`](Self::disarm), it is
-/// released on its session by a task of its own: an attempt whose caller gave up leaves
-/// nothing held.
-pub(super) struct TakenLock {
+/// A name reserved on a session by an attempt or a release that has not finished: a drop
+/// guard. Dropped without [`disarm`](Self::disarm) (its caller gave up, or the attempt took
+/// a lock that nobody received), it frees the name on its session: when a statement may
+/// have taken the lock (or a release had not ended), a task of its own unlocks it there
+/// (`pg_advisory_unlock` of a key the session does not hold only returns false); before
+/// that, it gives the name back.
+pub(super) struct Flight {
     session: Option<Arc<Session>>,
     name: LeaseName,
     request_timeout: Duration,
+    /// The statement was sent, or this is a release: the lock may be on the session.
+    unlock: bool,
+    /// Counted in the session's `queued` (until its statement ended).
+    counted: bool,
+    /// The session was being opened by this flight: it is closed instead.
+    opening: bool,
 }
 
-impl TakenLock {
+impl Flight {
+    fn new(session: Arc<Session>, name: &LeaseName, request_timeout: Duration) -> Self {
+        Flight {
+            session: Some(session),
+            name: name.clone(),
+            request_timeout,
+            unlock: false,
+            counted: true,
+            opening: false,
+        }
+    }
+
     /// Keeps the lock: the caller records it as held.
     pub(super) fn disarm(mut self) -> SharedLock {
         let session = self.session.take();
@@ -148,21 +161,42 @@ impl TakenLock {
             session: session.unwrap_or_else(|| Session::new(None, 0)),
         }
     }
+
+    /// The statement ended: the name is given back (refused, failed) and nothing is left
+    /// to do on drop.
+    fn finish(mut self) {
+        if let Some(session) = self.session.take() {
+            session.done(Some(&self.name));
+        }
+    }
 }
 
-impl Drop for TakenLock {
+impl Drop for Flight {
     fn drop(&mut self) {
         let Some(session) = self.session.take() else {
             return;
         };
+        if self.opening {
+            // Never opened: nobody can use it (its attempts pick again).
+            session.closed.store(true, Ordering::Relaxed);
+            session.done(Some(&self.name));
+            return;
+        }
+        if !self.unlock {
+            session.done(Some(&self.name));
+            return;
+        }
         tracing::debug!(
             lease = %self.name,
             pid = session.pid(),
-            "advisory lock taken for a caller that gave up; releasing it"
+            "advisory statement given up on a shared session; unlocking its name there"
         );
+        if !self.counted {
+            // A lock taken for nobody: its unlock is a statement of its own.
+            session.queued.fetch_add(1, Ordering::Relaxed);
+        }
         let name = self.name.clone();
         let timeout = self.request_timeout;
-        session.queued.fetch_add(1, Ordering::Relaxed);
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 handle.spawn(async move {
@@ -174,6 +208,8 @@ impl Drop for TakenLock {
             Err(_) => {
                 if let Ok(mut conn) = session.conn.try_lock() {
                     session.close(&mut conn);
+                } else {
+                    session.closed.store(true, Ordering::Relaxed);
                 }
                 session.done(Some(&name));
             }
@@ -256,17 +292,18 @@ impl SharedSessions {
     }
 
     /// Tries `name`'s lock on a shared session. `Some` when taken: dropping it unlocks
-    /// it again ([`TakenLock`]).
+    /// it again ([`Flight`]).
     ///
     /// Cancel safety: cancel-safe. Dropped at any point, it leaves no lock taken for
-    /// nobody: the statement runs in a task of its own, which releases a lock its caller
-    /// did not receive.
+    /// nobody: once its statement was sent, its drop has the name unlocked on the session
+    /// by a task of its own (the connection stays usable: the next statement on it first
+    /// reads the reply of the one given up).
     pub(super) async fn try_lock(
         &self,
         name: &LeaseName,
-    ) -> std::result::Result<Option<TakenLock>, sqlx::Error> {
+    ) -> std::result::Result<Option<Flight>, sqlx::Error> {
         for _ in 0..PICKS {
-            let (session, guard) = match self.pick(name) {
+            let (session, opener) = match self.pick(name) {
                 Pick::Use(s) => (s, None),
                 Pick::Open(s, g) => (s, Some(g)),
                 Pick::HeldHere => {
@@ -277,112 +314,77 @@ impl SharedSessions {
                     return Ok(None);
                 }
             };
-            let (tx, rx) = oneshot::channel();
-            tokio::spawn(attempt(
-                session,
-                guard,
-                self.pool.clone(),
-                name.clone(),
-                self.request_timeout,
-                tx,
-            ));
-            match rx.await {
-                Ok(Ok(Attempt::Taken(lock))) => return Ok(Some(lock)),
-                Ok(Ok(Attempt::Refused)) => return Ok(None),
-                Ok(Ok(Attempt::SessionGone)) => continue,
-                Ok(Err(e)) => return Err(e),
-                Err(_) => return Err(sqlx::Error::WorkerCrashed),
+            let mut flight = Flight::new(session.clone(), name, self.request_timeout);
+            let mut guard = match opener {
+                Some(guard) => guard,
+                None => session.conn.clone().lock_owned().await,
+            };
+            if guard.is_none() {
+                if session.closed.load(Ordering::Relaxed) {
+                    // It failed to open, or was closed, before this attempt's turn.
+                    drop(guard);
+                    flight.finish();
+                    continue;
+                }
+                flight.opening = true;
+                // Boxed: sqlx's pool future is large.
+                match Box::pin(self.pool.acquire()).await {
+                    Ok(conn) => *guard = Some(conn.detach()),
+                    Err(error) => {
+                        session.close(&mut guard);
+                        drop(guard);
+                        flight.finish();
+                        return Err(error);
+                    }
+                }
+                flight.opening = false;
             }
+            let Some(conn) = guard.as_mut() else {
+                drop(guard);
+                flight.finish();
+                continue;
+            };
+            flight.unlock = true;
+            let outcome = lock_on(conn, name).await;
+            return match outcome {
+                Ok((taken, pid)) => {
+                    session.pid.store(pid, Ordering::Relaxed);
+                    drop(guard);
+                    if taken {
+                        // The name stays reserved: the lock is on this session now.
+                        *locked(&session.last_used) = Instant::now();
+                        session.queued.fetch_sub(1, Ordering::Relaxed);
+                        flight.counted = false;
+                        Ok(Some(flight))
+                    } else {
+                        flight.finish();
+                        Ok(None)
+                    }
+                }
+                Err(error) => {
+                    if !matches!(error, sqlx::Error::Database(_)) || session.pid() == 0 {
+                        tracing::debug!(
+                            %error,
+                            pid = session.pid(),
+                            "shared advisory session failed; closing it"
+                        );
+                        session.close(&mut guard);
+                    }
+                    drop(guard);
+                    flight.finish();
+                    Err(error)
+                }
+            };
         }
         Err(sqlx::Error::PoolTimedOut)
     }
 }
 
-/// Runs one attempt on `session` (opening it first when `opener` is given) and reports
-/// to `tx`.
-async fn attempt(
-    session: Arc<Session>,
-    opener: Option<OwnedMutexGuard<Option<PgConnection>>>,
-    pool: PgPool,
-    name: LeaseName,
-    request_timeout: Duration,
-    tx: oneshot::Sender<std::result::Result<Attempt, sqlx::Error>>,
-) {
-    let mut guard = match opener {
-        Some(guard) => guard,
-        None => session.conn.clone().lock_owned().await,
-    };
-    if tx.is_closed() {
-        // The caller gave up while it waited for the session: try nothing.
-        drop(guard);
-        session.done(Some(&name));
-        return;
-    }
-    if guard.is_none() && session.closed.load(Ordering::Relaxed) {
-        drop(guard);
-        session.done(Some(&name));
-        let _ = tx.send(Ok(Attempt::SessionGone));
-        return;
-    }
-    let run = async {
-        if guard.is_none() {
-            // Boxed: sqlx's pool future is large.
-            let conn = Box::pin(pool.acquire()).await?.detach();
-            *guard = Some(conn);
-        }
-        match guard.as_mut() {
-            Some(conn) => lock_on(conn, &name).await,
-            None => Err(sqlx::Error::PoolClosed),
-        }
-    };
-    let outcome = tokio::time::timeout(client_bound(request_timeout), run).await;
-    let report = match outcome {
-        Ok(Ok((taken, pid))) => {
-            session.pid.store(pid, Ordering::Relaxed);
-            if taken {
-                // Still reserved under the name: the lock is on this session now.
-                drop(guard);
-                *locked(&session.last_used) = Instant::now();
-                session.queued.fetch_sub(1, Ordering::Relaxed);
-                Ok(Attempt::Taken(TakenLock {
-                    session: Some(session),
-                    name,
-                    request_timeout,
-                }))
-            } else {
-                drop(guard);
-                session.done(Some(&name));
-                Ok(Attempt::Refused)
-            }
-        }
-        Ok(Err(error)) => {
-            let never_opened = session.pid() == 0;
-            if !matches!(error, sqlx::Error::Database(_)) || never_opened {
-                tracing::debug!(%error, pid = session.pid(), "shared advisory session failed; closing it");
-                session.close(&mut guard);
-            }
-            drop(guard);
-            session.done(Some(&name));
-            Err(error)
-        }
-        Err(_) => {
-            tracing::debug!(
-                pid = session.pid(),
-                "shared advisory session did not answer; closing it"
-            );
-            session.close(&mut guard);
-            drop(guard);
-            session.done(Some(&name));
-            Err(sqlx::Error::PoolTimedOut)
-        }
-    };
-    // A send that fails hands the report back, and with it a taken lock, whose drop
-    // releases it.
-    let _ = tx.send(report);
-}
-
 /// `pg_advisory_unlock` of `name` on `session` (whose statement count includes this
 /// one). `Ok(false)`: the session no longer held it (it was closed meanwhile).
+///
+/// Dropped before its end it gives nothing back; [`release`]'s flight then runs it again
+/// in a task.
 async fn unlock_on(
     session: &Arc<Session>,
     name: &LeaseName,
@@ -417,10 +419,11 @@ async fn unlock_on(
     result
 }
 
-/// Releases a held lease's lock on its shared session, in a task of its own: a caller
-/// that gives up leaves the release to finish.
+/// Releases a held lease's lock on its shared session. `Ok(false)`: the session no longer
+/// held it (it was closed or terminated).
 ///
-/// Cancel safety: cancel-safe. Dropped at any point, the release still happens.
+/// Cancel safety: cancel-safe. Dropped at any point, the release still happens, in a task
+/// of its own ([`Flight`]).
 pub(super) async fn release(
     lock: SharedLock,
     name: &LeaseName,
@@ -428,10 +431,10 @@ pub(super) async fn release(
 ) -> std::result::Result<bool, sqlx::Error> {
     let session = lock.session;
     session.queued.fetch_add(1, Ordering::Relaxed);
-    let name = name.clone();
-    let task = tokio::spawn(async move { unlock_on(&session, &name, request_timeout).await });
-    match task.await {
-        Ok(result) => result,
-        Err(_) => Err(sqlx::Error::WorkerCrashed),
-    }
+    let mut flight = Flight::new(session.clone(), name, request_timeout);
+    flight.unlock = true;
+    let result = unlock_on(&session, name, request_timeout).await;
+    // Ended, whatever the result: `unlock_on` gave the name back.
+    flight.session = None;
+    result
 }
