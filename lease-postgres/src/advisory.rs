@@ -121,6 +121,8 @@ const TERMINATE_HOLDER: &str = concat!(
 ///   attempt or release (or when the backend is dropped).
 ///   [`set_max_sessions`](Self::set_max_sessions) bounds the sessions in use, as a
 ///   pool's size bounds `sqlx`'s `PgAdvisoryLock`: attempts beyond it wait for a release.
+///   [`set_shared_sessions`](Self::set_shared_sessions) lets leases share a bounded set
+///   of sessions instead, each holding the locks of many leases.
 /// - **No fencing tokens** ([`Fencing::None`]: always 0), no holder label, no remaining
 ///   time, no keep-for (a release always frees at once).
 /// - **Keys are hashes.** The key of a name is the first 64 bits of `md5(name)` as a
@@ -134,8 +136,9 @@ const TERMINATE_HOLDER: &str = concat!(
 ///   needs the same role as the holder, `pg_signal_backend` membership or a superuser.
 ///
 /// Dropping the backend closes the dedicated connections, which frees their locks.
-/// A connection goes back to the kept set only after `pg_advisory_unlock` returned true
-/// on it (each connection takes at most one lock at a time).
+/// Without shared sessions, a connection goes back to the kept set only after
+/// `pg_advisory_unlock` returned true on it (each connection takes at most one lock at a
+/// time).
 #[derive(Clone)]
 pub struct AdvisoryLockBackend {
     inner: Arc<Inner>,
