@@ -462,7 +462,7 @@ impl AdvisoryLockBackend {
     /// `sqlx`'s `PgAdvisoryLock` on a pool), and an attempt or a release waits only for
     /// its session's current statement. New sessions open while every open one is busy,
     /// up to `max`; a session with no lock on it that was not used for a minute is
-    /// closed.
+    /// closed at the next attempt.
     ///
     /// What sharing changes, against a session per lease:
     /// - **A session lost loses every lease on it.** Its connection cut, a server-side

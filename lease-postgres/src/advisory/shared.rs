@@ -53,7 +53,8 @@ pub(super) struct SharedSessions {
 
 /// One server session that holds the locks of any number of leases.
 pub(super) struct Session {
-    /// The connection, owned by whichever task runs a statement on it. `None` before the
+    /// The connection, owned by whichever caller (or cleanup task) runs a statement on
+    /// it. `None` before the
     /// session is opened (its opener holds the guard meanwhile) and after it was closed.
     conn: Arc<tokio::sync::Mutex<Option<PgConnection>>>,
     /// Its server process id (0 until it is opened).
@@ -105,10 +106,8 @@ impl Session {
     }
 
     /// A statement on this session ended (whatever its result).
-    fn done(&self, name: Option<&LeaseName>) {
-        if let Some(name) = name {
-            locked(&self.names).remove(name);
-        }
+    fn done(&self, name: &LeaseName) {
+        locked(&self.names).remove(name);
         *locked(&self.last_used) = Instant::now();
         self.queued.fetch_sub(1, Ordering::Relaxed);
     }
@@ -166,7 +165,7 @@ impl Flight {
     /// to do on drop.
     fn finish(mut self) {
         if let Some(session) = self.session.take() {
-            session.done(Some(&self.name));
+            session.done(&self.name);
         }
     }
 }
@@ -179,11 +178,11 @@ impl Drop for Flight {
         if self.opening {
             // Never opened: nobody can use it (its attempts pick again).
             session.closed.store(true, Ordering::Relaxed);
-            session.done(Some(&self.name));
+            session.done(&self.name);
             return;
         }
         if !self.unlock {
-            session.done(Some(&self.name));
+            session.done(&self.name);
             return;
         }
         tracing::debug!(
@@ -211,7 +210,7 @@ impl Drop for Flight {
                 } else {
                     session.closed.store(true, Ordering::Relaxed);
                 }
-                session.done(Some(&name));
+                session.done(&name);
             }
         }
     }
@@ -415,7 +414,7 @@ async fn unlock_on(
         }
     };
     drop(guard);
-    session.done(Some(name));
+    session.done(name);
     result
 }
 
