@@ -383,6 +383,11 @@ impl AdvisoryLockBackend {
         )
         .await?;
         drop(pooled);
+        // sqlx gives a dropped pooled session back in a task of its own, after a round
+        // trip (a ping); a renewal made before it is back would open another session
+        // within its call timeout, which is what the second session above avoids for
+        // the first acquire. Wait for it, within the call timeout.
+        back_in_pool(&pool, request_timeout).await;
         let backend = Self::from_pool(pool, request_timeout);
         backend
             .inner
@@ -899,6 +904,17 @@ impl LeaseBackend for AdvisoryLockBackend {
             fencing: None,
             remaining: None,
         }))
+    }
+}
+
+/// Waits until every session of `pool` is idle in it, or `limit` has passed: a session
+/// being given back (sqlx pings it first, in a task) counts in the pool's size but not as
+/// idle until it is back; one whose ping failed is closed and leaves the size. sqlx sends
+/// no event for either, so this looks every millisecond; it runs once, at connect.
+async fn back_in_pool(pool: &PgPool, limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while pool.num_idle() < pool.size() as usize && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
 }
 
