@@ -484,9 +484,11 @@ impl AdvisoryLockBackend {
     ///   (`max_locks_per_transaction` × (`max_connections` + `max_prepared_transactions`)
     ///   entries), which many leases on few sessions can fill: an attempt then fails with
     ///   the server's "out of shared memory" error, and the session stays in use.
-    /// - Two names whose keys collide (see the type's docs) are both granted on one
-    ///   session where two sessions would refuse the second: each name still has one
-    ///   holder, and the second name's release leaves the key held until the first's.
+    /// - Two names whose keys collide (see the type's docs) are one lock, as with a
+    ///   session per lease: while one is held or tried on a shared session, an attempt at
+    ///   the other is tried on another session (which the server refuses) or, with every
+    ///   session taken, refused here. (Granting both on one session, as advisory locks
+    ///   are re-entrant, would let an unlock meant for one free the other's.)
     ///
     /// Set it on a new backend, before it is cloned: it fails with
     /// [`InvalidInput::Other`], changing nothing, when `max` is zero, when the backend has
@@ -673,6 +675,20 @@ async fn try_lock(
             }
         }
     }
+}
+
+/// The key the statements above lock for `name`, computed as the server does
+/// (`key_of!`: the first 64 bits of `md5(name)` as a signed `bigint`, which reads them
+/// big-endian). Shared sessions reserve keys on a session, not names: two names whose
+/// keys collide are then never tried on one session (see `shared`).
+fn advisory_key(name: &LeaseName) -> i64 {
+    use md5::Digest;
+    let digest = md5::Md5::digest(name.as_bytes());
+    let mut first = [0u8; 8];
+    for (to, from) in first.iter_mut().zip(digest.iter()) {
+        *to = *from;
+    }
+    i64::from_be_bytes(first)
 }
 
 /// `pg_try_advisory_lock` on `conn`: whether it was taken, and the session's pid.
@@ -931,5 +947,17 @@ mod tests {
         );
         assert!(RENEW.contains("= ('x' || left(md5(b.name), 16))::bit(64)::bigint)"));
         assert!(INSPECT.ends_with("= ('x' || left(md5($1::bytea), 16))::bit(64)::bigint LIMIT 1"));
+    }
+
+    /// The key computed here is the one `key_of!` has the server compute: md5("abc") is
+    /// 900150983cd24fb0d6963f7d28e17f72, whose first 16 hex digits read as a signed
+    /// 64-bit integer (PostgreSQL's `bit(64)::bigint`) are 0x900150983cd24fb0 - 2^64.
+    #[test]
+    fn advisory_key_is_the_servers() {
+        let abc = LeaseName::new("abc").unwrap_or_else(|e| unreachable!("{e}"));
+        assert_eq!(advisory_key(&abc), 0x9001_5098_3cd2_4fb0_u64 as i64);
+        assert!(advisory_key(&abc) < 0);
+        let other = LeaseName::new("abd").unwrap_or_else(|e| unreachable!("{e}"));
+        assert_ne!(advisory_key(&abc), advisory_key(&other));
     }
 }

@@ -8,8 +8,11 @@
 //! for the session's current statement, never for another lease's release.
 //!
 //! Rules that keep each lease's lock its own:
-//! - A name is never tried on a session that holds it or is trying it (advisory locks are
-//!   re-entrant within a session: a second owner would be told it took the lease).
+//! - A key is never tried on a session that holds it or is trying it (advisory locks are
+//!   re-entrant within a session: a second owner would be told it took the lease). Keys,
+//!   not names: two names whose keys collide are one lock to the server, and on one
+//!   session the second would be granted, and an unlock meant for one (a cleanup after
+//!   a caller gave up) would free the other's. On two sessions the second is refused.
 //! - A statement runs in its caller's future, which owns the session's connection for
 //!   the statement's length. A caller that gives up (its call timeout, a drop) never
 //!   drops the connection, which would end every other lease's lock on it: its
@@ -20,8 +23,12 @@
 //!   bound) is closed and never used again: its state is unknown, and closing it ends
 //!   its session, which frees every lock on it. The leases held there are told at their
 //!   next renewal (`renew` asks the server whether the session still holds each lock).
-//!   An attempt the server refused with an error (a `Database` error) leaves the session
-//!   in use.
+//!   A statement the server answered with an error (a `Database` error) leaves the
+//!   session in use. After an attempt's error the key is unlocked there all the same:
+//!   the error may have come after the lock was taken (a cancel or `statement_timeout`
+//!   is noticed after the function ran), or be an earlier given-up statement's, which
+//!   sqlx reports to the next statement on the connection. An unlock that meets an error
+//!   is sent once more before the session is closed, for the same reason.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
@@ -32,7 +39,7 @@ use lease_core::LeaseName;
 use sqlx::postgres::{PgConnection, PgPool};
 use tokio::sync::OwnedMutexGuard;
 
-use super::{UNLOCK, lock_on};
+use super::{UNLOCK, advisory_key, lock_on};
 use crate::connection::client_bound;
 
 /// Sessions with no lock on them that were not used for this long are closed (a
@@ -59,8 +66,8 @@ pub(super) struct Session {
     conn: Arc<tokio::sync::Mutex<Option<PgConnection>>>,
     /// Its server process id (0 until it is opened).
     pid: AtomicI32,
-    /// Names whose lock this session holds or is trying.
-    names: Mutex<HashSet<LeaseName>>,
+    /// Keys whose lock this session holds or is trying (see the module's docs).
+    keys: Mutex<HashSet<i64>>,
     /// Statements waiting for the connection or running on it.
     queued: AtomicUsize,
     /// Closed: never used again.
@@ -80,7 +87,7 @@ impl Session {
         Arc::new(Session {
             conn: Arc::new(tokio::sync::Mutex::new(conn)),
             pid: AtomicI32::new(pid),
-            names: Mutex::new(HashSet::new()),
+            keys: Mutex::new(HashSet::new()),
             queued: AtomicUsize::new(0),
             closed: AtomicBool::new(false),
             last_used: Mutex::new(Instant::now()),
@@ -94,7 +101,7 @@ impl Session {
 
     fn idle_too_long(&self) -> bool {
         self.queued.load(Ordering::Relaxed) == 0
-            && locked(&self.names).is_empty()
+            && locked(&self.keys).is_empty()
             && locked(&self.last_used).elapsed() > MAX_IDLE_AGE
     }
 
@@ -106,8 +113,8 @@ impl Session {
     }
 
     /// A statement on this session ended (whatever its result).
-    fn done(&self, name: &LeaseName) {
-        locked(&self.names).remove(name);
+    fn done(&self, key: i64) {
+        locked(&self.keys).remove(&key);
         *locked(&self.last_used) = Instant::now();
         self.queued.fetch_sub(1, Ordering::Relaxed);
     }
@@ -115,23 +122,26 @@ impl Session {
 
 /// What an attempt's pick found.
 enum Pick {
-    /// A session to run the attempt on (its name reserved, counted as queued).
+    /// A session to run the attempt on (the name's key reserved, counted as queued).
     Use(Arc<Session>),
     /// A new session, not yet open; the guard is its connection's, held by the opener.
     Open(Arc<Session>, OwnedMutexGuard<Option<PgConnection>>),
-    /// Every session already holds or tries the name, and no new one may be opened.
+    /// Every session already holds or tries the name's key, and no new one may be opened.
     HeldHere,
 }
 
-/// A name reserved on a session by an attempt or a release that has not finished: a drop
-/// guard. Dropped without [`disarm`](Self::disarm) (its caller gave up, or the attempt took
-/// a lock that nobody received), it frees the name on its session: when a statement may
-/// have taken the lock (or a release had not ended), a task of its own unlocks it there
-/// (`pg_advisory_unlock` of a key the session does not hold only returns false); before
-/// that, it gives the name back.
+/// A name's key reserved on a session by an attempt or a release that has not finished: a
+/// drop guard. Dropped without [`disarm`](Self::disarm) (its caller gave up, the attempt
+/// took a lock that nobody received, or the server answered it with an error), it frees
+/// the key on its session: when a statement may have taken the lock (or a release had
+/// not ended), a task of its own unlocks it there (`pg_advisory_unlock` of a key the
+/// session does not hold only returns false; no other name's lock can be on that key
+/// there, as the key is reserved); before that, it gives the key back.
 pub(super) struct Flight {
     session: Option<Arc<Session>>,
     name: LeaseName,
+    /// The name's advisory key, reserved on the session.
+    key: i64,
     request_timeout: Duration,
     /// The statement was sent, or this is a release: the lock may be on the session.
     unlock: bool,
@@ -142,10 +152,11 @@ pub(super) struct Flight {
 }
 
 impl Flight {
-    fn new(session: Arc<Session>, name: &LeaseName, request_timeout: Duration) -> Self {
+    fn new(session: Arc<Session>, name: &LeaseName, key: i64, request_timeout: Duration) -> Self {
         Flight {
             session: Some(session),
             name: name.clone(),
+            key,
             request_timeout,
             unlock: false,
             counted: true,
@@ -158,6 +169,7 @@ impl Flight {
         let session = self.session.take();
         SharedLock {
             session: session.unwrap_or_else(|| Session::new(None, 0)),
+            key: self.key,
         }
     }
 
@@ -165,7 +177,7 @@ impl Flight {
     /// to do on drop.
     fn finish(mut self) {
         if let Some(session) = self.session.take() {
-            session.done(&self.name);
+            session.done(self.key);
         }
     }
 }
@@ -178,11 +190,11 @@ impl Drop for Flight {
         if self.opening {
             // Never opened: nobody can use it (its attempts pick again).
             session.closed.store(true, Ordering::Relaxed);
-            session.done(&self.name);
+            session.done(self.key);
             return;
         }
         if !self.unlock {
-            session.done(&self.name);
+            session.done(self.key);
             return;
         }
         tracing::debug!(
@@ -194,12 +206,12 @@ impl Drop for Flight {
             // A lock taken for nobody: its unlock is a statement of its own.
             session.queued.fetch_add(1, Ordering::Relaxed);
         }
-        let name = self.name.clone();
+        let (name, key) = (self.name.clone(), self.key);
         let timeout = self.request_timeout;
         match tokio::runtime::Handle::try_current() {
             Ok(handle) => {
                 handle.spawn(async move {
-                    let _ = unlock_on(&session, &name, timeout).await;
+                    let _ = unlock_on(&session, &name, key, timeout).await;
                 });
             }
             // No runtime to run the unlock on: close the session instead (which ends
@@ -210,7 +222,7 @@ impl Drop for Flight {
                 } else {
                     session.closed.store(true, Ordering::Relaxed);
                 }
-                session.done(&name);
+                session.done(key);
             }
         }
     }
@@ -219,6 +231,8 @@ impl Drop for Flight {
 /// A held lease's lock on a shared session.
 pub(super) struct SharedLock {
     session: Arc<Session>,
+    /// The name's advisory key.
+    key: i64,
 }
 
 impl SharedLock {
@@ -251,12 +265,12 @@ impl SharedSessions {
         locked(&self.sessions).len()
     }
 
-    fn pick(&self, name: &LeaseName) -> Pick {
+    fn pick(&self, key: i64) -> Pick {
         let mut sessions = locked(&self.sessions);
         sessions.retain(|s| !s.closed.load(Ordering::Relaxed) && !s.idle_too_long());
         let mut best: Option<(&Arc<Session>, usize)> = None;
         for s in sessions.iter() {
-            if locked(&s.names).contains(name) {
+            if locked(&s.keys).contains(&key) {
                 continue;
             }
             let queued = s.queued.load(Ordering::Relaxed);
@@ -268,7 +282,7 @@ impl SharedSessions {
         if let Some((s, queued)) = best
             && (queued == 0 || full)
         {
-            locked(&s.names).insert(name.clone());
+            locked(&s.keys).insert(key);
             s.queued.fetch_add(1, Ordering::Relaxed);
             return Pick::Use(s.clone());
         }
@@ -279,12 +293,12 @@ impl SharedSessions {
         let Ok(guard) = session.conn.clone().try_lock_owned() else {
             // Unreachable: nobody else knows of the session yet. Use it anyway; its
             // attempt waits for the guard like any other.
-            locked(&session.names).insert(name.clone());
+            locked(&session.keys).insert(key);
             session.queued.fetch_add(1, Ordering::Relaxed);
             sessions.push(session.clone());
             return Pick::Use(session);
         };
-        locked(&session.names).insert(name.clone());
+        locked(&session.keys).insert(key);
         session.queued.fetch_add(1, Ordering::Relaxed);
         sessions.push(session.clone());
         Pick::Open(session, guard)
@@ -301,19 +315,20 @@ impl SharedSessions {
         &self,
         name: &LeaseName,
     ) -> std::result::Result<Option<Flight>, sqlx::Error> {
+        let key = advisory_key(name);
         for _ in 0..PICKS {
-            let (session, opener) = match self.pick(name) {
+            let (session, opener) = match self.pick(key) {
                 Pick::Use(s) => (s, None),
                 Pick::Open(s, g) => (s, Some(g)),
                 Pick::HeldHere => {
                     tracing::debug!(
                         lease = %name,
-                        "every shared session holds or tries this name already"
+                        "every shared session holds or tries this name's key already"
                     );
                     return Ok(None);
                 }
             };
-            let mut flight = Flight::new(session.clone(), name, self.request_timeout);
+            let mut flight = Flight::new(session.clone(), name, key, self.request_timeout);
             let mut guard = match opener {
                 Some(guard) => guard,
                 None => session.conn.clone().lock_owned().await,
@@ -368,9 +383,23 @@ impl SharedSessions {
                             "shared advisory session failed; closing it"
                         );
                         session.close(&mut guard);
+                        drop(guard);
+                        flight.finish();
+                    } else {
+                        // The server's error may have come after the lock was taken, or
+                        // be an earlier given-up statement's (then this one was not
+                        // sent): either way the key may be held for nobody. The flight's
+                        // drop unlocks it on the session, in a task; the key stays
+                        // reserved until then.
+                        tracing::debug!(
+                            lease = %name,
+                            %error,
+                            pid = session.pid(),
+                            "advisory attempt failed on a shared session; unlocking its key there"
+                        );
+                        drop(guard);
+                        drop(flight);
                     }
-                    drop(guard);
-                    flight.finish();
                     Err(error)
                 }
             };
@@ -379,42 +408,59 @@ impl SharedSessions {
     }
 }
 
-/// `pg_advisory_unlock` of `name` on `session` (whose statement count includes this
-/// one). `Ok(false)`: the session no longer held it (it was closed meanwhile).
+/// `pg_advisory_unlock` of `name` (whose key is `key`) on `session` (whose statement
+/// count includes this one). `Ok(false)`: the session did not hold it (it was closed
+/// meanwhile, or, for a cleanup, the attempt had not taken it).
+///
+/// A server error is answered by one more unlock: the error may be an earlier given-up
+/// statement's, which sqlx reports to the next statement on the connection (this one
+/// was then not sent), or this statement's own (a statement timeout under load), which
+/// may leave the lock held. The key is never held more than once on a session (it is
+/// reserved there), so after the second unlock's answer the session does not hold it;
+/// `Ok(true)` then, since the first may have freed it. A second error, a timeout or a
+/// failed connection closes the session instead, which frees the lock (and every other
+/// lock on it; those leases are told at their next renewal).
 ///
 /// Dropped before its end it gives nothing back; [`release`]'s flight then runs it again
 /// in a task.
 async fn unlock_on(
     session: &Arc<Session>,
     name: &LeaseName,
+    key: i64,
     request_timeout: Duration,
 ) -> std::result::Result<bool, sqlx::Error> {
     let mut guard = session.conn.clone().lock_owned().await;
-    let result = match guard.as_mut() {
-        None => Ok(false),
-        Some(conn) => {
-            let run = sqlx::query_scalar::<_, bool>(UNLOCK)
-                .bind(name.as_bytes())
-                .fetch_one(conn);
-            match tokio::time::timeout(client_bound(request_timeout), run).await {
-                Ok(Ok(unlocked)) => Ok(unlocked),
-                // Even an error the server reported (a statement timeout under load)
-                // may leave the lock held, with no lease to release it later: closing
-                // the session frees it (and every other lock on it; those leases are
-                // told at their next renewal).
-                Ok(Err(error)) => {
-                    session.close(&mut guard);
-                    Err(error)
-                }
-                Err(_) => {
-                    session.close(&mut guard);
-                    Err(sqlx::Error::PoolTimedOut)
-                }
+    let mut retried = false;
+    let result = loop {
+        let Some(conn) = guard.as_mut() else {
+            break Ok(false);
+        };
+        let run = sqlx::query_scalar::<_, bool>(UNLOCK)
+            .bind(name.as_bytes())
+            .fetch_one(conn);
+        match tokio::time::timeout(client_bound(request_timeout), run).await {
+            Ok(Ok(unlocked)) => break Ok(unlocked || retried),
+            Ok(Err(error @ sqlx::Error::Database(_))) if !retried => {
+                tracing::debug!(
+                    lease = %name,
+                    %error,
+                    pid = session.pid(),
+                    "advisory unlock failed on a shared session; sending it once more"
+                );
+                retried = true;
+            }
+            Ok(Err(error)) => {
+                session.close(&mut guard);
+                break Err(error);
+            }
+            Err(_) => {
+                session.close(&mut guard);
+                break Err(sqlx::Error::PoolTimedOut);
             }
         }
     };
     drop(guard);
-    session.done(name);
+    session.done(key);
     result
 }
 
@@ -428,12 +474,12 @@ pub(super) async fn release(
     name: &LeaseName,
     request_timeout: Duration,
 ) -> std::result::Result<bool, sqlx::Error> {
-    let session = lock.session;
+    let SharedLock { session, key } = lock;
     session.queued.fetch_add(1, Ordering::Relaxed);
-    let mut flight = Flight::new(session.clone(), name, request_timeout);
+    let mut flight = Flight::new(session.clone(), name, key, request_timeout);
     flight.unlock = true;
-    let result = unlock_on(&session, name, request_timeout).await;
-    // Ended, whatever the result: `unlock_on` gave the name back.
+    let result = unlock_on(&session, name, key, request_timeout).await;
+    // Ended, whatever the result: `unlock_on` gave the key back.
     flight.session = None;
     result
 }
