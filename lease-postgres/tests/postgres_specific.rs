@@ -1117,6 +1117,40 @@ async fn advisory_session_limit_refuses_zero_and_a_cloned_backend() {
     release_ours(&b, &n, &a).await;
 }
 
+/// The renewal items of `leases`.
+fn renew_items(leases: &[(LeaseName, Owner)]) -> Vec<RenewItem> {
+    leases
+        .iter()
+        .map(|(n, o)| RenewItem {
+            name: n.clone(),
+            token: o.token,
+        })
+        .collect()
+}
+
+/// Waits until `other` can take (and then releases) each of `names`: a lock left by a
+/// caller that gave up is unlocked by a task of the backend's, so this waits within a
+/// bound far above a statement's time (10 s) and fails naming the first still held.
+async fn wait_all_free(other: &AdvisoryLockBackend, names: &[LeaseName]) {
+    let ttl = Duration::from_secs(30);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for n in names {
+        loop {
+            let o = owner("c");
+            match other.acquire(n, &o, ttl).await.expect("acquire") {
+                AcquireOutcome::Acquired { .. } => {
+                    release_ours(other, n, &o).await;
+                    break;
+                }
+                AcquireOutcome::Held(_) => {
+                    assert!(Instant::now() < deadline, "{n} still held for nobody");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+    }
+}
+
 /// The sessions whose `application_name` is `app`.
 async fn sessions_named(admin: &mut PgConnection, app: &str) -> std::collections::BTreeSet<i32> {
     sqlx::query_scalar("SELECT pid FROM pg_stat_activity WHERE application_name = $1")
@@ -1533,13 +1567,7 @@ async fn advisory_shared_sessions_hold_more_leases_than_sessions() {
             "{n} taken by another backend while held"
         );
     }
-    let items: Vec<RenewItem> = leases
-        .iter()
-        .map(|(n, o)| RenewItem {
-            name: n.clone(),
-            token: o.token,
-        })
-        .collect();
+    let items = renew_items(&leases);
     let renewed = b.renew(&items, ttl).await.expect("renew");
     assert!(
         renewed.iter().all(|r| *r == RenewOutcome::Renewed),
@@ -1620,13 +1648,7 @@ async fn advisory_shared_session_lost_loses_the_leases_on_it_only() {
         assert!(Instant::now() < deadline, "session {victim} still there");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let items: Vec<RenewItem> = leases
-        .iter()
-        .map(|(n, o)| RenewItem {
-            name: n.clone(),
-            token: o.token,
-        })
-        .collect();
+    let items = renew_items(&leases);
     let renewed = b.renew(&items, ttl).await.expect("renew");
     for ((n, o), outcome) in leases.iter().zip(&renewed) {
         let expected = if pid_of(n, o) == victim {
@@ -1716,24 +1738,8 @@ async fn advisory_shared_attempts_given_up_leave_nothing_held() {
     for (n, o) in &kept {
         release_ours(&b, n, o).await;
     }
-    // A lock taken for a caller that gave up is released by a task of the backend's:
-    // wait for each name to be free, within a bound far above a statement's time.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    for n in &names {
-        loop {
-            let o = owner("c");
-            match other.acquire(n, &o, ttl).await.expect("acquire") {
-                AcquireOutcome::Acquired { .. } => {
-                    release_ours(&other, n, &o).await;
-                    break;
-                }
-                AcquireOutcome::Held(_) => {
-                    assert!(Instant::now() < deadline, "{n} still held for nobody");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            }
-        }
-    }
+    // A lock taken for a caller that gave up is released by a task of the backend's.
+    wait_all_free(&other, &names).await;
     // And the backend itself takes every name again.
     for n in &names {
         let o = owner("d");
@@ -1953,29 +1959,8 @@ async fn storm_left_nothing_held(
     held: &[(LeaseName, Owner)],
 ) -> usize {
     let ttl = Duration::from_secs(30);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    for n in names {
-        loop {
-            let o = owner("c");
-            match other.acquire(n, &o, ttl).await.expect("acquire") {
-                AcquireOutcome::Acquired { .. } => {
-                    release_ours(other, n, &o).await;
-                    break;
-                }
-                AcquireOutcome::Held(_) => {
-                    assert!(Instant::now() < deadline, "{n} still held for nobody");
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            }
-        }
-    }
-    let items: Vec<RenewItem> = held
-        .iter()
-        .map(|(n, o)| RenewItem {
-            name: n.clone(),
-            token: o.token,
-        })
-        .collect();
+    wait_all_free(other, names).await;
+    let items = renew_items(held);
     let renewed = b.renew(&items, ttl).await.expect("renew");
     let mut lost = 0;
     for ((n, _), outcome) in held.iter().zip(&renewed) {
