@@ -52,11 +52,20 @@ macro_rules! key_of {
 
 /// Matches a granted session-level advisory lock (`pg_advisory_lock(bigint)` form,
 /// `objsubid = 1`) of this database in `pg_locks` alias `l` against a key expression.
+///
+/// This database's OID is read from the statistics of this session's own backend, not
+/// from `pg_database`: that is a shared catalog, whose lock (unlike a database's own
+/// catalogs', which take a backend's fast-path slots) needs an entry in the server's lock
+/// table, the table advisory locks fill. Looked up there, every renewal failed with "out
+/// of shared memory" once many leases on shared sessions had filled it
+/// (`advisory_shared_lock_table_full_refuses_and_loses_nothing`).
 macro_rules! granted_lock_matches {
     ($key:expr) => {
         concat!(
             "l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted \
-             AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+             AND l.database = (SELECT pg_stat_get_backend_dbid(s) \
+             FROM pg_stat_get_backend_idset() s \
+             WHERE pg_stat_get_backend_pid(s) = pg_backend_pid()) \
              AND ((l.classid::bigint << 32) | l.objid::bigint) = ",
             $key
         )
@@ -483,7 +492,10 @@ impl AdvisoryLockBackend {
     /// - **Advisory locks share the server's lock table**
     ///   (`max_locks_per_transaction` × (`max_connections` + `max_prepared_transactions`)
     ///   entries), which many leases on few sessions can fill: an attempt then fails with
-    ///   the server's "out of shared memory" error, and the session stays in use.
+    ///   a retryable error keeping the server's "out of shared memory", and the session
+    ///   stays in use. The leases held still renew (their renewal needs no entry), but
+    ///   the server starts no new session meanwhile, so a call that needs one (a renewal
+    ///   after the pool closed its session) fails the same way until there is room.
     /// - Two names whose keys collide (see the type's docs) are one lock, as with a
     ///   session per lease: while one is held or tried on a shared session, an attempt at
     ///   the other is tried on another session (which the server refuses) or, with every

@@ -1515,6 +1515,88 @@ async fn kept_connections_serve_every_statement_and_go_back_when_unused() {
     drop(both);
 }
 
+/// A full lock table (advisory locks take its entries, and on shared sessions many leases
+/// sit on few sessions): the attempt that meets it fails with a retryable error that keeps
+/// the server's reason, and loses nothing. The leases already held renew (their renewal
+/// reads `pg_locks`, which needs no entry of that table), the refused name is left held by
+/// nobody, and once there is room it is taken. A server of its own, whose table is made
+/// small (`max_locks_per_transaction` 10 of the default 64) and then filled by a session
+/// taking advisory locks of its own, so that no other test meets a full table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn advisory_shared_lock_table_full_refuses_and_loses_nothing() {
+    let mut server = PostgresServer::start_fast().await.expect("server");
+    server
+        .sql(
+            "postgres",
+            "ALTER SYSTEM SET max_locks_per_transaction = 10",
+        )
+        .expect("alter system");
+    server.stop().await.expect("stop");
+    server.start_again().await.expect("start again");
+    let mut b = AdvisoryLockBackend::connect(&server.url())
+        .await
+        .expect("connect");
+    b.set_shared_sessions(2).expect("shared");
+    let ttl = Duration::from_secs(30);
+    let held: Vec<(LeaseName, Owner)> = (0..5)
+        .map(|i| (name(&format!("full-{i}")), owner("a")))
+        .collect();
+    for (n, o) in &held {
+        acquired(b.acquire(n, o, ttl).await.expect("acquire"));
+    }
+    // Another session fills the table, a thousand locks a statement, until the server
+    // refuses (session locks stay taken when the statement that took them fails).
+    let mut filler = PgConnection::connect(&server.url()).await.expect("filler");
+    let mut taken = 0_i64;
+    let refusal = loop {
+        assert!(
+            taken < 1_000_000,
+            "a million locks taken, the table never filled"
+        );
+        match sqlx::query("SELECT pg_advisory_lock(k) FROM generate_series($1::bigint, $1 + 999) k")
+            .bind(1_000_000_000 + taken)
+            .execute(&mut filler)
+            .await
+        {
+            Ok(_) => taken += 1_000,
+            Err(e) => break e.to_string(),
+        }
+    };
+    assert!(refusal.contains("shared memory"), "{refusal}");
+    let refused = name("full-refused");
+    let error = match b.acquire(&refused, &owner("b"), ttl).await {
+        Err(e) => e,
+        Ok(outcome) => panic!("an attempt with the table full: {outcome:?}"),
+    };
+    assert!(error.is_retryable(), "{error}");
+    assert!(
+        error.to_string().contains("shared memory"),
+        "the server's reason is kept: {error}"
+    );
+    // Nothing lost: every lease held renews, on at most the 2 sessions.
+    let renewed = b.renew(&renew_items(&held), ttl).await.expect("renew");
+    assert!(
+        renewed.iter().all(|r| *r == RenewOutcome::Renewed),
+        "{renewed:?}"
+    );
+    let pids: std::collections::HashSet<i32> = held
+        .iter()
+        .map(|(n, o)| b.holder_pid(n, &o.token).expect("pid"))
+        .collect();
+    assert!(pids.len() <= 2, "{} sessions", pids.len());
+    // Room again: the refused name was left to nobody, and is taken now.
+    sqlx::query("SELECT pg_advisory_unlock_all()")
+        .execute(&mut filler)
+        .await
+        .expect("unlock all");
+    let o = owner("b");
+    acquired(b.acquire(&refused, &o, ttl).await.expect("acquire"));
+    release_ours(&b, &refused, &o).await;
+    for (n, o) in &held {
+        release_ours(&b, n, o).await;
+    }
+}
+
 /// Shared sessions (`set_shared_sessions`): 60 leases held at once on at most 2 server
 /// sessions, each refused to another backend while held and free to it once released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
