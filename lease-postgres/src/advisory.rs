@@ -490,12 +490,14 @@ impl AdvisoryLockBackend {
     ///   statement given up mid-flight is followed, on its session, by an unlock of its
     ///   name in a task of the backend's, so a lock taken for nobody is released there.
     /// - **Advisory locks share the server's lock table**
-    ///   (`max_locks_per_transaction` × (`max_connections` + `max_prepared_transactions`)
-    ///   entries), which many leases on few sessions can fill: an attempt then fails with
+    ///   (about `max_locks_per_transaction` × (`max_connections` +
+    ///   `max_prepared_transactions` + the server's own processes) entries), which many leases on few sessions can fill: an attempt then fails with
     ///   a retryable error keeping the server's "out of shared memory", and the session
-    ///   stays in use. The leases held still renew (their renewal needs no entry), but
-    ///   the server starts no new session meanwhile, so a call that needs one (a renewal
-    ///   after the pool closed its session) fails the same way until there is room.
+    ///   stays in use. The leases held still renew on an open session of the pool (their
+    ///   renewal needs no entry), but a new session fails at its start meanwhile, so a
+    ///   call that needs one (the pool's sessions busy, one still being given back, or
+    ///   closed by the pool's idle timeout or lifetime) fails the same way until there
+    ///   is room.
     /// - Two names whose keys collide (see the type's docs) are one lock, as with a
     ///   session per lease: while one is held or tried on a shared session, an attempt at
     ///   the other is tried on another session (which the server refuses) or, with every

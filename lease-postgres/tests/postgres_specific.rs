@@ -1517,11 +1517,13 @@ async fn kept_connections_serve_every_statement_and_go_back_when_unused() {
 
 /// A full lock table (advisory locks take its entries, and on shared sessions many leases
 /// sit on few sessions): the attempt that meets it fails with a retryable error that keeps
-/// the server's reason, and loses nothing. The leases already held renew (their renewal
-/// reads `pg_locks`, which needs no entry of that table), the refused name is left held by
-/// nobody, and once there is room it is taken. A server of its own, whose table is made
-/// small (`max_locks_per_transaction` 10 of the default 64) and then filled by a session
-/// taking advisory locks of its own, so that no other test meets a full table.
+/// the server's reason, and loses nothing. The leases already held renew, and the refused
+/// name is inspected and force-released as held by nobody, all on the pool's open session
+/// (those statements read `pg_locks`, which needs no entry of that table; the server
+/// starts no new session while it is full); once there is room another backend takes the
+/// refused name. A server of its own, whose table is made small
+/// (`max_locks_per_transaction` 10 of the default 64) and then filled by a session taking
+/// advisory locks of its own, so that no other test meets a full table.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn advisory_shared_lock_table_full_refuses_and_loses_nothing() {
     let mut server = PostgresServer::start_fast().await.expect("server");
@@ -1533,7 +1535,14 @@ async fn advisory_shared_lock_table_full_refuses_and_loses_nothing() {
         .expect("alter system");
     server.stop().await.expect("stop");
     server.start_again().await.expect("start again");
-    let mut b = AdvisoryLockBackend::connect(&server.url())
+    let setting = server
+        .sql("postgres", "SHOW max_locks_per_transaction")
+        .expect("show");
+    assert_eq!(setting, vec![vec![Some("10".to_owned())]]);
+    // A pool of one session: a call waits for it to be back (sqlx gives it back in a task
+    // of its own, after a ping) instead of opening another, which the server would refuse
+    // with its table full.
+    let mut b = AdvisoryLockBackend::connect_with(&server.url(), Duration::from_secs(5), 1)
         .await
         .expect("connect");
     b.set_shared_sessions(2).expect("shared");
@@ -1544,6 +1553,10 @@ async fn advisory_shared_lock_table_full_refuses_and_loses_nothing() {
     for (n, o) in &held {
         acquired(b.acquire(n, o, ttl).await.expect("acquire"));
     }
+    let items = renew_items(&held);
+    let all_renewed = |r: &[RenewOutcome]| r.iter().all(|r| *r == RenewOutcome::Renewed);
+    // The pool's session opened while there is room.
+    assert!(all_renewed(&b.renew(&items, ttl).await.expect("renew")));
     // Another session fills the table, a thousand locks a statement, until the server
     // refuses (session locks stay taken when the statement that took them fails).
     let mut filler = PgConnection::connect(&server.url()).await.expect("filler");
@@ -1573,25 +1586,29 @@ async fn advisory_shared_lock_table_full_refuses_and_loses_nothing() {
         error.to_string().contains("shared memory"),
         "the server's reason is kept: {error}"
     );
-    // Nothing lost: every lease held renews, on at most the 2 sessions.
-    let renewed = b.renew(&renew_items(&held), ttl).await.expect("renew");
-    assert!(
-        renewed.iter().all(|r| *r == RenewOutcome::Renewed),
-        "{renewed:?}"
-    );
+    // Nothing lost: every lease held renews; the refused name is held by nobody.
+    let renewed = b.renew(&items, ttl).await.expect("renew");
+    assert!(all_renewed(&renewed), "{renewed:?}");
+    assert!(b.inspect(&held[0].0).await.expect("inspect").is_some());
+    assert!(b.inspect(&refused).await.expect("inspect").is_none());
+    assert!(!b.force_release(&refused).await.expect("force release"));
     let pids: std::collections::HashSet<i32> = held
         .iter()
         .map(|(n, o)| b.holder_pid(n, &o.token).expect("pid"))
         .collect();
     assert!(pids.len() <= 2, "{} sessions", pids.len());
-    // Room again: the refused name was left to nobody, and is taken now.
+    // Room again: another backend (another session, where a lock left on ours would
+    // refuse it) takes the refused name.
     sqlx::query("SELECT pg_advisory_unlock_all()")
         .execute(&mut filler)
         .await
         .expect("unlock all");
-    let o = owner("b");
-    acquired(b.acquire(&refused, &o, ttl).await.expect("acquire"));
-    release_ours(&b, &refused, &o).await;
+    let other = AdvisoryLockBackend::connect(&server.url())
+        .await
+        .expect("connect");
+    let o = owner("c");
+    acquired(other.acquire(&refused, &o, ttl).await.expect("acquire"));
+    release_ours(&other, &refused, &o).await;
     for (n, o) in &held {
         release_ours(&b, n, o).await;
     }
