@@ -491,9 +491,9 @@ impl AdvisoryLockBackend {
     ///   name in a task of the backend's, so a lock taken for nobody is released there.
     /// - **Advisory locks share the server's lock table**
     ///   (about `max_locks_per_transaction` × (`max_connections` +
-    ///   `max_prepared_transactions` + the server's own processes) entries), which many leases on few sessions can fill: an attempt then fails with
-    ///   a retryable error keeping the server's "out of shared memory", and the session
-    ///   stays in use. The leases held still renew on an open session of the pool (their
+    ///   `max_prepared_transactions` + the server's own processes) entries), which many
+    ///   leases on few sessions can fill: an attempt then fails with a retryable error
+    ///   keeping the server's "out of shared memory", and the session stays in use. The leases held still renew on an open session of the pool (their
     ///   renewal needs no entry), but a new session fails at its start meanwhile, so a
     ///   call that needs one (the pool's sessions busy, one still being given back, or
     ///   closed by the pool's idle timeout or lifetime) fails the same way until there
