@@ -182,7 +182,7 @@ impl ThreadTimes {
 }
 
 /// `pid` and its live descendants.
-fn tree(pid: u32) -> Vec<u32> {
+pub fn tree(pid: u32) -> Vec<u32> {
     let children = children();
     let mut out = Vec::new();
     let mut todo = vec![pid];

@@ -139,16 +139,78 @@ const SLICES: [usize; 2] = [8, 4];
 /// over the sum of its slices' times, its ratio is taken within the round, and the median
 /// over rounds is reported.
 pub async fn run(cases: &[Case], plan: Plan) -> Vec<Row> {
+    let modes = [(1, plan.cycles_one), (plan.tasks, plan.cycles_per_task)];
+    // rates[case][mode][round]
+    let rates = rates_by_mode(cases, plan.rounds, &modes).await;
+    let k = cases.len();
+    (0..k)
+        .map(|c| Row {
+            label: cases[c].label.clone(),
+            rate: [
+                Spread::of(rates[c][0].clone()),
+                Spread::of(rates[c][1].clone()),
+            ],
+            ratio: [ratios(&rates, c, 0, 0), ratios(&rates, c, 0, 1)],
+            vs: (0..k)
+                .map(|j| [ratios(&rates, c, j, 0), ratios(&rates, c, j, 1)])
+                .collect(),
+        })
+        .collect()
+}
+
+/// One case's figures over rounds of one mode only.
+#[derive(Clone, Debug)]
+pub struct OneModeRow {
+    /// The case's label.
+    pub label: String,
+    /// Cycles per second over the rounds.
+    pub rate: Spread,
+    /// Per-round ratio to the first case of the same round.
+    pub ratio: Spread,
+    /// Per-round ratios to each other case (`vs[j]` = this case / case `j`).
+    pub vs: Vec<Spread>,
+}
+
+/// Every case in `rounds` rounds of one task only, `cycles` per round in slices
+/// interleaved as [`run`] does.
+pub async fn run_one_task(cases: &[Case], rounds: usize, cycles: usize) -> Vec<OneModeRow> {
+    let rates = rates_by_mode(cases, rounds, &[(1, cycles)]).await;
+    let k = cases.len();
+    (0..k)
+        .map(|c| OneModeRow {
+            label: cases[c].label.clone(),
+            rate: Spread::of(rates[c][0].clone()),
+            ratio: ratios(&rates, c, 0, 0),
+            vs: (0..k).map(|j| ratios(&rates, c, j, 0)).collect(),
+        })
+        .collect()
+}
+
+/// Case `c`'s rate over case `j`'s, round by round, in `mode`.
+fn ratios(rates: &[Vec<Vec<f64>>], c: usize, j: usize, mode: usize) -> Spread {
+    Spread::of(
+        rates[c][mode]
+            .iter()
+            .zip(&rates[j][mode])
+            .map(|(a, b)| a / b)
+            .collect(),
+    )
+}
+
+/// Each case's rate in each round of each mode (`(tasks, cycles per task)`):
+/// `rates[case][mode][round]`. Within a round, each mode in turn; within a mode, each
+/// case's cycles in slices interleaved with the other cases' slices.
+async fn rates_by_mode(
+    cases: &[Case],
+    rounds: usize,
+    modes: &[(usize, usize)],
+) -> Vec<Vec<Vec<f64>>> {
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     let k = cases.len();
-    // rates[case][mode][round]
-    let mut rates = vec![[Vec::new(), Vec::new()]; k];
-    for round in 0..plan.rounds {
-        for (mode, (tasks, per)) in [(1, plan.cycles_one), (plan.tasks, plan.cycles_per_task)]
-            .into_iter()
-            .enumerate()
-        {
-            let slices = SLICES[mode].min(per).max(1);
+    let mut rates = vec![vec![Vec::new(); modes.len()]; k];
+    for round in 0..rounds {
+        for (mode, &(tasks, per)) in modes.iter().enumerate() {
+            let slices = SLICES[usize::from(tasks > 1)].min(per).max(1);
             let mut spent = vec![Duration::ZERO; k];
             for slice in 0..slices {
                 // This slice's share of the per-task cycles (the shares add up to `per`).
@@ -168,28 +230,7 @@ pub async fn run(cases: &[Case], plan: Plan) -> Vec<Row> {
             }
         }
     }
-    (0..k)
-        .map(|c| {
-            let per_mode = |mode: usize, j: usize| {
-                Spread::of(
-                    rates[c][mode]
-                        .iter()
-                        .zip(&rates[j][mode])
-                        .map(|(a, b)| a / b)
-                        .collect(),
-                )
-            };
-            Row {
-                label: cases[c].label.clone(),
-                rate: [
-                    Spread::of(rates[c][0].clone()),
-                    Spread::of(rates[c][1].clone()),
-                ],
-                ratio: [per_mode(0, 0), per_mode(1, 0)],
-                vs: (0..k).map(|j| [per_mode(0, j), per_mode(1, j)]).collect(),
-            }
-        })
-        .collect()
+    rates
 }
 
 /// Warms every case up (connections, prepared statements, scripts).

@@ -31,6 +31,7 @@ mod cycles;
 mod handoff;
 mod hb_scale;
 mod metered;
+mod placement;
 mod report;
 mod scale;
 
@@ -227,6 +228,7 @@ async fn common(setup: Setup, s: &Sizes) -> StoreResult {
     // by then, and the first case measured would otherwise pay for it.
     eprintln!("{store}: cost per cycle ({} cycles per case)", cost::CYCLES);
     let costs = cost::per_cycle(&cases, &meter).await;
+    let pinned = one_cpu(store, &cases, &meter, s.plan).await;
     eprintln!("{store}: renewal at scale {:?}", s.scale);
     let scale = scale::renewal(backend.clone(), &s.scale, 5, counter).await;
     eprintln!("{store}: handoff");
@@ -259,8 +261,39 @@ async fn common(setup: Setup, s: &Sizes) -> StoreResult {
         handoff_notify,
         handoff_poll,
         takeover,
+        pinned,
         notes: Vec::new(),
     }
+}
+
+/// The one-task rounds again with this process and the server on one CPU
+/// ([`placement`]): a cycle's time is then the client's work and the server's, without
+/// the wake-ups of idle CPUs that decide the rates of the rounds above. Not run where the
+/// server's processes cannot be seen (a container's).
+async fn one_cpu(
+    store: &str,
+    cases: &[Case],
+    meter: &cost::ServerMeter,
+    plan: cycles::Plan,
+) -> Result<report::OneCpu, String> {
+    let server = meter
+        .pid
+        .ok_or("the server's processes are not visible to this process (a container)")?;
+    let pinned = placement::Pinned::one_cpu(server)?;
+    eprintln!(
+        "{store}: one task on one CPU (CPU {}, {} rounds)",
+        pinned.cpu(),
+        plan.rounds
+    );
+    let rows = cycles::run_one_task(cases, plan.rounds, plan.cycles_one).await;
+    let cpu = pinned.cpu();
+    drop(pinned);
+    Ok(report::OneCpu {
+        cpu,
+        rounds: plan.rounds,
+        cycles: plan.cycles_one,
+        rows,
+    })
 }
 
 async fn redis_store(mode: Mode) -> StoreResult {

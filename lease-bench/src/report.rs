@@ -38,8 +38,24 @@ pub struct StoreResult {
     pub handoff_poll: Latency,
     /// Takeover after SIGKILL, per TTL.
     pub takeover: Vec<Takeover>,
+    /// The one-task rounds with this process and the server on one CPU, or why they did
+    /// not run.
+    pub pinned: Result<OneCpu, String>,
     /// Further measured lines for the store's section.
     pub notes: Vec<String>,
+}
+
+/// The one-task rounds run again with this process's threads and the server's on one CPU
+/// (`crate::placement`).
+pub struct OneCpu {
+    /// The CPU.
+    pub cpu: usize,
+    /// Rounds.
+    pub rounds: usize,
+    /// Cycles per round.
+    pub cycles: usize,
+    /// One row per case, in the order of [`StoreResult::rows`].
+    pub rows: Vec<crate::cycles::OneModeRow>,
 }
 
 fn ms(d: Duration) -> String {
@@ -63,6 +79,41 @@ fn ratio(s: Spread) -> String {
 /// The median and its 95% confidence interval.
 fn median_ci(s: Spread) -> String {
     format!("{:.2} [{:.2}–{:.2}]", s.median, s.lo, s.hi)
+}
+
+/// The one-task rounds on one CPU, or why they did not run.
+fn one_cpu_table(o: &mut String, r: &StoreResult) {
+    let p = match &r.pinned {
+        Ok(p) => p,
+        Err(why) => {
+            let _ = writeln!(o, "One task on one CPU: not run ({why}).\n");
+            return;
+        }
+    };
+    let peer = r
+        .rows
+        .get(r.peer)
+        .map_or("the peer", |row| row.label.as_str());
+    let _ = writeln!(
+        o,
+        "One task with this process's threads and the server's pinned to CPU {} ({} rounds \
+         of {} cycles, after the rounds above; a cycle's time is the client's work plus the \
+         server's, one after the other, without waiting for an idle CPU to wake up):\n",
+        p.cpu, p.rounds, p.cycles
+    );
+    let _ = writeln!(o, "| case | cycles/s | / floor | / {peer} |");
+    let _ = writeln!(o, "|---|---:|---|---|");
+    for row in &p.rows {
+        let _ = writeln!(
+            o,
+            "| {} | {:.0} | {} | {} |",
+            row.label,
+            row.rate.median,
+            ratio(row.ratio),
+            row.vs.get(r.peer).map_or("–".into(), |s| ratio(*s))
+        );
+    }
+    let _ = writeln!(o);
 }
 
 /// The median to three places and whether it meets the target (two places can round a
@@ -113,10 +164,10 @@ pub fn markdown(results: &[StoreResult], machine: &str, command: &str, notes: &s
     let _ = writeln!(o, "## Summary\n");
     let _ = writeln!(
         o,
-        "| store | library / bare, 1 task | library / bare, {t} tasks | library / peer, 1 task | library / peer, {t} tasks | client CPU per cycle, library / peer | renewing 10,000 leases |",
+        "| store | library / bare, 1 task | library / bare, {t} tasks | library / peer, 1 task | library / peer, {t} tasks | 1 task on one CPU: library / bare; library / peer | client CPU per cycle, library / peer | renewing 10,000 leases |",
         t = results.first().map_or(32, |r| r.plan.tasks)
     );
-    let _ = writeln!(o, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|");
     for r in results {
         let lib = &r.rows[1];
         let client = &r.rows[2];
@@ -148,14 +199,29 @@ pub fn markdown(results: &[StoreResult], machine: &str, command: &str, notes: &s
             }
             _ => "not measured".into(),
         };
+        let one_cpu = match &r.pinned {
+            Ok(p) => match (p.rows.get(1), p.rows.get(2)) {
+                (Some(lib), Some(client)) => format!(
+                    "{}; {}",
+                    median_ci(lib.ratio),
+                    client
+                        .vs
+                        .get(r.peer)
+                        .map_or("not run".into(), |s| median_ci(*s))
+                ),
+                _ => "not run".into(),
+            },
+            Err(_) => "not run".into(),
+        };
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |",
             r.store,
             verdict(lib.ratio[0]),
             verdict(lib.ratio[1]),
             median_ci(client.vs[r.peer][0]),
             median_ci(client.vs[r.peer][1]),
+            one_cpu,
             cpu,
             ten_k
         );
@@ -172,7 +238,13 @@ pub fn markdown(results: &[StoreResult], machine: &str, command: &str, notes: &s
          rounds, in {slices} slices interleaved with the other cases': CPU time moves much \
          less than the rates on a shared machine). The CPU column gives the ratio of the \
          totals, then the median of the ratios slice by slice with the lowest and highest \
-         slice. The peers issue no fencing token; ours do.\n",
+         slice. The peers issue no fencing token; ours do. \
+         \"1 task on one CPU\" runs the one-task rounds again with this process's threads \
+         and the server's pinned to one CPU: with one task a cycle is a chain of round \
+         trips, and on a virtual machine each wake-up of an idle CPU takes tens of \
+         microseconds, so where the scheduler happens to put the two threads moves the \
+         one-task rates above more than the code does. On one CPU a cycle takes the \
+         client's work plus the server's and nothing else (see each store's section).\n",
         cycles = crate::cost::CYCLES,
         slices = crate::cost::SLICES
     );
@@ -202,6 +274,7 @@ pub fn markdown(results: &[StoreResult], machine: &str, command: &str, notes: &s
             );
         }
         let _ = writeln!(o);
+        one_cpu_table(&mut o, r);
         cost_table(&mut o, r);
         for line in &r.notes {
             let _ = writeln!(o, "- {line}");

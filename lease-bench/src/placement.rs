@@ -1,0 +1,95 @@
+//! Where the client's and the server's threads run, for the one-task rounds on one CPU.
+//!
+//! With one task a cycle is a chain of round trips, each of which puts the client to sleep
+//! until the server answers and the server to sleep until the next request. On a virtual
+//! machine, waking a thread on an idle virtual CPU takes tens of microseconds, far more
+//! than a cycle's work: a Redis cycle took 26 to 33 µs with the client and the server on
+//! one CPU and 145 to 166 µs with them on two (`lease-bench count-cycles redis URL CASE
+//! 10000 1` under `taskset`, 2026-12-07). Left to the scheduler, the share of a slice's
+//! round trips that happen to run on one CPU then decides a one-task rate more than the
+//! code does, and it differs between cases whose code differs in when it goes to sleep.
+//! [`Pinned`] puts both on one CPU, so that a cycle's time is the client's work plus the
+//! server's, one after the other: what the code costs, without the wake-ups.
+
+use std::collections::HashMap;
+
+use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
+use nix::unistd::Pid;
+
+/// This process's threads and a server's process tree, each thread pinned to one CPU
+/// until this is dropped; then every thread of both gets back the CPUs its process had
+/// before (threads started meanwhile included).
+pub struct Pinned {
+    cpu: usize,
+    /// The process id and the CPUs it had before, per pinned process (this one first).
+    before: Vec<(u32, CpuSet)>,
+}
+
+impl Pinned {
+    /// Pins this process's threads and those of `server` and its descendants to the last
+    /// CPU this process may run on. Fails, leaving nothing pinned, where the affinity of
+    /// a thread cannot be read or set (a server in another PID namespace, a container's).
+    pub fn one_cpu(server: u32) -> Result<Pinned, String> {
+        let own = std::process::id();
+        let allowed = sched_getaffinity(pid(own)).map_err(|e| format!("our CPUs: {e}"))?;
+        let cpu = (0..CpuSet::count())
+            .rev()
+            .find(|&c| allowed.is_set(c).unwrap_or(false))
+            .ok_or("this process may run on no CPU")?;
+        let mut target = CpuSet::new();
+        target.set(cpu).map_err(|e| format!("CPU {cpu}: {e}"))?;
+        let mut processes = vec![own];
+        processes.extend(crate::cost::tree(server));
+        let mut pinned = Pinned {
+            cpu,
+            before: Vec::new(),
+        };
+        for p in processes {
+            let mask = sched_getaffinity(pid(p)).map_err(|e| format!("CPUs of {p}: {e}"))?;
+            pinned.before.push((p, mask));
+            set_threads(p, &target)?;
+        }
+        Ok(pinned)
+    }
+
+    /// The CPU everything runs on.
+    pub fn cpu(&self) -> usize {
+        self.cpu
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        for (p, mask) in &self.before {
+            if let Err(e) = set_threads(*p, mask) {
+                eprintln!("lease-bench: giving process {p} its CPUs back: {e}");
+            }
+        }
+    }
+}
+
+fn pid(p: u32) -> Pid {
+    Pid::from_raw(i32::try_from(p).unwrap_or(i32::MAX))
+}
+
+/// Sets the CPUs of every thread of process `p` (a thread that ended meanwhile is skipped).
+fn set_threads(p: u32, mask: &CpuSet) -> Result<(), String> {
+    let tasks =
+        std::fs::read_dir(format!("/proc/{p}/task")).map_err(|e| format!("threads of {p}: {e}"))?;
+    let mut failed: HashMap<u32, String> = HashMap::new();
+    for t in tasks.flatten() {
+        let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        match sched_setaffinity(pid(tid), mask) {
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+            Err(e) => {
+                failed.insert(tid, e.to_string());
+            }
+        }
+    }
+    match failed.into_iter().next() {
+        None => Ok(()),
+        Some((tid, e)) => Err(format!("thread {tid} of {p}: {e}")),
+    }
+}
