@@ -11,42 +11,45 @@
 //! [`Pinned`] puts both on one CPU, so that a cycle's time is the client's work plus the
 //! server's, one after the other: what the code costs, without the wake-ups.
 
-use std::collections::HashMap;
-
 use nix::sched::{CpuSet, sched_getaffinity, sched_setaffinity};
 use nix::unistd::Pid;
 
 /// This process's threads and a server's process tree, each thread pinned to one CPU
-/// until this is dropped; then every thread of both gets back the CPUs its process had
-/// before (threads started meanwhile included).
+/// until this is dropped; then every thread of this process, and of the server's tree as
+/// it is then (processes it started meanwhile included, such as PostgreSQL's connection
+/// processes, which inherit the pin), gets back the CPUs it had before.
 pub struct Pinned {
     cpu: usize,
-    /// The process id and the CPUs it had before, per pinned process (this one first).
-    before: Vec<(u32, CpuSet)>,
+    own: CpuSet,
+    server: u32,
+    server_before: CpuSet,
 }
 
 impl Pinned {
     /// Pins this process's threads and those of `server` and its descendants to the last
-    /// CPU this process may run on. Fails, leaving nothing pinned, where the affinity of
-    /// a thread cannot be read or set (a server in another PID namespace, a container's).
+    /// CPU this process may run on. Fails where the affinity of a thread cannot be read
+    /// or set (a server in another PID namespace, a container's); what it pinned by then
+    /// is given back.
     pub fn one_cpu(server: u32) -> Result<Pinned, String> {
-        let own = std::process::id();
-        let allowed = sched_getaffinity(pid(own)).map_err(|e| format!("our CPUs: {e}"))?;
+        let own =
+            sched_getaffinity(pid(std::process::id())).map_err(|e| format!("our CPUs: {e}"))?;
+        let server_before =
+            sched_getaffinity(pid(server)).map_err(|e| format!("CPUs of {server}: {e}"))?;
         let cpu = (0..CpuSet::count())
             .rev()
-            .find(|&c| allowed.is_set(c).unwrap_or(false))
+            .find(|&c| own.is_set(c).unwrap_or(false))
             .ok_or("this process may run on no CPU")?;
         let mut target = CpuSet::new();
         target.set(cpu).map_err(|e| format!("CPU {cpu}: {e}"))?;
-        let mut processes = vec![own];
-        processes.extend(crate::cost::tree(server));
-        let mut pinned = Pinned {
+        // From here on, a failure gives everything back (the drop).
+        let pinned = Pinned {
             cpu,
-            before: Vec::new(),
+            own,
+            server,
+            server_before,
         };
-        for p in processes {
-            let mask = sched_getaffinity(pid(p)).map_err(|e| format!("CPUs of {p}: {e}"))?;
-            pinned.before.push((p, mask));
+        set_threads(std::process::id(), &target)?;
+        for p in crate::cost::tree(server) {
             set_threads(p, &target)?;
         }
         Ok(pinned)
@@ -60,8 +63,14 @@ impl Pinned {
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        for (p, mask) in &self.before {
-            if let Err(e) = set_threads(*p, mask) {
+        let mut give_back = vec![(std::process::id(), &self.own)];
+        give_back.extend(
+            crate::cost::tree(self.server)
+                .into_iter()
+                .map(|p| (p, &self.server_before)),
+        );
+        for (p, mask) in give_back {
+            if let Err(e) = set_threads(p, mask) {
                 eprintln!("lease-bench: giving process {p} its CPUs back: {e}");
             }
         }
@@ -74,22 +83,22 @@ fn pid(p: u32) -> Pid {
 
 /// Sets the CPUs of every thread of process `p` (a thread that ended meanwhile is skipped).
 fn set_threads(p: u32, mask: &CpuSet) -> Result<(), String> {
-    let tasks =
-        std::fs::read_dir(format!("/proc/{p}/task")).map_err(|e| format!("threads of {p}: {e}"))?;
-    let mut failed: HashMap<u32, String> = HashMap::new();
+    let tasks = match std::fs::read_dir(format!("/proc/{p}/task")) {
+        Ok(tasks) => tasks,
+        // The process ended meanwhile (a connection process closed): nothing to set.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(format!("threads of {p}: {e}")),
+    };
+    let mut failed = None;
     for t in tasks.flatten() {
         let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
         };
         match sched_setaffinity(pid(tid), mask) {
+            // ESRCH: the thread ended meanwhile.
             Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
-            Err(e) => {
-                failed.insert(tid, e.to_string());
-            }
+            Err(e) => failed = Some(format!("thread {tid} of {p}: {e}")),
         }
     }
-    match failed.into_iter().next() {
-        None => Ok(()),
-        Some((tid, e)) => Err(format!("thread {tid} of {p}: {e}")),
-    }
+    failed.map_or(Ok(()), Err)
 }
