@@ -149,13 +149,10 @@ impl ThreadTimes {
     pub fn of_tree(pid: u32) -> ThreadTimes {
         let mut times = HashMap::new();
         for p in tree(pid) {
-            let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            let Ok(tids) = threads(p) else {
                 continue;
             };
-            for t in tasks.flatten() {
-                let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-                    continue;
-                };
+            for tid in tids {
                 let ns = std::fs::read_to_string(format!("/proc/{p}/task/{tid}/schedstat"))
                     .ok()
                     .and_then(|s| s.split_whitespace().next()?.parse::<u64>().ok());
@@ -179,6 +176,15 @@ impl ThreadTimes {
             .sum();
         Duration::from_nanos(ns)
     }
+}
+
+/// The thread ids of process `pid`, from `/proc/PID/task` (an error of kind `NotFound`
+/// once the process has ended).
+pub fn threads(pid: u32) -> std::io::Result<Vec<u32>> {
+    Ok(std::fs::read_dir(format!("/proc/{pid}/task"))?
+        .flatten()
+        .filter_map(|t| t.file_name().to_str()?.parse::<u32>().ok())
+        .collect())
 }
 
 /// `pid` and its live descendants.

@@ -83,17 +83,14 @@ fn pid(p: u32) -> Pid {
 
 /// Sets the CPUs of every thread of process `p` (a thread that ended meanwhile is skipped).
 fn set_threads(p: u32, mask: &CpuSet) -> Result<(), String> {
-    let tasks = match std::fs::read_dir(format!("/proc/{p}/task")) {
-        Ok(tasks) => tasks,
+    let tids = match crate::cost::threads(p) {
+        Ok(tids) => tids,
         // The process ended meanwhile (a connection process closed): nothing to set.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(format!("threads of {p}: {e}")),
     };
     let mut failed = None;
-    for t in tasks.flatten() {
-        let Some(tid) = t.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
+    for tid in tids {
         match sched_setaffinity(pid(tid), mask) {
             // ESRCH: the thread ended meanwhile.
             Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
