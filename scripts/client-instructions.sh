@@ -10,6 +10,9 @@
 #                                                            request)
 #   TASKS=32 bash scripts/client-instructions.sh 3200 redis  (N cycles over 32 concurrent
 #                                                            tasks on the one connection)
+#   LEASE_BENCH_BIN=/tmp/lease-bench-before bash scripts/client-instructions.sh 1000 redis
+#                                                           (another build's binary, to
+#                                                            count two builds in turn)
 #
 # Needs valgrind, redis-server, etcd and python3 (Debian: valgrind redis-server
 # etcd-server python3), for postgres Debian's postgresql, for zookeeper Debian's
@@ -26,7 +29,7 @@ for tool in valgrind redis-server etcd python3; do
   command -v "$tool" >/dev/null || { echo "client-instructions: $tool is not installed" >&2; exit 1; }
 done
 CARGO_INCREMENTAL=0 cargo build --release -q -p lease-bench
-bin=target/release/lease-bench
+bin=${LEASE_BENCH_BIN:-target/release/lease-bench}
 work=$(mktemp -d)
 pids=()
 cleanup() {

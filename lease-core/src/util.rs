@@ -80,23 +80,22 @@ macro_rules! span {
 }
 pub(crate) use span;
 
-/// `fut` inside `span` where a subscriber collects the span, and inside no span
-/// otherwise: a disabled span entered and left on every poll still costs something on
-/// every store call (with `tracing`'s `log` feature, which a dependency such as sqlx may
-/// turn on, a check of the `log` level per enter and per exit; `Span::none()` has nothing
-/// to check). Events inside `fut` are emitted either way.
+/// `fut` inside `span` where a subscriber collects the span, and `fut` alone otherwise:
+/// a disabled span entered and left on every poll, and dropped at the end, still costs
+/// something on every store call (with `tracing`'s `log` feature, which a dependency such
+/// as sqlx may turn on, a check of the `log` level per enter and per exit). Events inside
+/// `fut` are emitted either way.
 ///
 /// Cancel-safe as `fut` is: dropping it drops `fut`.
 pub(crate) fn in_span<F: Future>(
     span: tracing::Span,
     fut: F,
-) -> tracing::instrument::Instrumented<F> {
-    let span = if span.is_disabled() {
-        tracing::Span::none()
+) -> futures::future::Either<tracing::instrument::Instrumented<F>, F> {
+    if span.is_disabled() {
+        futures::future::Either::Right(fut)
     } else {
-        span
-    };
-    fut.instrument(span)
+        futures::future::Either::Left(fut.instrument(span))
+    }
 }
 
 /// One call to a backend, as the client makes every call: bounded by `timeout`, and with
@@ -125,7 +124,8 @@ pub(crate) async fn call<T: Outcome>(
         outcome = tracing::field::Empty,
         duration_ms = tracing::field::Empty,
     );
-    let started = Instant::now();
+    // Read only where the span records it: a clock read is a measurable part of a call.
+    let started = (!span.is_disabled()).then(Instant::now);
     if !span.is_disabled() {
         if let Some(lease) = site.lease {
             span.record("lease", tracing::field::display(lease));
@@ -138,7 +138,7 @@ pub(crate) async fn call<T: Outcome>(
         }
     }
     let reply = in_span(span.clone(), bounded(site, timeout, fut)).await;
-    if !span.is_disabled() {
+    if let Some(started) = started {
         span.record("outcome", reply.outcome());
         span.record("duration_ms", started.elapsed().as_secs_f64() * 1000.0);
     }

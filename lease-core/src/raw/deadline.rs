@@ -13,12 +13,18 @@
 //! (say, "the connection answered last time") is updated by a drop guard, not after an
 //! `.await` that never returns.
 
+use std::cell::Cell;
 use std::future::Future;
 
 use tokio::time::Instant;
 
-tokio::task_local! {
-    static CALL_DEADLINE: Instant;
+thread_local! {
+    /// The deadline of the call being polled on this thread: set by [`with_deadline`] for
+    /// the span of each poll of the call and put back as it was after it. A thread-local
+    /// `Cell` (const-initialised, nothing to drop) rather than a `tokio::task_local!`,
+    /// whose scope borrows a `RefCell` and swaps an `Option` in and out on each poll: on
+    /// every store call the client makes, that was the larger part of what this costs.
+    static CALL_DEADLINE: Cell<Option<Instant>> = const { Cell::new(None) };
 }
 
 /// When the caller drops the store call being polled, if it bounds it by a timer of its
@@ -29,7 +35,7 @@ tokio::task_local! {
 /// assert!(lease_core::raw::deadline::caller_deadline().is_none());
 /// ```
 pub fn caller_deadline() -> Option<Instant> {
-    CALL_DEADLINE.try_with(|d| *d).ok()
+    CALL_DEADLINE.try_with(Cell::get).ok().flatten()
 }
 
 /// Whether a timer of the backend's own, firing at `own`, may be left out of the call
@@ -71,10 +77,37 @@ pub fn within<F: Future>(deadline: Instant, fut: F) -> impl Future<Output = Opti
     }
 }
 
-/// Polls `fut` with [`caller_deadline`] answering `deadline`.
-pub(crate) fn with_deadline<F: Future>(
-    deadline: Instant,
-    fut: F,
-) -> tokio::task::futures::TaskLocalFuture<Instant, F> {
-    CALL_DEADLINE.scope(deadline, fut)
+/// Polls `fut` with [`caller_deadline`] answering `deadline` while it is polled (not
+/// while it is dropped, and not in a task it spawns).
+///
+/// Cancel-safe as `fut` is: dropping it drops `fut`.
+pub(crate) async fn with_deadline<F: Future>(deadline: Instant, fut: F) -> F::Output {
+    let mut fut = std::pin::pin!(fut);
+    std::future::poll_fn(move |cx| {
+        let _scope = Scope::enter(deadline);
+        fut.as_mut().poll(cx)
+    })
+    .await
+}
+
+/// The deadline of one poll: set on entry, and what was there before (an outer call's,
+/// or none) put back on drop, also when the poll unwinds.
+struct Scope(Option<Instant>);
+
+impl Scope {
+    fn enter(deadline: Instant) -> Self {
+        Scope(
+            CALL_DEADLINE
+                .try_with(|d| d.replace(Some(deadline)))
+                .ok()
+                .flatten(),
+        )
+    }
+}
+
+impl Drop for Scope {
+    fn drop(&mut self) {
+        let before = self.0;
+        let _ = CALL_DEADLINE.try_with(|d| d.set(before));
+    }
 }
