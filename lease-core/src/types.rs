@@ -37,7 +37,10 @@ impl LeaseName {
                 max: Self::MAX_LEN,
             });
         }
-        if let Some(offset) = bytes.iter().position(|b| *b == 0) {
+        // `contains` on bytes is a word-at-a-time `memchr`; the byte-by-byte search for
+        // the offset runs only for a name that has a NUL.
+        if bytes.contains(&0) {
+            let offset = bytes.iter().position(|b| *b == 0).unwrap_or_default();
             return Err(InvalidInput::NameContainsNul { offset });
         }
         Ok(LeaseName(Arc::from(bytes)))

@@ -113,8 +113,12 @@ pub(crate) async fn call<T: Outcome>(
     timeout: Duration,
     fut: impl Future<Output = Result<T>>,
 ) -> Result<T> {
-    let span = span!(
-        DEBUG,
+    // Where no span could be seen, none is made, cloned, recorded or dropped.
+    if !spans_seen(tracing::Level::DEBUG) {
+        return bounded(site, timeout, fut).await;
+    }
+    let span = tracing::span!(
+        tracing::Level::DEBUG,
         "lease.store",
         backend = site.backend,
         op = site.operation,
