@@ -3,7 +3,8 @@
 # on a loaded machine, unlike a rate), for each case of `lease-bench count-cycles` on a
 # throwaway local redis-server and etcd: each case runs twice, with N and 2N cycles, and
 # the difference divided by N is one cycle's instructions without start-up and connection
-# set-up.
+# set-up. The benchmark report counts the same cases against its own servers
+# (lease-bench's `instructions` module); this script counts them alone.
 #
 #   bash scripts/client-instructions.sh [N] [STORE ...]     (N default 1000; redis etcd;
 #                                                            postgres, zookeeper on

@@ -8,7 +8,8 @@
 //! ```
 //!
 //! `lease-bench count-cycles STORE URL CASE N [TASKS]` runs N cycles of one case and nothing else,
-//! for `scripts/client-instructions.sh` (instructions per cycle under callgrind).
+//! for the report's client instructions per cycle ([`instructions`], under callgrind, where
+//! `valgrind` is installed) and for `scripts/client-instructions.sh`.
 //!
 //! `lease-bench heartbeat-at-scale N [BATCH [STORE]]` holds N leases through one
 //! `LeaseClient` on the in-memory backend (or on a throwaway server of STORE) and reports
@@ -30,6 +31,7 @@ mod count;
 mod cycles;
 mod handoff;
 mod hb_scale;
+mod instructions;
 mod metered;
 mod placement;
 mod report;
@@ -143,6 +145,8 @@ struct Sizes {
     scale: Vec<usize>,
     handoff: (usize, usize),
     takeover: Vec<(Duration, usize)>,
+    /// A smoke run: instructions are counted once, not three times.
+    quick: bool,
 }
 
 /// How much of the report to run.
@@ -174,6 +178,7 @@ fn full_sizes(quick: bool, cycles_one: usize, cycles_per_task: usize, rounds: us
             scale: vec![1_000, 10_000],
             handoff: (10, 6),
             takeover: vec![(Duration::from_secs(1), 2)],
+            quick,
         }
     } else {
         Sizes {
@@ -186,6 +191,7 @@ fn full_sizes(quick: bool, cycles_one: usize, cycles_per_task: usize, rounds: us
             scale: vec![1_000, 10_000, 100_000],
             handoff: (50, 30),
             takeover: vec![(Duration::from_secs(1), 5), (Duration::from_secs(3), 3)],
+            quick,
         }
     }
 }
@@ -199,6 +205,8 @@ const METRICS_ROW: &str = "library LeaseClient try_acquire + release, metrics on
 /// What one store brings to the common measurements.
 struct Setup {
     store: &'static str,
+    /// The store's name for `count-cycles` (the instruction counts).
+    key: &'static str,
     server: String,
     url: String,
     cases: Vec<Case>,
@@ -212,6 +220,7 @@ struct Setup {
 async fn common(setup: Setup, s: &Sizes) -> StoreResult {
     let Setup {
         store,
+        key,
         server,
         url,
         cases,
@@ -229,6 +238,11 @@ async fn common(setup: Setup, s: &Sizes) -> StoreResult {
     eprintln!("{store}: cost per cycle ({} cycles per case)", cost::CYCLES);
     let costs = cost::per_cycle(&cases, &meter).await;
     let pinned = one_cpu(store, &cases, &meter, s.plan).await;
+    eprintln!("{store}: client instructions per cycle (callgrind)");
+    let instructions = instructions::count(key, url, s.quick).await;
+    if let Err(why) = &instructions {
+        eprintln!("{store}: instructions not counted: {why}");
+    }
     eprintln!("{store}: renewal at scale {:?}", s.scale);
     let scale = scale::renewal(backend.clone(), &s.scale, 5, counter).await;
     eprintln!("{store}: handoff");
@@ -262,6 +276,7 @@ async fn common(setup: Setup, s: &Sizes) -> StoreResult {
         handoff_poll,
         takeover,
         pinned,
+        instructions,
         notes: Vec::new(),
     }
 }
@@ -286,6 +301,10 @@ async fn one_cpu(
         plan.rounds
     );
     let rows = cycles::run_one_task(cases, plan.rounds, plan.cycles_one).await;
+    // The cost per cycle again, on the one CPU: without the wake-ups of idle CPUs, which
+    // the CPU time of the unpinned measurement includes and which move it between runs.
+    eprintln!("{store}: cost per cycle on one CPU");
+    let costs = cost::per_cycle(cases, meter).await;
     let cpu = pinned.cpu();
     drop(pinned);
     Ok(report::OneCpu {
@@ -293,6 +312,7 @@ async fn one_cpu(
         rounds: plan.rounds,
         cycles: plan.cycles_one,
         rows,
+        costs,
     })
 }
 
@@ -352,6 +372,7 @@ async fn redis_store(mode: Mode) -> StoreResult {
     let mut notes = Vec::new();
     let setup = Setup {
         store: "Redis",
+        key: "redis",
         server: format!("Redis {version} ({}, no persistence)", server.source()),
         url,
         cases,
@@ -484,6 +505,7 @@ async fn postgres_store(mode: Mode) -> StoreResult {
     let s = sizes(mode, 120, 15, 101);
     let setup = Setup {
         store: "PostgreSQL",
+        key: "postgres",
         server: format!(
             "PostgreSQL {version} ({}, fsync {fsync}; pool of {} connections)",
             server.source(),
@@ -559,6 +581,7 @@ async fn etcd_store(mode: Mode) -> StoreResult {
     let s = sizes(mode, 80, 10, 101);
     let setup = Setup {
         store: "etcd",
+        key: "etcd",
         server: format!("etcd {version} ({}, single member)", server.source()),
         url,
         cases,
@@ -654,6 +677,7 @@ async fn zookeeper_store(mode: Mode) -> StoreResult {
     let s = sizes(mode, 200, 20, 101);
     let setup = Setup {
         store: "ZooKeeper",
+        key: "zookeeper",
         server: format!(
             "ZooKeeper {version} (local process, standalone, tickTime 200 ms, data in /dev/shm)"
         ),
@@ -768,6 +792,7 @@ async fn mysql_store(mode: Mode) -> StoreResult {
     let s = sizes(mode, 120, 15, 101);
     let setup = Setup {
         store: "MySQL",
+        key: "mysql",
         server: format!(
             "MariaDB {version} ({}, innodb_flush_log_at_trx_commit={flush}; pool of {} \
              connections)",

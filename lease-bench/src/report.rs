@@ -41,6 +41,8 @@ pub struct StoreResult {
     /// The one-task rounds with this process and the server on one CPU, or why they did
     /// not run.
     pub pinned: Result<OneCpu, String>,
+    /// The client's instructions per cycle (callgrind), or why they were not counted.
+    pub instructions: Result<crate::instructions::Instructions, String>,
     /// Further measured lines for the store's section.
     pub notes: Vec<String>,
 }
@@ -56,6 +58,8 @@ pub struct OneCpu {
     pub cycles: usize,
     /// One row per case, in the order of [`StoreResult::rows`].
     pub rows: Vec<crate::cycles::OneModeRow>,
+    /// The cost per cycle measured on the one CPU.
+    pub costs: Costs,
 }
 
 fn ms(d: Duration) -> String {
@@ -164,10 +168,10 @@ pub fn markdown(results: &[StoreResult], machine: &str, command: &str, notes: &s
     let _ = writeln!(o, "## Summary\n");
     let _ = writeln!(
         o,
-        "| store | library / bare, 1 task | library / bare, {t} tasks | library / peer, 1 task | library / peer, {t} tasks | 1 task on one CPU: library / bare; library / peer | client CPU per cycle, library / peer | renewing 10,000 leases |",
+        "| store | library / bare, 1 task | library / bare, {t} tasks | library / peer, 1 task | library / peer, {t} tasks | 1 task on one CPU: library / bare; library / peer | client CPU per cycle, library / peer: on one CPU; unpinned | client instructions per cycle, library / peer | renewing 10,000 leases |",
         t = results.first().map_or(32, |r| r.plan.tasks)
     );
-    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(o, "|---|---|---|---|---|---|---|---|---|");
     for r in results {
         let lib = &r.rows[1];
         let client = &r.rows[2];
@@ -199,6 +203,18 @@ pub fn markdown(results: &[StoreResult], machine: &str, command: &str, notes: &s
             }
             _ => "not measured".into(),
         };
+        let cpu = match &r.pinned {
+            Ok(p) => match (p.costs.cases.get(2), p.costs.cases.get(r.peer)) {
+                (Some(ours), Some(theirs)) if theirs.client_us > 0.0 => format!(
+                    "{:.2} ({:.1} / {:.1} µs); {cpu}",
+                    ours.client_us / theirs.client_us,
+                    ours.client_us,
+                    theirs.client_us
+                ),
+                _ => cpu,
+            },
+            Err(_) => cpu,
+        };
         let one_cpu = match &r.pinned {
             Ok(p) => match (p.rows.get(1), p.rows.get(2)) {
                 (Some(lib), Some(client)) => format!(
@@ -213,9 +229,21 @@ pub fn markdown(results: &[StoreResult], machine: &str, command: &str, notes: &s
             },
             Err(_) => "not run".into(),
         };
+        let instructions = match &r.instructions {
+            Ok(i) => match (
+                i.ratio_of("client"),
+                i.rows.iter().find(|row| row.case == "client"),
+            ) {
+                (Some((_, q)), Some(row)) => {
+                    format!("{q:.3} ({:.0} instructions)", row.per_cycle.0)
+                }
+                _ => "not counted".into(),
+            },
+            Err(_) => "not counted".into(),
+        };
         let _ = writeln!(
             o,
-            "| {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.store,
             verdict(lib.ratio[0]),
             verdict(lib.ratio[1]),
@@ -223,6 +251,7 @@ pub fn markdown(results: &[StoreResult], machine: &str, command: &str, notes: &s
             median_ci(client.vs[r.peer][1]),
             one_cpu,
             cpu,
+            instructions,
             ten_k
         );
         let _ = peer;
@@ -238,7 +267,10 @@ pub fn markdown(results: &[StoreResult], machine: &str, command: &str, notes: &s
          rounds, in {slices} slices interleaved with the other cases': CPU time moves much \
          less than the rates on a shared machine). The CPU column gives the ratio of the \
          totals, then the median of the ratios slice by slice with the lowest and highest \
-         slice. The peers issue no fencing token; ours do. \
+         slice. The cost is measured again on one CPU after the pinned rounds (below), \
+         where it moves by a few percent between runs instead of about 15%; the client's \
+         instructions per cycle, counted by callgrind, are a third reading. The peers \
+         issue no fencing token; ours do. \
          \"1 task on one CPU\" runs the one-task rounds again with this process's threads \
          and the server's pinned to one CPU: with one task a cycle is a chain of round \
          trips, and on a virtual machine each wake-up of an idle CPU takes tens of \
@@ -275,7 +307,20 @@ pub fn markdown(results: &[StoreResult], machine: &str, command: &str, notes: &s
         }
         let _ = writeln!(o);
         one_cpu_table(&mut o, r);
-        cost_table(&mut o, r);
+        cost_table(&mut o, &r.costs, "");
+        if let Ok(p) = &r.pinned {
+            cost_table(
+                &mut o,
+                &p.costs,
+                &format!(
+                    " on one CPU (CPU {}, this process's threads and the server's; the \
+                     same measurement as above, without the wake-ups of idle CPUs, which \
+                     move the CPU times above between runs)",
+                    p.cpu
+                ),
+            );
+        }
+        instructions_table(&mut o, r);
         for line in &r.notes {
             let _ = writeln!(o, "- {line}");
         }
@@ -587,15 +632,15 @@ pub fn svg(results: &[StoreResult]) -> String {
 }
 
 /// The store's cost table: CPU per cycle on both sides, and the server's request count.
-fn cost_table(o: &mut String, r: &StoreResult) {
-    let c = &r.costs;
+/// A cost table; `where_` says where it was measured ("" or " on one CPU, ...").
+fn cost_table(o: &mut String, c: &Costs, where_: &str) {
     if c.cases.is_empty() {
         return;
     }
     let requests = !c.requests_source.is_empty();
     let _ = writeln!(
         o,
-        "Cost per acquire + release cycle, one task ({} cycles per case, apart from the \
+        "Cost per acquire + release cycle{where_}, one task ({} cycles per case, apart from the \
          rounds, in {} slices interleaved with the other cases'; client = this process \
          (getrusage), server = the threads of the server's processes (each thread's \
          /proc schedstat){}):\n",
@@ -632,6 +677,55 @@ fn cost_table(o: &mut String, r: &StoreResult) {
             "| {} | {:.1} | {server} | {total}{req} |",
             k.label, k.client_us
         );
+    }
+    let _ = writeln!(o);
+}
+
+/// The client's instructions per cycle, counted by callgrind ([`crate::instructions`]).
+fn instructions_table(o: &mut String, r: &StoreResult) {
+    let i = match &r.instructions {
+        Ok(i) => i,
+        Err(why) => {
+            let _ = writeln!(o, "Client instructions per cycle: not counted ({why}).\n");
+            return;
+        }
+    };
+    let _ = writeln!(
+        o,
+        "Client instructions per acquire + release cycle, counted by callgrind (one task \
+         on a current-thread runtime, one connection; runs of {n} and {n2} cycles, the \
+         difference over {n}{k}). This count repeats on a loaded machine, but it weighs \
+         every instruction alike: code that runs many instructions per clock cycle (a \
+         hash over a script, say) counts for more than it costs in time, and a cache \
+         miss counts for nothing, so it compares builds of one library better than two \
+         libraries; the CPU time on one CPU above is what a cycle costs. The target \
+         against the peer is at most 1.0 on both:\n",
+        n = i.cycles,
+        n2 = 2 * i.cycles,
+        k = if i.repeats > 1 {
+            format!(
+                "; median of {} such pairs, the lowest and highest in brackets",
+                i.repeats
+            )
+        } else {
+            String::new()
+        }
+    );
+    let _ = writeln!(o, "| case | instructions per cycle | against |");
+    let _ = writeln!(o, "|---|---:|---|");
+    for row in &i.rows {
+        let (mid, lo, hi) = row.per_cycle;
+        let spread = if i.repeats > 1 {
+            format!(" ({lo:.0}–{hi:.0})")
+        } else {
+            String::new()
+        };
+        let against = row.against.map_or("–".into(), |(label, q)| {
+            // The compared row's label without its explanation in brackets.
+            let short = label.split(" (").next().unwrap_or(label);
+            format!("{q:.3} of {short}")
+        });
+        let _ = writeln!(o, "| {} | {mid:.0}{spread} | {against} |", row.label);
     }
     let _ = writeln!(o);
 }
