@@ -260,7 +260,11 @@ impl MysqlBackend {
             self.inner.idle.as_ref(),
             || pool.try_acquire(),
             || pool.size() < max,
-            || pool.acquire(),
+            // Boxed: the pool's checkout future is several KiB, and inline it would be
+            // copied with every future that holds this one (the statement's, the
+            // timeout's, the trait's box) on every call, though only a call that finds
+            // no kept connection runs it.
+            || Box::pin(pool.acquire()),
         )
         .await
     }
@@ -341,15 +345,29 @@ impl MysqlBackend {
     }
 }
 
-pub(crate) async fn bounded<T, F>(operation: &'static str, after: Duration, fut: F) -> Result<T>
+/// Runs `fut` within `after`, converting its error; [`Error::Timeout`] when `after` runs
+/// out. Where the caller drops the call no later (a `LeaseClient`'s call timeout,
+/// [`lease_core::raw::deadline::within`]), no timer of the backend's own is set.
+///
+/// Not an `async fn`: one would hold `fut` twice (as its argument and inside the timer),
+/// and every byte of a statement's future is copied each time a future holding it moves
+/// (into the trait's box, for one). Cancel safety: as `fut`'s.
+pub(crate) fn bounded<T, F>(
+    operation: &'static str,
+    after: Duration,
+    fut: F,
+) -> impl Future<Output = Result<T>>
 where
     F: Future<Output = std::result::Result<T, sqlx::Error>>,
 {
-    match tokio::time::timeout(after, fut).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(convert(operation, after, e)),
-        Err(_) => Err(Error::Timeout { operation, after }),
-    }
+    use futures::FutureExt;
+    lease_core::raw::deadline::within(tokio::time::Instant::now() + after, fut).map(
+        move |r| match r {
+            Some(Ok(v)) => Ok(v),
+            Some(Err(e)) => Err(convert(operation, after, e)),
+            None => Err(Error::Timeout { operation, after }),
+        },
+    )
 }
 
 /// `d` in whole microseconds, rounded up.

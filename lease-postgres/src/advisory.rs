@@ -570,12 +570,14 @@ impl AdvisoryLockBackend {
         self.inner.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    async fn bounded<T>(
+    /// [`bounded_call`] with this backend's call timeout (not an `async fn`, for the
+    /// reason given there).
+    fn bounded<T>(
         &self,
         operation: &'static str,
         fut: impl Future<Output = std::result::Result<T, sqlx::Error>>,
-    ) -> Result<T> {
-        bounded_call(ADVISORY_BACKEND, operation, self.inner.request_timeout, fut).await
+    ) -> impl Future<Output = Result<T>> {
+        bounded_call(ADVISORY_BACKEND, operation, self.inner.request_timeout, fut)
     }
 }
 

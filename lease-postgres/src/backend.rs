@@ -222,7 +222,11 @@ impl PostgresBackend {
             self.inner.idle.as_ref(),
             || pool.try_acquire(),
             || pool.size() < max,
-            || pool.acquire(),
+            // Boxed: the pool's checkout future is several KiB, and inline it would be
+            // copied with every future that holds this one (the statement's, the
+            // timeout's, the trait's box) on every call, though only a call that finds
+            // no kept connection runs it.
+            || Box::pin(pool.acquire()),
         )
         .await
     }
@@ -265,13 +269,14 @@ impl PostgresBackend {
         .await
     }
 
-    /// Runs `fut` bounded by the call timeout, converting errors.
-    pub(crate) async fn bounded<T>(
+    /// Runs `fut` bounded by the call timeout, converting errors ([`bounded_call`]; not
+    /// an `async fn`, for the reason given there).
+    pub(crate) fn bounded<T>(
         &self,
         operation: &'static str,
         fut: impl Future<Output = std::result::Result<T, sqlx::Error>>,
-    ) -> Result<T> {
-        bounded_call(BACKEND, operation, self.inner.request_timeout, fut).await
+    ) -> impl Future<Output = Result<T>> {
+        bounded_call(BACKEND, operation, self.inner.request_timeout, fut)
     }
 
     /// [`Self::bounded`] for a call that is safe to send again (renew, release, inspect,

@@ -85,18 +85,26 @@ pub(crate) fn client_bound(after: Duration) -> Duration {
 }
 
 /// Runs `fut` within [`client_bound`]`(after)`, converting its error for `backend`;
-/// [`Error::Timeout`] when the bound runs out.
-pub(crate) async fn bounded_call<T>(
+/// [`Error::Timeout`] when the bound runs out. Where the caller drops the call no later
+/// (a `LeaseClient`'s call timeout, [`lease_core::raw::deadline::within`]), no timer of the backend's own
+/// is set.
+///
+/// Not an `async fn`: one would hold `fut` twice (as its argument and inside the
+/// timer), and every byte of a statement's future is copied each time a future holding
+/// it moves (into the trait's box, for one). Cancel safety: as `fut`'s.
+pub(crate) fn bounded_call<T>(
     backend: &'static str,
     operation: &'static str,
     after: Duration,
     fut: impl Future<Output = std::result::Result<T, sqlx::Error>>,
-) -> Result<T> {
-    match tokio::time::timeout(client_bound(after), fut).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) => Err(convert(backend, operation, after, e)),
-        Err(_) => Err(Error::Timeout { operation, after }),
-    }
+) -> impl Future<Output = Result<T>> {
+    use futures::FutureExt;
+    let deadline = tokio::time::Instant::now() + client_bound(after);
+    lease_core::raw::deadline::within(deadline, fut).map(move |r| match r {
+        Some(Ok(v)) => Ok(v),
+        Some(Err(e)) => Err(convert(backend, operation, after, e)),
+        None => Err(Error::Timeout { operation, after }),
+    })
 }
 
 /// [`PostgresBackend::create_table`] on `pool`, bounded by `request_timeout`.
