@@ -54,97 +54,76 @@ impl Instructions {
     }
 }
 
-/// The cases counted on each store, and N.
+/// The cases counted on each store, and N: the floor, the library's commands sent raw
+/// where the report has that row, the backend against the floor, `LeaseClient` against
+/// the peer, and the peers.
 pub fn cases(store: &str) -> (Vec<Case>, usize) {
     let c = |case, label, against| Case {
         case,
         label,
         against,
     };
-    match store {
+    let floor = |label| c("bare", label, None);
+    let raw = |label| c("raw", label, Some("bare"));
+    let library = |peer| {
+        [
+            c("backend", "library backend acquire + release", Some("bare")),
+            c(
+                "client",
+                "library LeaseClient try_acquire + release",
+                Some(peer),
+            ),
+        ]
+    };
+    let shedlock = || c("shedlock", "ShedLock's statements (usingDbTime)", None);
+    let (mut rows, n) = match store {
         "redis" => (
             vec![
-                c(
-                    "bare",
-                    "bare floor (SET NX PX + compare-and-delete script)",
-                    None,
-                ),
-                c("raw", "the library's commands sent raw", Some("bare")),
-                c("backend", "library backend acquire + release", Some("bare")),
-                c(
-                    "client",
-                    "library LeaseClient try_acquire + release",
-                    Some("peer"),
-                ),
-                c("peer", "rslock lock + unlock", None),
+                floor("bare floor (SET NX PX + compare-and-delete script)"),
+                raw("the library's commands sent raw"),
             ],
             1000,
         ),
         "etcd" => (
-            vec![
-                c(
-                    "bare",
-                    "bare floor (put-if-absent + compare-and-delete)",
-                    None,
-                ),
-                c("backend", "library backend acquire + release", Some("bare")),
-                c(
-                    "client",
-                    "library LeaseClient try_acquire + release",
-                    Some("peer"),
-                ),
-                c("peer", "etcd lock service Lock + Unlock", None),
-            ],
+            vec![floor("bare floor (put-if-absent + compare-and-delete)")],
             300,
         ),
-        "postgres" => (
-            vec![
-                c("bare", "bare floor (table statements)", None),
-                c("backend", "library backend acquire + release", Some("bare")),
-                c(
-                    "client",
-                    "library LeaseClient try_acquire + release",
-                    Some("shedlock"),
-                ),
-                c("shedlock", "ShedLock's statements (usingDbTime)", None),
-                c(
-                    "advisory",
-                    "library advisory mode acquire + release",
-                    Some("peer"),
-                ),
-                c("peer", "sqlx PgAdvisoryLock acquire + release", None),
-            ],
-            1000,
-        ),
-        "mysql" => (
-            vec![
-                c("bare", "bare floor (table statements)", None),
-                c("backend", "library backend acquire + release", Some("bare")),
-                c(
-                    "client",
-                    "library LeaseClient try_acquire + release",
-                    Some("shedlock"),
-                ),
-                c("shedlock", "ShedLock's statements (usingDbTime)", None),
-            ],
-            1000,
-        ),
+        "postgres" | "mysql" => (vec![floor("bare floor (table statements)")], 1000),
         "zookeeper" => (
             vec![
-                c("bare", "bare floor (create ephemeral + delete)", None),
-                c("raw", "the library's requests sent raw", Some("bare")),
-                c("backend", "library backend acquire + release", Some("bare")),
-                c(
-                    "client",
-                    "library LeaseClient try_acquire + release",
-                    Some("peer"),
-                ),
-                c("peer", "Curator InterProcessMutex requests sent raw", None),
+                floor("bare floor (create ephemeral + delete)"),
+                raw("the library's requests sent raw"),
             ],
             1000,
         ),
-        _ => (Vec::new(), 0),
-    }
+        _ => return (Vec::new(), 0),
+    };
+    let peer = if matches!(store, "postgres" | "mysql") {
+        "shedlock"
+    } else {
+        "peer"
+    };
+    rows.extend(library(peer));
+    rows.extend(match store {
+        "redis" => vec![c("peer", "rslock lock + unlock", None)],
+        "etcd" => vec![c("peer", "etcd lock service Lock + Unlock", None)],
+        "postgres" => vec![
+            shedlock(),
+            c(
+                "advisory",
+                "library advisory mode acquire + release",
+                Some("peer"),
+            ),
+            c("peer", "sqlx PgAdvisoryLock acquire + release", None),
+        ],
+        "mysql" => vec![shedlock()],
+        _ => vec![c(
+            "peer",
+            "Curator InterProcessMutex requests sent raw",
+            None,
+        )],
+    });
+    (rows, n)
 }
 
 /// Counts `store`'s cases against the server at `url`. An error says why nothing was

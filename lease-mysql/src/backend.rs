@@ -289,11 +289,17 @@ impl MysqlBackend {
         (&self.inner.sql.acquire, &self.inner.sql.release)
     }
 
-    pub(crate) async fn call<T, F>(&self, operation: &'static str, fut: F) -> Result<T>
+    /// [`bounded`] with this backend's call timeout (not an `async fn`, for the reason
+    /// given there).
+    pub(crate) fn call<T, F>(
+        &self,
+        operation: &'static str,
+        fut: F,
+    ) -> impl Future<Output = Result<T>>
     where
         F: Future<Output = std::result::Result<T, sqlx::Error>>,
     {
-        bounded(operation, self.inner.request_timeout, fut).await
+        bounded(operation, self.inner.request_timeout, fut)
     }
 
     /// [`Self::call`] for a call that is safe to send again (renew, release, inspect,

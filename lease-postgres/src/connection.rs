@@ -86,8 +86,8 @@ pub(crate) fn client_bound(after: Duration) -> Duration {
 
 /// Runs `fut` within [`client_bound`]`(after)`, converting its error for `backend`;
 /// [`Error::Timeout`] when the bound runs out. Where the caller drops the call no later
-/// (a `LeaseClient`'s call timeout, [`lease_core::raw::deadline::within`]), no timer of the backend's own
-/// is set.
+/// (a `LeaseClient`'s call timeout, [`lease_core::raw::deadline::within`]), no timer of
+/// the backend's own is set.
 ///
 /// Not an `async fn`: one would hold `fut` twice (as its argument and inside the
 /// timer), and every byte of a statement's future is copied each time a future holding
